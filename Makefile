@@ -1,0 +1,52 @@
+# Two commands do everything: `make serve` runs the server, `make test` passes the tests.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PORT   ?= 1974
+DATA   ?= ./data
+
+.PHONY: serve test lint typecheck pytest bench install dev clean llama-server
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# Stamp files: reinstall only when the pins change.
+$(VENV)/.installed: requirements.txt pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -r requirements.txt
+	$(BIN)/pip install -q --no-deps -e .
+	touch $@
+
+$(VENV)/.dev-installed: requirements-dev.txt $(VENV)/.installed
+	$(BIN)/pip install -q -r requirements-dev.txt
+	touch $@
+
+install: $(VENV)/.installed
+dev: $(VENV)/.dev-installed
+
+## Install and start pion-server on 127.0.0.1:$(PORT) with data in $(DATA).
+serve: install
+	$(BIN)/pion-server --port $(PORT) --dir $(DATA)
+
+lint: dev
+	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/ruff format --check src tests bench
+
+typecheck: dev
+	$(BIN)/mypy --strict src/pion
+
+pytest: dev
+	$(BIN)/python -m pytest -q
+
+## Lint, type-check and run the whole test suite.
+test: lint typecheck pytest
+
+## Benchmarks: tables on stdout, JSON under bench/results/.
+bench: dev
+	$(BIN)/python bench/run.py
+
+llama-server:
+	scripts/build-llama-server
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,5 @@
+"""``python -m pion`` is the ``pion`` command."""
+
+from pion.cli import main
+
+main()

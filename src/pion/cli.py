@@ -1,0 +1,153 @@
+"""Command-line entry points: ``pion-server`` and ``pion`` (with ``pion server``,
+``pion stats``, ``pion check-wal`` and ``pion llama ...``).
+
+Thin by design: parse flags, build a config, call library code.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pion import __version__
+from pion.commands.config_cmd import parse_memory
+from pion.config import ServerConfig
+from pion.errors import PionError
+
+__all__ = ["main", "server_main"]
+
+
+def _memory(ctx: click.Context, param: click.Parameter, value: str | None) -> int:
+    if value is None:
+        return 0
+    try:
+        return parse_memory(value)
+    except PionError as exc:
+        raise click.BadParameter(exc.message) from None
+
+
+def _server_options(fn: Any) -> Any:
+    options = [
+        click.option("--port", default=1974, show_default=True, type=click.IntRange(0, 65535),
+                     help="RESP port (0 picks a free one)."),
+        click.option("--bind", default="127.0.0.1", show_default=True,
+                     help="Address to listen on; non-loopback needs --requirepass."),
+        click.option("--dir", "data_dir", default="./data", show_default=True,
+                     type=click.Path(file_okay=False, path_type=Path),
+                     help="Data directory (snapshots, write-ahead log, exports)."),
+        click.option("--requirepass", default=None, help="Password clients must AUTH with."),
+        click.option("--requirepass-file", default=None,
+                     type=click.Path(dir_okay=False, exists=True, path_type=Path),
+                     help="Read the password from a file (first line)."),
+        click.option("--unsafe-no-auth", is_flag=True,
+                     help="Allow a non-loopback bind without a password."),
+        click.option("--vstore-max-sessions", default=256, show_default=True,
+                     type=click.IntRange(1, 1_000_000),
+                     help="V-store sessions before LRU namespaces are evicted."),
+        click.option("--maxmemory", default=None, callback=_memory,
+                     help="Byte budget for stored K/V (e.g. 8gb); 0/unset = none."),
+        click.option("--appendfsync", default="everysec", show_default=True,
+                     type=click.Choice(["always", "everysec", "no"]),
+                     help="When the write-ahead log is fsynced."),
+        click.option("--no-wal", is_flag=True, help="Disable the write-ahead log."),
+        click.option("--save-interval", default=0.0, show_default=True, type=click.FloatRange(0),
+                     help="Seconds between automatic snapshots (0 = off)."),
+        click.option("--log-level", default="info", show_default=True,
+                     type=click.Choice(["debug", "info", "notice", "warning", "error"])),
+        click.option("--kvcache", is_flag=True,
+                     help="Accepted for compatibility with Pion; the V-store is always on."),
+        click.option("-w", "--workers", default=1, show_default=True, type=click.IntRange(1, 64),
+                     help="Worker processes."),
+        click.option("--independent-workers", is_flag=True,
+                     help="Required with -w N>1: each worker has its own store."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _build_config(opts: dict[str, Any]) -> ServerConfig:
+    password = opts["requirepass"]
+    if opts["requirepass_file"] is not None:
+        lines = opts["requirepass_file"].read_text().splitlines()
+        password = lines[0].strip() if lines else ""
+        if not password:
+            raise click.UsageError("--requirepass-file is empty")
+    if opts["workers"] > 1 and not opts["independent_workers"]:
+        raise click.UsageError(
+            "-w N needs --independent-workers: each worker keeps its own V-store"
+        )
+    if opts["workers"] > 1:
+        raise click.UsageError("multi-worker mode (-w N > 1) is not available in this build")
+    return ServerConfig(
+        bind=opts["bind"],
+        port=opts["port"],
+        dir=opts["data_dir"],
+        requirepass=password,
+        unsafe_no_auth=opts["unsafe_no_auth"],
+        vstore_max_sessions=opts["vstore_max_sessions"],
+        maxmemory=opts["maxmemory"],
+        log_level=opts["log_level"],
+        appendfsync=opts["appendfsync"],
+        wal_enabled=not opts["no_wal"],
+        save_interval=opts["save_interval"],
+    )
+
+
+def _run_server(opts: dict[str, Any]) -> None:
+    from pion.server.run import configure_logging, run
+
+    config = _build_config(opts)
+    configure_logging(config.log_level)
+    try:
+        code = run(config)
+    except PionError as exc:
+        click.echo(f"pion-server: {exc.message}", err=True)
+        sys.exit(1)
+    except OSError as exc:
+        click.echo(f"pion-server: {exc}", err=True)
+        sys.exit(1)
+    sys.exit(code)
+
+
+@click.command(name="pion-server")
+@click.version_option(__version__, prog_name="pion-server")
+@_server_options
+def server_command(**opts: Any) -> None:
+    """Run the Pion K/V-cache server (Redis protocol)."""
+    _run_server(opts)
+
+
+@click.group()
+@click.version_option(__version__, prog_name="pion")
+def cli() -> None:
+    """Pion: a prompt-prefix K/V cache for LLM serving."""
+
+
+@cli.command(name="server")
+@_server_options
+def _server_subcommand(**opts: Any) -> None:
+    """Run the Pion server (same flags as pion-server)."""
+    _run_server(opts)
+
+
+def _register_subcommands() -> None:
+    from pion.client.cli import stats_command
+    from pion.llama.cli import llama_group
+    from pion.persistence.cli import check_wal_command
+
+    cli.add_command(stats_command)
+    cli.add_command(check_wal_command)
+    cli.add_command(llama_group)
+
+
+def main() -> None:
+    _register_subcommands()
+    cli()
+
+
+def server_main() -> None:
+    server_command()

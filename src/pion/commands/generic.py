@@ -1,0 +1,286 @@
+"""Connection and server commands (DESIGN section 4.1): PING, ECHO, HELLO, AUTH,
+SELECT, CLIENT, INFO, COMMAND, CONFIG, DBSIZE, TIME, QUIT, SHUTDOWN.
+
+These are what redis-py, redis-cli and redis-benchmark send around the real work, so
+each answers the way Redis 7.2 does. The plain keyspace is not part of this module:
+DBSIZE counts it (empty here), never V-store sessions.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import Sequence
+
+from pion import __version__
+from pion.commands import config_cmd
+from pion.commands.base import Args, Command, Context, parse_int
+from pion.commands.info import info_command
+from pion.errors import NoAuthError, PionError, WrongPassError
+from pion.resp.reply import NO_REPLY, Reply, Simple
+
+__all__ = ["COMMANDS"]
+
+log = logging.getLogger("pion.server")
+
+_HELLO_NOAUTH = (
+    "HELLO must be called with the client already authenticated, otherwise the HELLO "
+    "<proto> AUTH <user> <pass> option can be used to authenticate the client and select "
+    "the RESP protocol version at the same time"
+)
+
+
+def _ping(ctx: Context, args: Sequence[bytes]) -> Reply:
+    if len(args) > 1:
+        raise PionError("wrong number of arguments for 'ping' command")
+    return args[0] if args else Simple("PONG")
+
+
+def _echo(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return args[0]
+
+
+def _check_password(ctx: Context, user: bytes, password: bytes) -> None:
+    expected = ctx.state.config.requirepass
+    if expected is None:
+        raise PionError(
+            "AUTH <password> called without any password configured for the default "
+            "user. Are you sure your configuration is correct?"
+        )
+    # Only the default user exists; compare in constant time.
+    if user != b"default" or not hmac.compare_digest(password, expected.encode("utf-8")):
+        ctx.client.authenticated = False
+        raise WrongPassError()
+    ctx.client.authenticated = True
+
+
+def _auth(ctx: Context, args: Sequence[bytes]) -> Reply:
+    if len(args) == 1:
+        _check_password(ctx, b"default", args[0])
+    elif len(args) == 2:
+        _check_password(ctx, args[0], args[1])
+    else:
+        raise PionError("syntax error")
+    return Simple("OK")
+
+
+def _hello(ctx: Context, args: Sequence[bytes]) -> Reply:
+    cur = Args(args, "HELLO")
+    proto = ctx.client.proto
+    if not cur.done():
+        try:
+            proto = parse_int(cur.bytes())
+        except PionError:
+            raise PionError("Protocol version is not an integer or out of range") from None
+        if proto not in (2, 3):
+            raise PionError("NOPROTO unsupported protocol version") from None
+    name: str | None = None
+    authed_now = False
+    while not cur.done():
+        opt = cur.peek_keyword()
+        cur.bytes()
+        if opt == "AUTH" and len(cur) >= 2:
+            user, password = cur.bytes(), cur.bytes()
+            _check_password(ctx, user, password)
+            authed_now = True
+        elif opt == "SETNAME" and len(cur) >= 1:
+            name = _valid_name(cur.bytes())
+        else:
+            raise PionError(f"Syntax error in HELLO option '{opt or '?'}'")
+    needs_auth = ctx.state.config.requirepass is not None
+    if needs_auth and not ctx.client.authenticated and not authed_now:
+        raise NoAuthError(_HELLO_NOAUTH)
+    ctx.client.proto = proto
+    if name is not None:
+        ctx.client.name = name
+    return {
+        "server": "pion",
+        "version": __version__,
+        "proto": proto,
+        "id": ctx.client.id,
+        "mode": "standalone",
+        "role": "master",
+        "modules": [],
+    }
+
+
+def _select(ctx: Context, args: Sequence[bytes]) -> Reply:
+    db = parse_int(args[0])
+    if db != 0:
+        raise PionError("DB index is out of range")
+    return Simple("OK")
+
+
+def _valid_name(raw: bytes) -> str:
+    if any(c <= 0x20 or c >= 0x7F for c in raw):
+        raise PionError("Client names cannot contain spaces, newlines or special characters.")
+    return raw.decode("ascii")
+
+
+def _client_line(ctx: Context, client_id: int) -> str:
+    c = ctx.state.clients[client_id]
+    age = int(time.time() - c.created)
+    return (
+        f"id={c.id} addr={c.addr} laddr={c.laddr} name={c.name} age={age} db=0 "
+        f"resp={c.proto} lib-name={c.lib_name} lib-ver={c.lib_ver} cmd={c.last_command}"
+    )
+
+
+def _client(ctx: Context, args: Sequence[bytes]) -> Reply:
+    cur = Args(args, "CLIENT")
+    sub = cur.peek_keyword() or ""
+    cur.bytes()
+    if sub == "SETNAME" and len(cur) == 1:
+        ctx.client.name = _valid_name(cur.bytes())
+        return Simple("OK")
+    if sub == "GETNAME" and cur.done():
+        return ctx.client.name.encode() if ctx.client.name else None
+    if sub == "ID" and cur.done():
+        return ctx.client.id
+    if sub == "SETINFO" and len(cur) == 2:
+        attr = (cur.peek_keyword() or "").upper()
+        cur.bytes()
+        value = cur.text("value")
+        if any(c in value for c in " \r\n"):
+            raise PionError(f"{attr} cannot contain spaces, newlines or special characters.")
+        if attr == "LIB-NAME":
+            ctx.client.lib_name = value
+        elif attr == "LIB-VER":
+            ctx.client.lib_ver = value
+        else:
+            raise PionError(f"Unrecognized option '{attr}'")
+        return Simple("OK")
+    if sub == "INFO" and cur.done():
+        return _client_line(ctx, ctx.client.id) + "\n"
+    if sub == "LIST":
+        return "".join(_client_line(ctx, cid) + "\n" for cid in sorted(ctx.state.clients))
+    if sub == "KILL" and len(cur) >= 1:
+        return _client_kill(ctx, cur)
+    if sub in ("NO-EVICT", "NO-TOUCH") and len(cur) == 1:
+        flag = cur.peek_keyword()
+        cur.bytes()
+        if flag not in ("ON", "OFF"):
+            raise PionError("syntax error")
+        return Simple("OK")
+    if sub == "REPLY" and len(cur) == 1 and cur.peek_keyword() == "ON":
+        return Simple("OK")
+    raise PionError(
+        f"unknown subcommand or wrong number of arguments for '{sub.lower()}'. "
+        "Try CLIENT HELP."
+    )
+
+
+def _client_kill(ctx: Context, cur: Args) -> Reply:
+    kill = ctx.state.kill_client
+    if kill is None:
+        raise PionError("CLIENT KILL is not available")
+    if len(cur) == 1:  # old form: CLIENT KILL addr:port
+        addr = cur.text("addr")
+        for cid, c in list(ctx.state.clients.items()):
+            if c.addr == addr:
+                kill(cid)
+                return Simple("OK")
+        raise PionError("No such client")
+    killed = 0
+    while not cur.done():
+        opt = cur.peek_keyword()
+        cur.bytes()
+        value = cur.bytes()
+        if opt == "ID":
+            target = parse_int(value)
+            killed += int(kill(target)) if target in ctx.state.clients else 0
+        elif opt == "ADDR":
+            for cid, c in list(ctx.state.clients.items()):
+                if c.addr == value.decode("utf-8", "replace"):
+                    killed += int(kill(cid))
+        else:
+            raise PionError("syntax error")
+    return killed
+
+
+def _dbsize(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return 0
+
+
+def _time(ctx: Context, args: Sequence[bytes]) -> Reply:
+    now = time.time()
+    return [str(int(now)).encode(), str(int((now % 1) * 1_000_000)).encode()]
+
+
+def _quit(ctx: Context, args: Sequence[bytes]) -> Reply:
+    ctx.client.closing = True
+    return Simple("OK")
+
+
+def _shutdown(ctx: Context, args: Sequence[bytes]) -> Reply:
+    save = False
+    for raw in args:
+        word = raw.decode("utf-8", "replace").upper()
+        if word == "SAVE":
+            save = True
+        elif word not in ("NOSAVE", "NOW", "FORCE"):
+            raise PionError("syntax error")
+    if ctx.state.request_shutdown is None:
+        raise PionError("SHUTDOWN is not available")
+    log.warning("SHUTDOWN requested by %s (save=%s)", ctx.client.addr, save)
+    ctx.state.request_shutdown(save)
+    ctx.client.closing = True
+    return NO_REPLY
+
+
+def _info(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return info_command(ctx, args)
+
+
+def _command(ctx: Context, args: Sequence[bytes]) -> Reply:
+    from pion.commands import COMMAND_TABLE  # the table is built after this module
+
+    cur = Args(args, "COMMAND")
+    sub = cur.peek_keyword()
+    if sub is None:
+        return [_command_info(c) for c in COMMAND_TABLE.values()]
+    cur.bytes()
+    if sub == "COUNT":
+        return len(COMMAND_TABLE)
+    if sub == "INFO":
+        names = [a.decode("utf-8", "replace").upper() for a in cur.rest()]
+        if not names:
+            return [_command_info(c) for c in COMMAND_TABLE.values()]
+        return [_command_info(COMMAND_TABLE[n]) if n in COMMAND_TABLE else None for n in names]
+    if sub == "DOCS":
+        names = [a.decode("utf-8", "replace").upper() for a in cur.rest()] or list(COMMAND_TABLE)
+        return {
+            n.lower(): {"summary": COMMAND_TABLE[n].summary, "group": "pion"}
+            for n in names
+            if n in COMMAND_TABLE
+        }
+    if sub == "LIST":
+        return [n.lower().encode() for n in COMMAND_TABLE]
+    raise PionError(
+        f"unknown subcommand '{sub.lower()}'. Try COMMAND HELP."
+    )
+
+
+def _command_info(cmd: Command) -> Reply:
+    flags = [Simple(f) for f in sorted(cmd.flags)]
+    return [cmd.name.lower().encode(), cmd.arity, flags, 0, 0, 0]
+
+
+_ANY = frozenset({"noauth", "loading", "fast"})
+
+COMMANDS: list[Command] = [
+    Command("PING", _ping, -1, frozenset({"fast"}), "Ping the server"),
+    Command("ECHO", _echo, 2, frozenset({"fast"}), "Echo the argument"),
+    Command("HELLO", _hello, -1, _ANY, "Handshake: protocol version, AUTH, SETNAME"),
+    Command("AUTH", _auth, -2, _ANY, "Authenticate the connection"),
+    Command("SELECT", _select, 2, frozenset({"fast", "loading"}), "Only database 0 exists"),
+    Command("CLIENT", _client, -2, frozenset({"loading"}), "Connection introspection"),
+    Command("INFO", _info, -1, frozenset({"loading"}), "Server information by section"),
+    Command("COMMAND", _command, -1, frozenset({"loading"}), "Command table introspection"),
+    Command("CONFIG", config_cmd.config, -2, frozenset({"admin", "loading"}), "CONFIG GET|SET|RESETSTAT"),
+    Command("DBSIZE", _dbsize, 1, frozenset({"fast", "readonly"}), "Keys in the plain keyspace"),
+    Command("TIME", _time, 1, frozenset({"fast", "loading"}), "Server time"),
+    Command("QUIT", _quit, -1, _ANY, "Close the connection"),
+    Command("SHUTDOWN", _shutdown, -1, frozenset({"admin", "loading"}), "Stop the server"),
+]

@@ -1,0 +1,194 @@
+"""KV.PREFIX.* registry commands and the value receipt PION.STATS (DESIGN 4.3, 4.4).
+
+Every handler parses and range-checks all of its arguments before it touches the
+registry, so a bad option records nothing. Error texts are part of the wire contract:
+clients and routers match on them.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+
+from pion.codecs import FORMAT_NAMES
+from pion.commands.base import Args, Command, Context
+from pion.errors import PionError
+from pion.resp.reply import Reply, Simple
+
+__all__ = ["COMMANDS"]
+
+MAX_NS_LEN = 200
+MAX_KV_DIM = 8192
+MAX_BLOCK_SIZE = 8192
+MAX_HASH_COUNT = 1_048_576
+MAX_PREFILL_MS = 86_400_000  # one day
+MAX_TOKENS = 2**31 - 1
+_UNKNOWN = Simple("UNKNOWN")
+_BLOCKS_HEADER = struct.Struct("<II")
+
+
+def _ns(cur: Args, cmd: str) -> bytes:
+    ns = cur.bytes("ns_key")
+    if not 1 <= len(ns) <= MAX_NS_LEN:
+        raise PionError(f"{cmd}: ns_key length must be 1..{MAX_NS_LEN}")
+    return ns
+
+
+def _hash_blob(cur: Args, cmd: str, count_error: str) -> np.ndarray:
+    """``<count> <blob>`` of little-endian u64; both checked before any allocation."""
+    count = cur.int("hash_count", 0, MAX_HASH_COUNT, f"{cmd}: {count_error}")
+    blob = cur.bytes("hash_blob")
+    if len(blob) != count * 8:
+        raise PionError(f"{cmd}: hash_blob length mismatch ({len(blob)} != {count * 8})")
+    return np.frombuffer(blob, dtype="<u8")
+
+
+def _register(ctx: Context, args: Sequence[bytes]) -> Reply:
+    cmd = "KV.PREFIX.REGISTER"
+    cur = Args(args, cmd)
+    ns = _ns(cur, cmd)
+    kv_dim = cur.int("kv_dim", 1, MAX_KV_DIM, f"{cmd}: kv_dim out of range (1..{MAX_KV_DIM})")
+    vquant = cur.bytes("vquant").decode("utf-8", "replace")
+    if vquant not in FORMAT_NAMES:
+        raise PionError(f"{cmd}: unknown vquant '{vquant}' (want {'|'.join(FORMAT_NAMES)})")
+    blocks: tuple[int, np.ndarray] | None = None
+    prefill_ms = 0
+    while not cur.done():
+        opt = cur.peek_keyword()
+        cur.bytes()
+        if opt == "BLOCKS":
+            if len(cur) < 3:
+                raise PionError(f"{cmd}: BLOCKS requires: block_size hash_count hash_blob")
+            bs = cur.int("block_size", 1, MAX_BLOCK_SIZE,
+                         f"{cmd}: BLOCKS block_size out of range (1..{MAX_BLOCK_SIZE})")
+            hashes = _hash_blob(cur, cmd, f"BLOCKS hash_count out of range (0..{MAX_HASH_COUNT})")
+            blocks = (bs, hashes)
+        elif opt == "PREFILL_MS":
+            if cur.done():
+                raise PionError(f"{cmd}: PREFILL_MS requires a value")
+            prefill_ms = cur.int("PREFILL_MS", 0, MAX_PREFILL_MS,
+                                 f"{cmd}: PREFILL_MS out of range (0..{MAX_PREFILL_MS})")
+        else:
+            raise PionError(f"{cmd}: unknown option '{opt or '?'}'")
+    ctx.state.registry.register(ns, kv_dim, vquant, blocks, prefill_ms)
+    return Simple("OK")
+
+
+def _lookup(ctx: Context, args: Sequence[bytes]) -> Reply:
+    cmd = "KV.PREFIX.LOOKUP"
+    cur = Args(args, cmd)
+    ns = _ns(cur, cmd)
+    tokens: int | None = None
+    prefill_ms: int | None = None
+    while not cur.done():
+        opt = cur.peek_keyword()
+        cur.bytes()
+        if cur.done():
+            raise PionError(f"{cmd}: {opt or 'option'} requires a value")
+        if opt == "TOKENS":
+            tokens = cur.int("TOKENS", 0, MAX_TOKENS, f"{cmd}: TOKENS out of range (0..{MAX_TOKENS})")
+        elif opt == "PREFILL_MS":
+            prefill_ms = cur.int("PREFILL_MS", 0, MAX_PREFILL_MS,
+                                 f"{cmd}: PREFILL_MS out of range (0..{MAX_PREFILL_MS})")
+        else:
+            raise PionError(f"{cmd}: unknown option '{opt or '?'}'")
+    hit = ctx.state.registry.lookup(ns, tokens, prefill_ms)
+    return Simple("HIT" if hit else "MISS")
+
+
+def _drop(ctx: Context, args: Sequence[bytes]) -> Reply:
+    cmd = "KV.PREFIX.DROP"
+    cur = Args(args, cmd)
+    namespaces = [_ns(cur, cmd) for _ in range(len(args))]
+    return sum(ctx.state.registry.drop(ns) for ns in dict.fromkeys(namespaces))
+
+
+def _owner(ctx: Context, args: Sequence[bytes]) -> Reply:
+    ns = _ns(Args(args, "KV.PREFIX.OWNER"), "KV.PREFIX.OWNER")
+    if ctx.state.registry.holds_any(ns):
+        return Simple(str(ctx.state.config.worker_id))
+    return Simple("-1")
+
+
+def _blocks(ctx: Context, args: Sequence[bytes]) -> Reply:
+    ns = _ns(Args(args, "KV.PREFIX.BLOCKS"), "KV.PREFIX.BLOCKS")
+    table = ctx.state.registry.block_table(ns)
+    if table is None:
+        return _UNKNOWN
+    body = bytearray(_BLOCKS_HEADER.pack(table.block_size, table.count))
+    body += memoryview(table.hashes).cast("B")
+    return body
+
+
+def _membership(ctx: Context, args: Sequence[bytes]) -> Reply:
+    cmd = "KV.PREFIX.MEMBERSHIP"
+    cur = Args(args, cmd)
+    ns = _ns(cur, cmd)
+    probes = _hash_blob(cur, cmd, f"hash_count out of range (0..{MAX_HASH_COUNT})")
+    table = ctx.state.registry.block_table(ns)
+    if table is None:
+        return _UNKNOWN
+    if len(probes) == 0:
+        return b""
+    return np.packbits(table.contains(probes), bitorder="little").tobytes()
+
+
+def _info(ctx: Context, args: Sequence[bytes]) -> Reply:
+    state = ctx.state
+    vs = state.vstore
+    wal = state.persistence.info() if state.persistence is not None else {}
+    fields: list[tuple[str, int | str]] = [
+        ("registered_prefixes", len(state.registry.registered())),
+        ("total_prefix_tokens", state.registry.total_prefix_tokens()),
+        ("vstore_sessions", vs.session_count),
+        ("vstore_total_fetches", vs.total_fetches),
+        ("vstore_evictions", vs.evictions),
+        ("vstore_max_sessions", vs.max_sessions),
+        ("vstore_bytes", vs.vstore_bytes),
+        ("wal_enabled", wal.get("wal_enabled", 0)),
+        ("wal_bytes", wal.get("wal_bytes", 0)),
+        ("wal_appended", wal.get("wal_appended", 0)),
+        ("wal_replayed", wal.get("wal_replayed", 0)),
+        # Single-worker server: no cross-worker directory.
+        ("directory_enabled", 0),
+        ("my_worker_id", state.config.worker_id),
+        ("directory_entries", 0),
+        # No attention tier in this build: its counters stay 0.
+        ("sdpa_warm", 0),
+        ("sdpa_cold", 0),
+        ("sdpa_demotions", 0),
+        ("sdpa_rehydrates", 0),
+    ]
+    # A plain bulk string, as Pion sends it (not RESP3 verbatim).
+    return "".join(f"{k}:{v}\r\n" for k, v in fields)
+
+
+def _pion_stats(ctx: Context, args: Sequence[bytes]) -> Reply:
+    cur = Args(args, "PION.STATS")
+    if not cur.done():
+        if cur.peek_keyword() != "RESET" or len(cur) != 1:
+            raise PionError("PION.STATS: unknown subcommand (want RESET)")
+        ctx.state.receipt.reset()
+        return Simple("OK")
+    return {k: v for k, v in ctx.state.receipt.pairs().items()}
+
+
+COMMANDS: list[Command] = [
+    Command("KV.PREFIX.REGISTER", _register, -4, frozenset({"write"}),
+            "Register a prefix namespace (K/V session pair, block table, PREFILL_MS)"),
+    Command("KV.PREFIX.LOOKUP", _lookup, -2, frozenset({"readonly", "fast"}),
+            "HIT iff both halves of the namespace are held; credits the receipt"),
+    Command("KV.PREFIX.DROP", _drop, -2, frozenset({"write"}), "Drop namespaces"),
+    Command("KV.PREFIX.OWNER", _owner, 2, frozenset({"readonly", "fast"}),
+            "The worker holding a namespace, or -1"),
+    Command("KV.PREFIX.BLOCKS", _blocks, 2, frozenset({"readonly"}),
+            "The registered block-hash table"),
+    Command("KV.PREFIX.MEMBERSHIP", _membership, 4, frozenset({"readonly", "fast"}),
+            "Bitmap of which probe hashes are in the block table"),
+    Command("KV.PREFIX.INFO", _info, 1, frozenset({"readonly", "loading"}),
+            "Registry, V-store and WAL counters"),
+    Command("PION.STATS", _pion_stats, -1, frozenset({"loading"}),
+            "The value receipt; PION.STATS RESET zeroes it"),
+]

@@ -1,0 +1,97 @@
+"""The server's shared state, handed to every command handler through its Context.
+
+One instance per worker process. It is a plain synchronous data structure owned by the
+event loop thread: handlers mutate it without awaiting, so nobody sees it half-updated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from pion.config import ServerConfig
+
+from pion.prefix.receipt import Receipt
+from pion.prefix.registry import PrefixRegistry
+from pion.vstore import VStore
+
+if TYPE_CHECKING:
+    from pion.commands.base import ClientState
+
+__all__ = ["Durability", "ServerCounters", "ServerState"]
+
+
+class Durability(Protocol):
+    """What the server and the commands need from the persistence layer (WAL and
+    snapshots). ``pion.persistence`` implements it; ``None`` in ServerState means the
+    server runs without a data directory."""
+
+    def write_refusal(self) -> str | None:
+        """None while writes are accepted, else the MISCONF message (after a failed
+        write or fsync, until a write succeeds again)."""
+
+    def needs_sync(self) -> bool:
+        """True when replies must wait for :meth:`sync` (appendfsync always with
+        records appended since the last fsync)."""
+
+    def sync(self) -> None:
+        """fsync what was appended; raises on failure (the caller withholds replies)."""
+
+    def close(self) -> None:
+        """Flush and fsync the log and release files (graceful shutdown)."""
+
+    def save(self, path: str | None = None) -> None:
+        """Write an atomic snapshot (KV.PREFIX.SAVE, SHUTDOWN SAVE)."""
+
+    def info(self) -> dict[str, int | str]:
+        """Fields of INFO's Persistence section and the wal_* fields of
+        KV.PREFIX.INFO (``wal_enabled``, ``wal_bytes``, ``wal_appended``,
+        ``wal_replayed``)."""
+
+
+@dataclass
+class ServerCounters:
+    """INFO Stats counters."""
+
+    total_connections_received: int = 0
+    total_commands_processed: int = 0
+    rejected_connections: int = 0
+    protocol_errors: int = 0
+    internal_errors: int = 0
+
+    def reset(self) -> None:
+        self.total_connections_received = 0
+        self.total_commands_processed = 0
+        self.rejected_connections = 0
+        self.protocol_errors = 0
+        self.internal_errors = 0
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    vstore: VStore
+    receipt: Receipt
+    persistence: Durability | None = None
+    started: float = field(default_factory=time.time)
+    started_monotonic: float = field(default_factory=time.monotonic)
+    counters: ServerCounters = field(default_factory=ServerCounters)
+    # Connected clients by id; the server adds and removes them, CLIENT LIST/KILL read.
+    clients: dict[int, ClientState] = field(default_factory=dict)
+    # Set while recovery replays the WAL: commands without the `loading` flag answer
+    # -LOADING.
+    loading: bool = False
+    # Installed by the server: request a shutdown (save: bool).
+    request_shutdown: Callable[[bool], None] | None = None
+    # Installed by the server: close the connection of client id.
+    kill_client: Callable[[int], bool] | None = None
+    # Built from vstore and receipt: the KV.PREFIX registry over them.
+    registry: PrefixRegistry = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.registry = PrefixRegistry(self.vstore, self.receipt)
+
+    def uptime(self) -> int:
+        return int(time.monotonic() - self.started_monotonic)

@@ -1,0 +1,113 @@
+"""The exception tree of Pion, and the RESP error code each class answers with.
+
+Every error a command can raise derives from :class:`PionError`. The dispatcher in
+``pion.server.dispatch`` is the one place that turns these into RESP error replies:
+``-<code> <message>``. Anything that is *not* a ``PionError`` is a bug; the dispatcher
+logs it with its traceback and answers ``-ERR internal error``.
+
+Tree::
+
+    PionError                 code ERR   generic command error (bad argument, ...)
+      ProtocolError           code ERR   malformed RESP; the connection is closed after it
+      NoAuthError             code NOAUTH
+      WrongPassError          code WRONGPASS
+      LoadingError            code LOADING  (recovery in progress)
+      MisconfError            code MISCONF  (persistence failing: writes refused)
+      OOMError                code OOM      (a write larger than --maxmemory)
+      ColdMissError           code COLDMISS (attention slot demoted to the cold tier)
+      CodecError              code ERR   a value a storage format cannot hold
+      SessionNotFoundError    code ERR   unknown V-store session
+      WrongWorkerError        code ERR   the session lives on another worker
+
+Clients match a few messages by text (``blob size``, ``session lives on worker N``,
+``already``/``exists``); those texts are part of the wire contract (DESIGN section 3).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CodecError",
+    "ColdMissError",
+    "LoadingError",
+    "MisconfError",
+    "NoAuthError",
+    "OOMError",
+    "PionError",
+    "ProtocolError",
+    "SessionNotFoundError",
+    "WrongPassError",
+    "WrongWorkerError",
+]
+
+
+class PionError(Exception):
+    """Base class: a command failed with a message the client should see."""
+
+    code = "ERR"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def resp_line(self) -> str:
+        """The error line without the leading ``-`` and trailing CRLF."""
+        return f"{self.code} {self.message}"
+
+
+class ProtocolError(PionError):
+    """The client sent bytes that are not valid RESP, or broke a limit."""
+
+    def resp_line(self) -> str:
+        return f"ERR Protocol error: {self.message}"
+
+
+class NoAuthError(PionError):
+    code = "NOAUTH"
+
+    def __init__(self, message: str = "Authentication required.") -> None:
+        super().__init__(message)
+
+
+class WrongPassError(PionError):
+    code = "WRONGPASS"
+
+    def __init__(
+        self, message: str = "invalid username-password pair or user is disabled."
+    ) -> None:
+        super().__init__(message)
+
+
+class LoadingError(PionError):
+    code = "LOADING"
+
+    def __init__(self, message: str = "Pion is loading the dataset in memory") -> None:
+        super().__init__(message)
+
+
+class MisconfError(PionError):
+    code = "MISCONF"
+
+
+class OOMError(PionError):
+    code = "OOM"
+
+
+class ColdMissError(PionError):
+    code = "COLDMISS"
+
+
+class CodecError(PionError):
+    """A storage format refused its input (non-finite, overflow, bad buffer length)."""
+
+
+class SessionNotFoundError(PionError):
+    def __init__(self, message: str = "session not found") -> None:
+        super().__init__(message)
+
+
+class WrongWorkerError(PionError):
+    """Raised when a session is owned by another worker (multi-worker mode)."""
+
+    def __init__(self, message: str, owner: int) -> None:
+        super().__init__(message)
+        self.owner = owner

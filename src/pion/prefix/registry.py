@@ -1,0 +1,122 @@
+"""The prefix registry: a namespace ``ns`` is the V-store session pair ``<ns>_pk``
+(keys) and ``<ns>_pv`` (values), plus an optional block-hash table on the K side and a
+registered PREFILL_MS.
+
+What lives where, and why:
+
+* layouts, rows and block tables live in the V-store, so the WAL and snapshots cover
+  them and eviction/drop remove them with the sessions;
+* PREFILL_MS lives here, in memory only: it describes the registering process's cold
+  prefill, and is deliberately not persisted (DESIGN section 4.3);
+* crediting a hit goes to the :class:`~pion.prefix.receipt.Receipt`.
+
+The registry never validates wire arguments; ``pion.commands.prefix`` does that before
+calling in, so nothing here is half-applied by a bad option.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from pion.prefix.receipt import Receipt
+from pion.vstore import BlockTable, VStore
+
+__all__ = ["PrefixRegistry", "k_sid", "v_sid"]
+
+
+def k_sid(ns: bytes) -> bytes:
+    return ns + b"_pk"
+
+
+def v_sid(ns: bytes) -> bytes:
+    return ns + b"_pv"
+
+
+class PrefixRegistry:
+    def __init__(self, vstore: VStore, receipt: Receipt) -> None:
+        self.vstore = vstore
+        self.receipt = receipt
+        self._prefill_ms: dict[bytes, int] = {}
+
+    def is_registered(self, ns: bytes) -> bool:
+        return k_sid(ns) in self.vstore and v_sid(ns) in self.vstore
+
+    def holds_any(self, ns: bytes) -> bool:
+        return k_sid(ns) in self.vstore or v_sid(ns) in self.vstore
+
+    def register(
+        self,
+        ns: bytes,
+        kv_dim: int,
+        vquant: str,
+        blocks: tuple[int, npt.NDArray[np.uint64]] | None,
+        prefill_ms: int,
+    ) -> None:
+        """Create both halves (idempotent: an existing half keeps its layout), replace
+        the block table when given, and record PREFILL_MS (0 when absent)."""
+        self.vstore.create(k_sid(ns), kv_dim, vquant)
+        self.vstore.create(v_sid(ns), kv_dim, vquant)
+        if blocks is not None:
+            self.vstore.set_blocks(k_sid(ns), blocks[0], blocks[1])
+        self._prefill_ms[ns] = prefill_ms
+        self._prune()
+
+    def lookup(self, ns: bytes, tokens: int | None, prefill_ms: int | None) -> bool:
+        """HIT iff both halves exist; credits the receipt (DESIGN section 4.4)."""
+        vs = self.vstore
+        if not self.is_registered(ns):
+            self.receipt.credit_miss()
+            return False
+        k_info = vs.describe(k_sid(ns))
+        v_info = vs.describe(v_sid(ns))
+        layer0 = k_info.layer(0)
+        own_tokens = layer0.tpl if layer0 is not None else 0
+        if tokens is not None:
+            credit_tokens, credit_ms = tokens, prefill_ms or 0
+        else:
+            credit_tokens = own_tokens
+            credit_ms = prefill_ms if prefill_ms is not None else self._prefill_ms.get(ns, 0)
+        # Bytes served: the namespace's stored bytes, scaled to the credited tokens
+        # when the caller names a different count.
+        ns_bytes = k_info.nbytes + v_info.nbytes
+        if own_tokens > 0 and credit_tokens != own_tokens:
+            ns_bytes = ns_bytes * credit_tokens // own_tokens
+        self.receipt.credit_hit(credit_tokens, credit_ms, ns_bytes)
+        return True
+
+    def drop(self, ns: bytes) -> bool:
+        """Drop both halves; True when a half was held."""
+        held = False
+        for sid in (k_sid(ns), v_sid(ns)):
+            held = self.vstore.drop(sid) or held
+        self._prefill_ms.pop(ns, None)
+        return held
+
+    def block_table(self, ns: bytes) -> BlockTable | None:
+        sid = k_sid(ns)
+        if sid not in self.vstore:
+            return None
+        return self.vstore.blocks(sid)
+
+    def registered(self) -> list[bytes]:
+        """Namespaces with both halves held."""
+        out = []
+        for sid in self.vstore.sids():
+            if sid.endswith(b"_pk") and v_sid(sid[:-3]) in self.vstore:
+                out.append(sid[:-3])
+        return out
+
+    def total_prefix_tokens(self) -> int:
+        total = 0
+        for ns in self.registered():
+            layer0 = self.vstore.describe(k_sid(ns), touch=False).layer(0)
+            total += layer0.tpl if layer0 is not None else 0
+        return total
+
+    def _prune(self) -> None:
+        # PREFILL_MS entries of namespaces the V-store evicted are dropped lazily, so
+        # the map stays bounded by the sessions the store can hold.
+        if len(self._prefill_ms) > 2 * self.vstore.max_sessions + 16:
+            for ns in [n for n in self._prefill_ms if not self.holds_any(n)]:
+                del self._prefill_ms[ns]

@@ -1,0 +1,20 @@
+"""Sans-IO RESP: the request decoder, the reply encoder and the reply value types.
+
+Nothing here touches a socket or imports another part of Pion except the error tree.
+"""
+
+from __future__ import annotations
+
+from pion.resp.decoder import RequestDecoder
+from pion.resp.encoder import encode_reply
+from pion.resp.reply import ErrorReply, NullArray, Reply, Simple, Verbatim
+
+__all__ = [
+    "ErrorReply",
+    "NullArray",
+    "Reply",
+    "RequestDecoder",
+    "Simple",
+    "Verbatim",
+    "encode_reply",
+]

@@ -1,0 +1,252 @@
+"""Sans-IO decoder of client requests: RESP multibulk arrays and inline commands.
+
+Invariant: whatever bytes are fed, :meth:`RequestDecoder.get` returns a complete
+command (a list of ``bytes`` arguments), ``None`` for "need more data", or raises
+:class:`pion.errors.ProtocolError`. It never raises anything else, never touches a
+socket, and never buffers more than the limits allow: every ``*<n>`` and ``$<n>``
+header is checked the moment its line is complete, before the promised payload is
+waited for (as Redis's processMultibulkBuffer does). ``hiredis.Reader`` cannot refuse
+a header before buffering its payload, which is why this decoder is our own; it is
+checked against hiredis in a differential test.
+
+Error texts follow Redis (``invalid multibulk length``, ``invalid bulk length``,
+``expected '$', got 'x'``, ``too big inline request``, ``unbalanced quotes in
+request``); the caller sends ``-ERR Protocol error: <text>`` and closes.
+"""
+
+from __future__ import annotations
+
+from pion.config import ProtocolLimits
+from pion.errors import ProtocolError
+
+__all__ = ["RequestDecoder", "split_inline"]
+
+_CRLF = b"\r\n"
+# A header line holds at most "*" + 20 digits; Redis refuses longer ones as too big.
+_MAX_HEADER_LINE = 32
+# Compact the buffer once this much has been consumed and it is over half dead.
+_COMPACT_AT = 64 * 1024
+
+
+def _parse_len(line: bytes | bytearray | memoryview) -> int | None:
+    """Parse a header's decimal length (after the type byte); None if malformed."""
+    raw = bytes(line)
+    if not raw or len(raw) > 20:
+        return None
+    body = raw[1:] if raw[:1] == b"-" else raw
+    if not body.isdigit():
+        return None
+    return int(raw)
+
+
+class RequestDecoder:
+    """Incremental request parser. Feed bytes, then call :meth:`get` until None."""
+
+    __slots__ = ("_args", "_buf", "_bulk_len", "_declared", "_limits", "_pos", "_remaining")
+
+    def __init__(self, limits: ProtocolLimits | None = None) -> None:
+        self._limits = limits or ProtocolLimits()
+        self._buf = bytearray()
+        self._pos = 0
+        # State of a multibulk command being read across feeds.
+        self._args: list[bytes] | None = None
+        self._remaining = 0
+        self._bulk_len = -1  # -1: waiting for the next "$<n>" header
+        self._declared = 0  # bytes promised so far by this command's bulk headers
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held but not yet consumed."""
+        return len(self._buf) - self._pos
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        self._buf += data
+
+    def get(self) -> list[bytes] | None:
+        """The next complete command, or None when more bytes are needed."""
+        while True:
+            if self._args is not None:
+                cmd = self._continue_multibulk()
+                if cmd is None:
+                    self._compact()
+                    return None
+                if cmd:
+                    return cmd
+                continue  # an empty multibulk (*0): skipped, as Redis does
+            if self._pos >= len(self._buf):
+                self._compact()
+                return None
+            if self._buf[self._pos] == 0x2A:  # '*'
+                if not self._start_multibulk():
+                    self._compact()
+                    return None
+                continue
+            inline = self._read_inline()
+            if inline is None:
+                self._compact()
+                return None
+            if inline:
+                return inline
+
+    # -- multibulk --------------------------------------------------------------
+
+    def _line_end(self, limit: int, too_long: str) -> int:
+        """Index of the CR of the current line's CRLF, -1 if incomplete. A line that
+        is already longer than ``limit`` without CRLF raises."""
+        buf, pos = self._buf, self._pos
+        end = buf.find(_CRLF, pos, pos + limit + 2)
+        if end < 0 and len(buf) - pos > limit + 1:
+            raise ProtocolError(too_long)
+        return end
+
+    def _start_multibulk(self) -> bool:
+        end = self._line_end(_MAX_HEADER_LINE, "too big mbulk count string")
+        if end < 0:
+            return False
+        count = _parse_len(self._buf[self._pos + 1 : end])
+        if count is None or count > self._limits.max_array_len:
+            raise ProtocolError("invalid multibulk length")
+        self._pos = end + 2
+        if count <= 0:
+            self._args = []
+            self._remaining = 0
+        else:
+            self._args = []
+            self._remaining = count
+        self._bulk_len = -1
+        self._declared = 0
+        return True
+
+    def _continue_multibulk(self) -> list[bytes] | None:
+        args = self._args
+        if args is None:  # pragma: no cover - the caller checks
+            return None
+        buf = self._buf
+        while self._remaining > 0:
+            if self._bulk_len < 0:
+                if self._pos >= len(buf):
+                    return None
+                if buf[self._pos] != 0x24:  # '$'
+                    got = chr(buf[self._pos])
+                    raise ProtocolError(f"expected '$', got '{got}'")
+                end = self._line_end(_MAX_HEADER_LINE, "too big bulk count string")
+                if end < 0:
+                    return None
+                n = _parse_len(buf[self._pos + 1 : end])
+                if n is None or n < 0 or n > self._limits.max_bulk_len:
+                    raise ProtocolError("invalid bulk length")
+                self._declared += n
+                if self._declared > self._limits.max_query_buffer:
+                    raise ProtocolError("command exceeds the query buffer limit")
+                self._pos = end + 2
+                self._bulk_len = n
+            n = self._bulk_len
+            if len(buf) - self._pos < n + 2:
+                return None
+            start = self._pos
+            if buf[start + n : start + n + 2] != _CRLF:
+                raise ProtocolError("bulk payload not terminated by CRLF")
+            # One copy out of the receive buffer; the view is released at once so the
+            # buffer can still be resized.
+            with memoryview(buf) as view:
+                args.append(bytes(view[start : start + n]))
+            self._pos = start + n + 2
+            self._bulk_len = -1
+            self._remaining -= 1
+        self._args = None
+        return args
+
+    # -- inline -----------------------------------------------------------------
+
+    def _read_inline(self) -> list[bytes] | None:
+        buf, pos = self._buf, self._pos
+        limit = self._limits.max_inline_len
+        end = buf.find(b"\n", pos, pos + limit + 1)
+        if end < 0:
+            if len(buf) - pos > limit:
+                raise ProtocolError("too big inline request")
+            return None
+        line = bytes(buf[pos:end])
+        self._pos = end + 1
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        return split_inline(line)
+
+    def _compact(self) -> None:
+        if self._pos and (self._pos >= len(self._buf) or self._pos > _COMPACT_AT):
+            del self._buf[: self._pos]
+            self._pos = 0
+
+
+_ESCAPES = {
+    ord("n"): b"\n",
+    ord("r"): b"\r",
+    ord("t"): b"\t",
+    ord("b"): b"\b",
+    ord("a"): b"\a",
+}
+_HEX = b"0123456789abcdefABCDEF"
+_SPACE = b" \t\n\r\v\f"
+
+
+def split_inline(line: bytes) -> list[bytes]:
+    """Split an inline command line into arguments with Redis's sdssplitargs rules:
+    whitespace separates; "double quotes" support \\n \\r \\t \\b \\a \\xHH and
+    backslash escapes; 'single quotes' support \\'; a closing quote must be followed
+    by whitespace or the end."""
+    out: list[bytes] = []
+    i, n = 0, len(line)
+    while True:
+        while i < n and line[i] in _SPACE:
+            i += 1
+        if i >= n:
+            return out
+        cur = bytearray()
+        quote = 0
+        while True:
+            if i >= n:
+                if quote:
+                    raise ProtocolError("unbalanced quotes in request")
+                break
+            c = line[i]
+            if quote == 0x22:  # inside "..."
+                if c == 0x5C and i + 3 < n and line[i + 1] == 0x78 and (
+                    line[i + 2] in _HEX and line[i + 3] in _HEX
+                ):
+                    cur.append(int(line[i + 2 : i + 4], 16))
+                    i += 4
+                    continue
+                if c == 0x5C and i + 1 < n:
+                    nxt = line[i + 1]
+                    cur += _ESCAPES.get(nxt, bytes([nxt]))
+                    i += 2
+                    continue
+                if c == 0x22:
+                    if i + 1 < n and line[i + 1] not in _SPACE:
+                        raise ProtocolError("unbalanced quotes in request")
+                    i += 1
+                    break
+                cur.append(c)
+                i += 1
+            elif quote == 0x27:  # inside '...'
+                if c == 0x5C and i + 1 < n and line[i + 1] == 0x27:
+                    cur.append(0x27)
+                    i += 2
+                    continue
+                if c == 0x27:
+                    if i + 1 < n and line[i + 1] not in _SPACE:
+                        raise ProtocolError("unbalanced quotes in request")
+                    i += 1
+                    break
+                cur.append(c)
+                i += 1
+            else:
+                if c in _SPACE:
+                    break
+                if c in (0x22, 0x27):
+                    quote = c
+                    i += 1
+                    continue
+                cur.append(c)
+                i += 1
+        out.append(bytes(cur))

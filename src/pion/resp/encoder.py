@@ -1,0 +1,98 @@
+"""Reply encoder for RESP2 and RESP3.
+
+:func:`encode_reply` appends wire chunks to a list the connection later hands to
+``transport.writelines``: headers are small ``bytes``, and big payloads (``bytes``,
+``memoryview`` of a numpy buffer) are appended as they are, never copied or joined.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pion.resp.reply import ErrorReply, NoReply, NullArray, Reply, Simple, Verbatim
+
+__all__ = ["encode_error", "encode_reply"]
+
+_CRLF = b"\r\n"
+_OK = b"+OK\r\n"
+_NULL2 = b"$-1\r\n"
+_NULL3 = b"_\r\n"
+_NULL_ARRAY2 = b"*-1\r\n"
+# Small integers are the most common reply after +OK; cache their encodings.
+_INT_CACHE = [b":%d\r\n" % i for i in range(256)]
+
+
+def encode_error(line: str) -> bytes:
+    """``line`` is ``"CODE message"``; CR/LF are replaced so an error never breaks
+    the framing."""
+    clean = line.replace("\r", " ").replace("\n", " ")
+    return b"-" + clean.encode("utf-8", "replace") + _CRLF
+
+
+def encode_reply(value: Reply, proto: int, out: list[bytes | memoryview]) -> None:
+    """Append the encoding of ``value`` to ``out``."""
+    if value is None:
+        out.append(_NULL3 if proto == 3 else _NULL2)
+    elif isinstance(value, bool):
+        if proto == 3:
+            out.append(b"#t\r\n" if value else b"#f\r\n")
+        else:
+            out.append(_INT_CACHE[int(value)])
+    elif isinstance(value, int):
+        out.append(_INT_CACHE[value] if 0 <= value < 256 else b":%d\r\n" % value)
+    elif isinstance(value, Simple):
+        out.append(_OK if value == "OK" else b"+" + value.encode() + _CRLF)
+    elif isinstance(value, ErrorReply):
+        out.append(encode_error(str(value)))
+    elif isinstance(value, Verbatim):
+        data = value.encode("utf-8")
+        if proto == 3:
+            out.append(b"=%d\r\ntxt:" % (len(data) + 4))
+        else:
+            out.append(b"$%d\r\n" % len(data))
+        out.append(data)
+        out.append(_CRLF)
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        size = value.nbytes if isinstance(value, memoryview) else len(value)
+        out.append(b"$%d\r\n" % size)
+        out.append(value)
+        out.append(_CRLF)
+    elif isinstance(value, str):
+        data = value.encode("utf-8")
+        out.append(b"$%d\r\n" % len(data))
+        out.append(data)
+        out.append(_CRLF)
+    elif isinstance(value, float):
+        if proto == 3:
+            out.append(b"," + _format_double(value).encode() + _CRLF)
+        else:
+            text = _format_double(value).encode()
+            out.append(b"$%d\r\n" % len(text))
+            out.append(text)
+            out.append(_CRLF)
+    elif isinstance(value, (list, tuple)):
+        out.append(b"*%d\r\n" % len(value))
+        for item in value:
+            encode_reply(item, proto, out)
+    elif isinstance(value, dict):
+        if proto == 3:
+            out.append(b"%%%d\r\n" % len(value))
+        else:
+            out.append(b"*%d\r\n" % (2 * len(value)))
+        for key, item in value.items():
+            encode_reply(key, proto, out)
+            encode_reply(item, proto, out)
+    elif isinstance(value, NullArray):
+        out.append(_NULL3 if proto == 3 else _NULL_ARRAY2)
+    elif isinstance(value, NoReply):
+        pass
+    else:  # pragma: no cover - a handler bug, caught by the dispatcher's tests
+        raise TypeError(f"cannot encode reply of type {type(value).__name__}")
+
+
+def _format_double(value: float) -> str:
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if math.isnan(value):
+        return "nan"
+    return repr(value)

@@ -1,0 +1,164 @@
+"""Starting and stopping a worker: build its state, bind its sockets, serve until a
+signal or SHUTDOWN, then shut down gracefully.
+
+:func:`run` is the blocking entry point the CLI calls. :class:`ServerThread` runs the
+same server on an event loop in a background thread, for tests and embedding (bind
+port 0 and read ``.port``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable
+
+from pion.commands.state import ServerState
+from pion.config import ServerConfig
+from pion.errors import PionError
+from pion.prefix.receipt import Receipt
+from pion.server.app import PionServer
+from pion.vstore import VStore
+
+__all__ = ["ServerThread", "bind_socket", "build_state", "check_bind_safety", "run", "serve"]
+
+log = logging.getLogger("pion.server")
+
+
+def build_state(config: ServerConfig) -> ServerState:
+    vstore = VStore(
+        config.vstore,
+        max_sessions=config.vstore_max_sessions,
+        maxmemory=config.maxmemory,
+    )
+    return ServerState(config=config, vstore=vstore, receipt=Receipt(worker_id=config.worker_id))
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind_safety(config: ServerConfig) -> None:
+    """Refuse to expose an unauthenticated server beyond loopback (DESIGN section 9)."""
+    if not _is_loopback(config.bind) and config.requirepass is None and not config.unsafe_no_auth:
+        raise PionError(
+            f"refusing to bind {config.bind} without a password: set --requirepass "
+            "(or --requirepass-file), or pass --unsafe-no-auth if the network is trusted"
+        )
+
+
+def bind_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port and hasattr(socket, "SO_REUSEPORT"):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    return sock
+
+
+async def serve(
+    state: ServerState,
+    sockets: list[socket.socket],
+    on_ready: Callable[[PionServer], None] | None = None,
+) -> None:
+    """Serve on already-bound sockets until shutdown is requested."""
+    server = PionServer(state)
+    await server.start(sockets)
+    if on_ready is not None:
+        on_ready(server)
+    await server.wait_stopped()
+
+
+def _install_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def run(config: ServerConfig) -> int:
+    """Run a worker in the foreground; returns the process exit code."""
+    check_bind_safety(config)
+    state = build_state(config)
+    sock = bind_socket(config.bind, config.port)
+    port = sock.getsockname()[1]
+    _install_uvloop()
+
+    def ready(server: PionServer) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(server.shutdown()))
+        log.info("pion-server ready on %s:%d (worker %d)", config.bind, port, config.worker_id)
+        # A machine-readable line for scripts and tests that start us on port 0.
+        print(f"pion-server ready port={port}", flush=True)
+
+    asyncio.run(serve(state, [sock], ready))
+    log.info("pion-server stopped")
+    return 0
+
+
+class ServerThread:
+    """A server on its own event loop in a daemon thread (tests, embedding)."""
+
+    def __init__(self, config: ServerConfig, state: ServerState | None = None) -> None:
+        self.config = config
+        self.state = state if state is not None else build_state(config)
+        self._sock = bind_socket(config.bind, config.port)
+        self.host = config.bind
+        self.port: int = self._sock.getsockname()[1]
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: PionServer | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="pion-server", daemon=True)
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("pion-server thread did not start")
+        return self
+
+    def _main(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+
+        def ready(server: PionServer) -> None:
+            self._server = server
+            self._ready.set()
+
+        try:
+            loop.run_until_complete(serve(self.state, [self._sock], ready))
+        finally:
+            loop.close()
+
+    def call(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on the server's loop thread (to touch state safely)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(fn)
+
+    def stop(self, save: bool = False) -> None:
+        loop, server = self._loop, self._server
+        if loop is None or server is None or not self._thread.is_alive():
+            return
+        fut = asyncio.run_coroutine_threadsafe(server.shutdown(save), loop)
+        fut.result(timeout=30)
+        self._thread.join(timeout=30)
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level="WARNING" if level == "notice" else level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )

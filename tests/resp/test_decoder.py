@@ -1,0 +1,160 @@
+"""The request decoder: whole, byte by byte, garbage, limits, and against hiredis."""
+
+from __future__ import annotations
+
+import re
+
+import hiredis
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pion.config import ProtocolLimits
+from pion.errors import ProtocolError
+from pion.resp.decoder import RequestDecoder, split_inline
+
+
+def encode(args: list[bytes]) -> bytes:
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+def drain(dec: RequestDecoder) -> list[list[bytes]]:
+    out = []
+    while (cmd := dec.get()) is not None:
+        out.append(cmd)
+    return out
+
+
+commands = st.lists(st.lists(st.binary(max_size=40), min_size=1, max_size=6), max_size=8)
+
+
+@given(commands)
+def test_whole_and_byte_by_byte_agree(cmds: list[list[bytes]]) -> None:
+    wire = b"".join(encode(c) for c in cmds)
+    whole = RequestDecoder()
+    whole.feed(wire)
+    assert drain(whole) == cmds
+    dec = RequestDecoder()
+    got: list[list[bytes]] = []
+    for i in range(len(wire)):
+        dec.feed(wire[i : i + 1])
+        got.extend(drain(dec))
+    assert got == cmds
+    assert dec.buffered == 0
+
+
+@given(commands)
+def test_differential_against_hiredis(cmds: list[list[bytes]]) -> None:
+    """hiredis parses the same bytes (as replies) into the same argument lists."""
+    wire = b"".join(encode(c) for c in cmds)
+    reader = hiredis.Reader()
+    reader.feed(wire)
+    expected = []
+    while (item := reader.gets()) is not False:
+        expected.append(item)
+    dec = RequestDecoder()
+    dec.feed(wire)
+    assert drain(dec) == expected
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=300))
+def test_garbage_yields_frames_or_protocol_error(data: bytes) -> None:
+    dec = RequestDecoder(ProtocolLimits(max_inline_len=64, max_bulk_len=1000))
+    dec.feed(data)
+    try:
+        for cmd in drain(dec):
+            assert isinstance(cmd, list)
+            assert all(isinstance(a, bytes) for a in cmd)
+    except ProtocolError:
+        pass
+
+
+def test_inline_commands() -> None:
+    dec = RequestDecoder()
+    dec.feed(b"PING\r\nset  a 'b c'\n\r\n  \r\necho \"x\\ty\\x41\"\r\n")
+    assert drain(dec) == [[b"PING"], [b"set", b"a", b"b c"], [b"echo", b"x\tyA"]]
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (b"a b", [b"a", b"b"]),
+        (b"  a   b  ", [b"a", b"b"]),
+        (b'"a b" c', [b"a b", b"c"]),
+        (b"'it\\'s'", [b"it's"]),
+        (b'"\\n\\r\\t\\b\\a\\\\\\""', [b"\n\r\t\b\a\\\""]),
+        (b"", []),
+    ],
+)
+def test_split_inline(line: bytes, expected: list[bytes]) -> None:
+    assert split_inline(line) == expected
+
+
+@pytest.mark.parametrize("line", [b'"abc', b"'abc", b'"a"b', b"'a'b"])
+def test_unbalanced_quotes(line: bytes) -> None:
+    with pytest.raises(ProtocolError, match="unbalanced quotes"):
+        split_inline(line)
+
+
+@pytest.mark.parametrize(
+    ("wire", "message"),
+    [
+        (b"*abc\r\n", "invalid multibulk length"),
+        (b"*2000000\r\n", "invalid multibulk length"),
+        (b"*1\r\n$-5\r\n", "invalid bulk length"),
+        (b"*1\r\n$x\r\n", "invalid bulk length"),
+        (b"*1\r\n$1000000000000\r\n", "invalid bulk length"),
+        (b"*1\r\n:5\r\n", "expected '$', got ':'"),
+        (b"*1\r\n$3\r\nabcXY", "not terminated by CRLF"),
+        (b"*" + b"1" * 40, "too big mbulk count string"),
+    ],
+)
+def test_protocol_errors(wire: bytes, message: str) -> None:
+    dec = RequestDecoder()
+    dec.feed(wire)
+    with pytest.raises(ProtocolError, match=re.escape(message)):
+        dec.get()
+
+
+def test_oversized_bulk_header_refused_before_payload() -> None:
+    """The limit is enforced when the header line arrives, not after buffering."""
+    dec = RequestDecoder(ProtocolLimits(max_bulk_len=1024))
+    dec.feed(b"*2\r\n$3\r\nSET\r\n$1025\r\n")
+    with pytest.raises(ProtocolError, match="invalid bulk length"):
+        dec.get()
+
+
+def test_query_buffer_limit_sums_declared_bulks() -> None:
+    dec = RequestDecoder(ProtocolLimits(max_bulk_len=600, max_query_buffer=1000))
+    dec.feed(b"*3\r\n$500\r\n" + b"a" * 500 + b"\r\n$501\r\n")
+    with pytest.raises(ProtocolError, match="query buffer"):
+        dec.get()
+
+
+def test_inline_line_limit() -> None:
+    dec = RequestDecoder(ProtocolLimits(max_inline_len=16))
+    dec.feed(b"x" * 17)
+    with pytest.raises(ProtocolError, match="too big inline request"):
+        dec.get()
+    ok = RequestDecoder(ProtocolLimits(max_inline_len=16))
+    ok.feed(b"x" * 10)
+    assert ok.get() is None
+
+
+def test_empty_multibulk_is_skipped() -> None:
+    dec = RequestDecoder()
+    dec.feed(b"*0\r\n*-1\r\n*1\r\n$4\r\nPING\r\n")
+    assert drain(dec) == [[b"PING"]]
+
+
+def test_large_bulk_split_across_feeds() -> None:
+    payload = bytes(range(256)) * 4096
+    wire = encode([b"V.STOREBATCH", payload])
+    dec = RequestDecoder()
+    for i in range(0, len(wire), 65536):
+        dec.feed(wire[i : i + 65536])
+    assert drain(dec) == [[b"V.STOREBATCH", payload]]
