@@ -6,6 +6,7 @@ Thin by design: parse flags, build a config, call library code.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -121,7 +122,30 @@ def server_command(**opts: Any) -> None:
     _run_server(opts)
 
 
-@click.group()
+class _LazyGroup(click.Group):
+    """Imports a subcommand's module only when it runs, so ``pion server`` never
+    depends on the llama proxy's or the repair tool's imports."""
+
+    _lazy: dict[str, str] = {
+        "stats": "pion.client.cli:stats_command",
+        "check-wal": "pion.persistence.cli:check_wal_command",
+        "llama": "pion.llama.cli:llama_group",
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self._lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = self._lazy.get(cmd_name)
+        if target is None:
+            return super().get_command(ctx, cmd_name)
+        module_name, attr = target.split(":")
+        command = getattr(importlib.import_module(module_name), attr)
+        assert isinstance(command, click.Command)
+        return command
+
+
+@click.group(cls=_LazyGroup)
 @click.version_option(__version__, prog_name="pion")
 def cli() -> None:
     """Pion: a prompt-prefix K/V cache for LLM serving."""
@@ -134,18 +158,7 @@ def _server_subcommand(**opts: Any) -> None:
     _run_server(opts)
 
 
-def _register_subcommands() -> None:
-    from pion.client.cli import stats_command
-    from pion.llama.cli import llama_group
-    from pion.persistence.cli import check_wal_command
-
-    cli.add_command(stats_command)
-    cli.add_command(check_wal_command)
-    cli.add_command(llama_group)
-
-
 def main() -> None:
-    _register_subcommands()
     cli()
 
 

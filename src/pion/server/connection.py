@@ -14,7 +14,7 @@ import asyncio
 import logging
 import socket
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pion.commands.base import ClientState, Context
 from pion.errors import ProtocolError
@@ -44,7 +44,8 @@ class Connection(asyncio.Protocol):
     # -- asyncio callbacks ------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        transport = cast(asyncio.Transport, transport)
         self._transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):

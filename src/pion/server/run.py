@@ -88,6 +88,16 @@ def _install_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """The loop production uses (uvloop where available), so tests exercise it too."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
 def run(config: ServerConfig) -> int:
     """Run a worker in the foreground; returns the process exit code."""
     check_bind_safety(config)
@@ -130,7 +140,7 @@ class ServerThread:
         return self
 
     def _main(self) -> None:
-        loop = asyncio.new_event_loop()
+        loop = _new_loop()
         self._loop = loop
 
         def ready(server: PionServer) -> None:
