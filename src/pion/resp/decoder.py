@@ -107,52 +107,67 @@ class RequestDecoder:
         if count is None or count > self._limits.max_array_len:
             raise ProtocolError("invalid multibulk length")
         self._pos = end + 2
-        if count <= 0:
-            self._args = []
-            self._remaining = 0
-        else:
-            self._args = []
-            self._remaining = count
+        self._args = []
+        # *0 and *-1 are empty commands, skipped as Redis does.
+        self._remaining = max(count, 0)
         self._bulk_len = -1
         self._declared = 0
         return True
 
     def _continue_multibulk(self) -> list[bytes] | None:
+        """Read as many arguments as the buffer holds. This is the hot path of every
+        request, so it works on locals and checks each header inline."""
         args = self._args
         if args is None:  # pragma: no cover - the caller checks
             return None
         buf = self._buf
-        while self._remaining > 0:
-            if self._bulk_len < 0:
-                if self._pos >= len(buf):
+        size = len(buf)
+        pos = self._pos
+        remaining = self._remaining
+        n = self._bulk_len
+        max_bulk = self._limits.max_bulk_len
+        try:
+            while remaining > 0:
+                if n < 0:
+                    if pos >= size:
+                        return None
+                    if buf[pos] != 0x24:  # '$'
+                        raise ProtocolError(f"expected '$', got '{chr(buf[pos])}'")
+                    end = buf.find(_CRLF, pos, pos + _MAX_HEADER_LINE + 2)
+                    if end < 0:
+                        if size - pos > _MAX_HEADER_LINE + 1:
+                            raise ProtocolError("too big bulk count string")
+                        return None
+                    digits = buf[pos + 1 : end]
+                    # Strict: digits only (no sign, space or '_', which int() takes).
+                    if not digits.isdigit() or len(digits) > 19:
+                        raise ProtocolError("invalid bulk length")
+                    n = int(digits)
+                    if n > max_bulk:
+                        raise ProtocolError("invalid bulk length")
+                    self._declared += n
+                    if self._declared > self._limits.max_query_buffer:
+                        raise ProtocolError("command exceeds the query buffer limit")
+                    pos = end + 2
+                stop = pos + n
+                if size < stop + 2:
                     return None
-                if buf[self._pos] != 0x24:  # '$'
-                    got = chr(buf[self._pos])
-                    raise ProtocolError(f"expected '$', got '{got}'")
-                end = self._line_end(_MAX_HEADER_LINE, "too big bulk count string")
-                if end < 0:
-                    return None
-                n = _parse_len(buf[self._pos + 1 : end])
-                if n is None or n < 0 or n > self._limits.max_bulk_len:
-                    raise ProtocolError("invalid bulk length")
-                self._declared += n
-                if self._declared > self._limits.max_query_buffer:
-                    raise ProtocolError("command exceeds the query buffer limit")
-                self._pos = end + 2
-                self._bulk_len = n
-            n = self._bulk_len
-            if len(buf) - self._pos < n + 2:
-                return None
-            start = self._pos
-            if buf[start + n : start + n + 2] != _CRLF:
-                raise ProtocolError("bulk payload not terminated by CRLF")
-            # One copy out of the receive buffer; the view is released at once so the
-            # buffer can still be resized.
-            with memoryview(buf) as view:
-                args.append(bytes(view[start : start + n]))
-            self._pos = start + n + 2
-            self._bulk_len = -1
-            self._remaining -= 1
+                if buf[stop] != 0x0D or buf[stop + 1] != 0x0A:
+                    raise ProtocolError("bulk payload not terminated by CRLF")
+                if n < 4096:
+                    args.append(bytes(buf[pos:stop]))
+                else:
+                    # One copy out of the receive buffer; the view is released at once
+                    # so the buffer can still be resized.
+                    with memoryview(buf) as view:
+                        args.append(bytes(view[pos:stop]))
+                pos = stop + 2
+                n = -1
+                remaining -= 1
+        finally:
+            self._pos = pos
+            self._remaining = remaining
+            self._bulk_len = n
         self._args = None
         return args
 
