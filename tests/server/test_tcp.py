@@ -121,7 +121,7 @@ def test_raw_deep_pipeline_single_write(server: ServerThread) -> None:
 ABUSE = [
     ("bulk header over the limit", b"*2\r\n$4\r\nECHO\r\n$999999999999\r\n", b"invalid bulk length"),
     ("negative bulk length", b"*2\r\n$4\r\nECHO\r\n$-7\r\n", b"invalid bulk length"),
-    ("negative multibulk", b"*-5\r\nPING\r\n", b"+PONG"),
+    ("negative multibulk", b"*-5\r\nPING\r\nQUIT\r\n", b"+PONG"),
     ("huge multibulk", b"*99999999\r\n", b"invalid multibulk length"),
     ("non-numeric multibulk", b"*x\r\n", b"invalid multibulk length"),
     ("wrong type inside array", b"*1\r\n:1\r\n", b"expected '$', got ':'"),
@@ -200,13 +200,17 @@ def test_internal_error_is_contained(server: ServerThread, client: redis.Redis) 
 
 def test_auth(server_factory: Callable[..., ServerThread]) -> None:
     srv = server_factory(requirepass="s3cret")
-    anon = redis.Redis(port=srv.port)
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    no_retry = Retry(NoBackoff(), 0)
+    anon = redis.Redis(port=srv.port, retry=no_retry)
     with pytest.raises(redis.AuthenticationError):
         anon.ping()
     for cmd in (("CLIENT", "SETINFO", "LIB-NAME", "x"), ("KV.PREFIX.INFO",), ("HELLO", "3")):
         assert b"NOAUTH" in raw(srv.port, _encode(cmd), read_until_close=False)
     with pytest.raises(redis.AuthenticationError):
-        redis.Redis(port=srv.port, password="wrong").ping()
+        redis.Redis(port=srv.port, password="wrong", retry=no_retry).ping()
     good = redis.Redis(port=srv.port, password="s3cret")
     assert good.ping()
     good3 = redis.Redis(port=srv.port, password="s3cret", protocol=3)
@@ -267,8 +271,11 @@ def test_sigterm_graceful_shutdown(spawn_server: Callable[..., object]) -> None:
 
 
 def test_shutdown_command(spawn_server: Callable[..., object]) -> None:
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
     srv = spawn_server()
-    r = srv.client()  # type: ignore[attr-defined]
+    r = srv.client(retry=Retry(NoBackoff(), 0))  # type: ignore[attr-defined]
     r.shutdown(nosave=True)
     assert srv.proc.wait(timeout=30) == 0  # type: ignore[attr-defined]
 
