@@ -1,0 +1,149 @@
+"""Shared benchmark plumbing: start the servers under test, read their memory, time
+things, print a table and write ``bench/results/<name>.json``.
+
+Every figure a benchmark reports is a ratio against a baseline measured in the same
+run on the same machine (DESIGN section 12), so the helpers here start both sides.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+RESULTS = Path(__file__).resolve().parent / "results"
+_READY = re.compile(rb"pion-server ready port=(\d+)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Process:
+    """A server subprocess we started; stopped (and its temp dir removed) by ``stop``."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, workdir: str) -> None:
+        self.proc = proc
+        self.port = port
+        self.workdir = workdir
+        self.ps = psutil.Process(proc.pid)
+
+    def rss(self) -> int:
+        return int(self.ps.memory_info().rss)
+
+    def peak_rss(self) -> int:
+        """The kernel's high-water mark of resident memory (VmHWM), else current RSS."""
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except OSError:
+            return self.rss()
+        m = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+        return int(m.group(1)) * 1024 if m else self.rss()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def start_pion(*flags: str) -> Process:
+    """`pion-server` on a free port with data in a temp dir."""
+    workdir = tempfile.mkdtemp(prefix="pion-bench-")
+    cmd = [sys.executable, "-m", "pion", "server", "--port", "0", "--dir", workdir, *flags]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        m = _READY.search(line)
+        if m:
+            return Process(proc, int(m.group(1)), workdir)
+    proc.kill()
+    raise RuntimeError("pion-server did not report ready")
+
+
+def start_redis(binary: str = "redis-server") -> Process:
+    """A throwaway redis-server: no persistence, on a free port."""
+    path = shutil.which(binary) or "/usr/bin/redis-server"
+    port = free_port()
+    workdir = tempfile.mkdtemp(prefix="redis-bench-")
+    cmd = [path, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    cmd += ["--dir", workdir, "--protected-mode", "no", "--loglevel", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return Process(proc, port, workdir)
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"{path} did not start")
+
+
+def timed(fn: Callable[[], object], repeat: int) -> float:
+    """Median wall time of ``repeat`` calls, in seconds."""
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    cells = [[str(h) for h in headers]] + [[_fmt(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    for n, row in enumerate(cells):
+        print("  ".join(c.rjust(w) if n else c.ljust(w) for c, w in zip(row, widths, strict=True)))
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    return str(v)
+
+
+def write_results(name: str, payload: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "benchmark": name,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+        },
+        **payload,
+    }
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path

@@ -1,0 +1,301 @@
+"""V-store commands: ``V.CREATE``, ``V.STOREBATCH``, ``V.FETCH``, ``V.INFO`` (DESIGN 4.2).
+
+Handlers parse and bound every argument with the ``Args`` cursor before touching the
+store, then call :class:`pion.vstore.VStore`. Sizes are declared, never inferred: a
+blob is checked against ``count * dim * 4`` (or ``* 2`` with ``FMT F16``) before it is
+looked at, and option scans stop at the command's own last argument.
+
+Error texts follow Pion where clients or people match them (``blob size``,
+``session not found``, ``invalid value_dim``, the ``V.CREATE SCHEMA: ...`` family).
+Fetch replies are memoryviews of numpy arrays: the encoder writes them out as they are.
+
+Where Pion is silent or lax, we choose (and the tests pin):
+- ``V.CREATE`` without ``VQUANT`` stores ``int8``, as Pion does; an unknown format, an
+  unknown option or a malformed spec is an error, never a silent default.
+- ``V.FETCH ... BATCH`` answers ``L`` elements (``num_layers`` when given, else the
+  session's layer count), ``$-1`` for a layer absent or empty; the error
+  ``session has no stored layers`` when the session holds no rows at all.
+- The legacy id list answers ``$-1`` when no id names a held row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from pion.codecs import FORMAT_NAMES
+from pion.commands.base import Args, Command, Context, parse_int
+from pion.errors import PionError
+from pion.resp.reply import Reply, Simple
+
+__all__ = ["COMMANDS", "DEFAULT_FORMAT"]
+
+# Pion's V.CREATE default when VQUANT is absent (VFMT_INT8): same request, same format.
+DEFAULT_FORMAT = "int8"
+_WANT = "|".join(FORMAT_NAMES)
+_NATIVE_ERROR = "FMT NATIVE requires the RANGE or BATCH form"
+
+
+def _show(raw: bytes) -> str:
+    """An argument quoted in an error message: bounded, printable."""
+    return raw[:64].decode("utf-8", "replace")
+
+
+def _format_name(raw: bytes) -> str | None:
+    """The format named by ``raw`` (case-insensitive, as Pion), or None."""
+    name = raw.decode("ascii", "replace").lower()
+    return name if name in FORMAT_NAMES else None
+
+
+def _bulk(array: npt.NDArray[np.generic]) -> memoryview:
+    """A flat byte view of a fetched array (no copy for a C-contiguous one)."""
+    return np.ascontiguousarray(array).data.cast("B")
+
+
+# -- V.CREATE ------------------------------------------------------------------------
+
+
+def v_create(ctx: Context, argv: Sequence[bytes]) -> Reply:
+    """``V.CREATE sid dim [VQUANT fmt]`` | ``V.CREATE sid [default_dim] SCHEMA N spec...``"""
+    max_dim = ctx.state.config.vstore.max_dim
+    a = Args(argv, "V.CREATE")
+    sid = a.bytes("session_id")
+    if a.peek_keyword() == "SCHEMA":
+        a.bytes()
+        return _create_schema(ctx, a, sid, 0)
+    dim = parse_int(a.bytes("value_dim"))
+    if a.peek_keyword() == "SCHEMA":
+        a.bytes()
+        if not 0 <= dim <= max_dim:
+            raise PionError(f"V.CREATE SCHEMA: default_dim must be 0-{max_dim}")
+        return _create_schema(ctx, a, sid, dim)
+    if not 1 <= dim <= max_dim:
+        raise PionError(f"invalid value_dim (must be 1-{max_dim})")
+    fmt = DEFAULT_FORMAT
+    while not a.done():
+        option = a.bytes()
+        if option.upper() != b"VQUANT":
+            raise PionError(f"V.CREATE: unknown option '{_show(option)}' (expected VQUANT <fmt>)")
+        if a.done():
+            raise PionError(f"V.CREATE: VQUANT requires a format (want {_WANT})")
+        raw = a.bytes()
+        named = _format_name(raw)
+        if named is None:
+            raise PionError(f"V.CREATE: unknown VQUANT format '{_show(raw)}' (want {_WANT})")
+        fmt = named
+    return ctx.state.vstore.create(sid, dim, fmt)
+
+
+def _create_schema(ctx: Context, a: Args, sid: bytes, default_dim: int) -> Reply:
+    limits = ctx.state.config.vstore
+    if a.done():
+        raise PionError("V.CREATE SCHEMA requires N (layer count)")
+    n = parse_int(a.bytes("N"))
+    if not 1 <= n <= limits.max_schema_layers:
+        raise PionError(
+            f"V.CREATE SCHEMA: N must be 1-{limits.max_schema_layers} "
+            "(split larger models into several sessions)"
+        )
+    if len(a) != n:
+        raise PionError(f"V.CREATE SCHEMA: expected {n} layer specs, got {len(a)}")
+    schema = [
+        _parse_spec(index, raw, default_dim, limits.max_dim) for index, raw in enumerate(a.rest())
+    ]
+    return ctx.state.vstore.create_schema(sid, default_dim, schema)
+
+
+def _parse_spec(index: int, raw: bytes, default_dim: int, max_dim: int) -> tuple[str, int]:
+    """``fmt=<fmt>,dim=<d>`` (keys case-insensitive, either may be absent: ``fmt``
+    defaults to int8 as in Pion, ``dim`` to ``default_dim``)."""
+    where = f"V.CREATE SCHEMA: layer {index}"
+    fmt, dim = DEFAULT_FORMAT, default_dim
+    for segment in raw.split(b","):
+        key, eq, value = segment.partition(b"=")
+        key = key.lower()
+        if eq and key == b"fmt":
+            named = _format_name(value)
+            if named is None:
+                raise PionError(f"{where} unknown fmt '{_show(value)}' (want {_WANT})")
+            fmt = named
+        elif eq and key == b"dim":
+            try:
+                dim = parse_int(value)
+            except PionError:
+                dim = -1
+            if not 1 <= dim <= max_dim:
+                raise PionError(f"{where} dim must be 1-{max_dim}")
+        else:
+            raise PionError(f"{where} unknown key '{_show(key)}' (spec is fmt=<fmt>,dim=<d>)")
+    if dim == 0:
+        raise PionError(f"{where} missing dim and no default supplied")
+    return fmt, dim
+
+
+# -- V.STOREBATCH --------------------------------------------------------------------
+
+
+def v_storebatch(ctx: Context, argv: Sequence[bytes]) -> Reply:
+    """``V.STOREBATCH sid layer start count blob [FMT F16]`` -> ``+OK``"""
+    max_rows = ctx.state.config.vstore.max_rows
+    a = Args(argv, "V.STOREBATCH")
+    sid = a.bytes("session_id")
+    layer = parse_int(a.bytes("layer_id"))
+    start = parse_int(a.bytes("start_id"))
+    count = parse_int(a.bytes("count"))
+    blob = a.bytes("values_blob")
+    f16 = False
+    if not a.done():
+        if len(a) != 2 or a.peek_keyword() != "FMT":
+            raise PionError("V.STOREBATCH: unknown option (expected FMT F16)")
+        a.bytes()
+        width = a.bytes().upper()
+        if width not in (b"F16", b"F32"):
+            raise PionError("V.STOREBATCH: unknown option (expected FMT F16)")
+        f16 = width == b"F16"
+    vs = ctx.state.vstore
+    dim, _ = vs.layer_layout(sid, layer)  # session not found / layer out of range
+    if start < 0 or count < 1:
+        raise PionError("V.STOREBATCH: invalid start/count (start >= 0, count >= 1)")
+    if start + count > max_rows:
+        raise PionError(f"V.STOREBATCH: rows out of range (start+count must be <= {max_rows})")
+    elem = 2 if f16 else 4
+    expected = count * dim * elem
+    if len(blob) != expected:
+        raise PionError(
+            f"V.STOREBATCH: blob size {len(blob)} != expected {expected} "
+            f"(count={count} x dim={dim} x {elem} bytes)"
+        )
+    rows = np.frombuffer(blob, dtype="<f2" if f16 else "<f4").reshape(count, dim)
+    vs.store(sid, layer, start, rows)
+    return Simple("OK")
+
+
+# -- V.FETCH -------------------------------------------------------------------------
+
+
+def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply:
+    """``V.FETCH sid layer RANGE start end [FMT NATIVE]`` | ``V.FETCH sid BATCH start end
+    [num_layers] [FMT NATIVE]`` | ``V.FETCH sid layer id [id...]``"""
+    limits = ctx.state.config.vstore
+    vs = ctx.state.vstore
+    a = Args(argv, "V.FETCH")
+    sid = a.bytes("session_id")
+    if a.peek_keyword() == "BATCH":
+        a.bytes()
+        start = parse_int(a.bytes("start"))
+        end = parse_int(a.bytes("end"))
+        num_layers = None
+        if not a.done() and a.peek_keyword() != "FMT":
+            num_layers = parse_int(a.bytes("num_layers"))
+        native = _fetch_options(a)
+        if start < 0 or end <= start:
+            raise PionError("V.FETCH BATCH invalid range: end must exceed start (>=0)")
+        if num_layers is not None and not 1 <= num_layers <= limits.max_layers:
+            raise PionError(f"V.FETCH BATCH: num_layers out of range (1..{limits.max_layers})")
+        layers = vs.fetch_batch(sid, start, end, num_layers, native=native)
+        if layers is None:
+            raise PionError("V.FETCH BATCH: session has no stored layers")
+        return [None if rows is None else _bulk(rows) for rows in layers]
+    layer = parse_int(a.bytes("layer_id"))
+    if a.peek_keyword() == "RANGE":
+        a.bytes()
+        start = parse_int(a.bytes("start"))
+        end = parse_int(a.bytes("end"))
+        native = _fetch_options(a)
+        if start < 0 or end <= start:
+            raise PionError("invalid RANGE: end must exceed start (>=0)")
+        rows = vs.fetch_range(sid, layer, start, end, native=native)
+        return None if rows is None else _bulk(rows)
+    # Annotated: inside Args, `bytes` in rest()'s annotation names its own method.
+    raw_ids: Sequence[bytes] = a.rest()
+    if len(raw_ids) > limits.max_fetch_ids:
+        raise PionError(f"V.FETCH: too many ids ({len(raw_ids)} > {limits.max_fetch_ids})")
+    if any(raw.upper() == b"FMT" for raw in raw_ids):
+        raise PionError(_NATIVE_ERROR)
+    ids = [parse_int(raw) for raw in raw_ids]
+    found = vs.fetch_ids(sid, layer, ids)
+    return None if found is None else _bulk(found)
+
+
+def _fetch_options(a: Args) -> bool:
+    """The trailing ``[FMT NATIVE|F32]``; True for NATIVE."""
+    native = False
+    while not a.done():
+        option = a.bytes().upper()
+        if option == b"FMT" and not a.done():
+            value = a.bytes().upper()
+            if value in (b"NATIVE", b"F32"):
+                native = value == b"NATIVE"
+                continue
+        raise PionError("V.FETCH: unknown option (expected FMT NATIVE)")
+    return native
+
+
+# -- V.INFO --------------------------------------------------------------------------
+
+
+def v_info(ctx: Context, argv: Sequence[bytes]) -> Reply:
+    """``V.INFO`` -> global counters; ``V.INFO sid`` -> the session's layout and fill."""
+    vs = ctx.state.vstore
+    a = Args(argv, "V.INFO")
+    if a.done():
+        lines = [
+            "enabled:1",
+            f"sessions:{vs.session_count}",
+            f"total_tokens:{vs.total_tokens}",
+            f"total_fetches:{vs.total_fetches}",
+        ]
+        return "".join(f"{line}\r\n" for line in lines).encode()
+    sid = a.bytes("session_id")
+    a.expect_done()
+    info = vs.describe(sid)
+    hetero = info.heterogeneous
+    lines = [
+        f"session_idx:{info.slot}",
+        f"value_dim:{info.default_dim}",
+        f"v_format:{info.default_fmt}",
+        f"num_layers:{info.num_layers}",
+        f"schema:{'heterogeneous' if hetero else 'uniform'}",
+    ]
+    for layer in info.layers:
+        if layer.tpl:
+            lines.append(f"layer_{layer.index}_tokens:{layer.tpl}")
+        if hetero:
+            lines.append(f"layer_{layer.index}_dim:{layer.dim}")
+            lines.append(f"layer_{layer.index}_fmt:{layer.fmt}")
+    lines.append(f"total_tokens:{info.total_tokens}")
+    return "".join(f"{line}\r\n" for line in lines).encode()
+
+
+COMMANDS: list[Command] = [
+    Command(
+        "V.CREATE",
+        v_create,
+        -3,
+        frozenset({"write"}),
+        "Create a V-store session (uniform, or per-layer SCHEMA); replies its slot",
+    ),
+    Command(
+        "V.STOREBATCH",
+        v_storebatch,
+        -6,
+        frozenset({"write"}),
+        "Store count rows of one layer from an fp32 (or FMT F16) blob",
+    ),
+    Command(
+        "V.FETCH",
+        v_fetch,
+        -4,
+        frozenset({"readonly"}),
+        "Fetch rows: RANGE of one layer, BATCH of all layers, or an id list",
+    ),
+    Command(
+        "V.INFO",
+        v_info,
+        -1,
+        frozenset({"readonly", "fast"}),
+        "V-store counters, or one session's layout and row counts",
+    ),
+]

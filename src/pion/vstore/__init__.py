@@ -1,0 +1,32 @@
+"""The V-store: sessions -> layers -> rows of K/V in a stored format (DESIGN 4.2, 7).
+
+``VStore`` is the store; ``mutations`` are the records every change is made of and
+``Journal`` the hook through which they reach the WAL. Synchronous and pure: it
+imports only ``codecs``, ``errors`` and ``config``.
+"""
+
+from __future__ import annotations
+
+from pion.vstore.journal import Journal
+from pion.vstore.layer import GROWTH
+from pion.vstore.mutations import CreateSession, DropSession, Mutation, SetBlocks, StoreRows
+from pion.vstore.session import MAX_SID_LEN
+from pion.vstore.store import MAX_REPLY_BYTES, VStore
+from pion.vstore.views import BlockTable, LayerInfo, SessionInfo, namespace_of
+
+__all__ = [
+    "GROWTH",
+    "MAX_REPLY_BYTES",
+    "MAX_SID_LEN",
+    "BlockTable",
+    "CreateSession",
+    "DropSession",
+    "Journal",
+    "LayerInfo",
+    "Mutation",
+    "SessionInfo",
+    "SetBlocks",
+    "StoreRows",
+    "VStore",
+    "namespace_of",
+]

@@ -1,0 +1,426 @@
+"""The V-store: sessions -> layers -> rows, with LRU eviction and exact byte accounting.
+
+A pure, synchronous, single-owner data structure (no asyncio, no server imports): the
+event loop calls it between awaits, so nobody ever sees it half-updated.
+
+Definitions (also what ``V.INFO`` and ``KV.PREFIX.INFO`` report):
+
+- ``tpl`` of a layer: the largest ``start + count`` stored; rows below it that were
+  never written read as zeros, and so do rows past it.
+- ``vstore_bytes`` = sum over layers of ``tpl * row_bytes``: the K/V bytes held, in
+  stored format, holes included (they are zero rows of the stored format). It is what
+  ``--maxmemory`` budgets and what a snapshot writes.
+- ``bytes_allocated`` = sum of buffer capacities: at most ``GROWTH`` (1.25) times
+  ``vstore_bytes`` (a layer grows only when a write ends past its capacity, so the
+  new capacity is at most 1.25x its new ``tpl``), and the slack is never touched.
+- ``total_tokens`` = sum of ``tpl`` over every layer of every session (as Pion counts
+  it: rows held, all layers).
+- ``total_fetches``: one per layer read requested (a RANGE or id-list fetch counts 1, a
+  BATCH fetch counts its layers); ``evictions``: sessions evicted (a namespace counts
+  its halves). Both count from process start.
+
+Eviction (DESIGN section 7). The unit is the namespace: a ``<ns>_pk``/``<ns>_pv`` sid
+takes its other half with it (``views.namespace_of``); a namespace's age is that of its
+most recently used half. Creating a session beyond ``max_sessions`` evicts the least
+recently used namespace(s); a write that would take ``vstore_bytes`` past
+``maxmemory`` evicts LRU namespaces holding bytes until it fits. The namespace being
+written is never a victim, so a write that cannot fit even then (or that alone is
+larger than the budget) raises ``OOMError`` and evicts nothing.
+
+Mutations follow one order: validate everything -> encode -> ``journal.append`` ->
+apply (see ``journal.py``); :meth:`VStore.apply` replays a record without journaling.
+The surface is kept narrow on purpose (create, store, fetch, drop, enumerate, blocks)
+so the WAL and a cluster tier plug in behind it (DESIGN section 13).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from pion.codecs import Codec, get_codec
+from pion.config import VStoreLimits
+from pion.errors import OOMError, PionError, SessionNotFoundError
+from pion.vstore.journal import Journal
+from pion.vstore.layer import Layer
+from pion.vstore.mutations import CreateSession, DropSession, Mutation, SetBlocks, StoreRows
+from pion.vstore.session import FloatRows, Session, bytes_of, encode_rows, validate_create
+from pion.vstore.views import BlockTable, SessionInfo, namespace_of
+
+__all__ = ["MAX_REPLY_BYTES", "VStore"]
+
+# The largest fetch reply (one RANGE bulk, or a whole BATCH array) built in memory.
+# Rows past tpl are zeros, so without a cap a 1-row session could be asked for
+# max_rows * max_dim * 4 = 6.5 GB; 4 GiB still serves 32 layers x 32k tokens x 1024.
+MAX_REPLY_BYTES = 4 << 30
+
+
+class VStore:
+    """Sessions of K/V rows. See the module docstring for the definitions it keeps."""
+
+    def __init__(
+        self,
+        limits: VStoreLimits,
+        max_sessions: int = 256,
+        maxmemory: int = 0,
+        journal: Journal | None = None,
+    ) -> None:
+        self.limits = limits
+        self.max_sessions = max_sessions
+        self.maxmemory = maxmemory  # bytes of vstore_bytes; 0 = no budget
+        # Attached after recovery: replay goes through apply(), which never journals.
+        self.journal = journal
+        self._sessions: dict[bytes, Session] = {}
+        self._free_slots: list[int] = []  # heap: the lowest free slot is reused first
+        self._next_slot = 0
+        self._clock = 0
+        self.vstore_bytes = 0
+        self.total_tokens = 0
+        self.total_fetches = 0
+        self.evictions = 0
+
+    # -- limits and enumeration ------------------------------------------------------
+
+    def set_limits(self, *, max_sessions: int | None = None, maxmemory: int | None = None) -> None:
+        """Change the limits (CONFIG SET); they are enforced at the next create/write."""
+        if max_sessions is not None:
+            self.max_sessions = max_sessions
+        if maxmemory is not None:
+            self.maxmemory = maxmemory
+
+    @property
+    def session_count(self) -> int:
+        return len(self._sessions)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __contains__(self, sid: object) -> bool:
+        return sid in self._sessions
+
+    @property
+    def bytes_allocated(self) -> int:
+        return sum(lay.allocated for s in self._sessions.values() for lay in s.layers.values())
+
+    def sids(self) -> list[bytes]:
+        """Every sid, least recently used first."""
+        return [s.sid for s in sorted(self._sessions.values(), key=lambda s: s.clock)]
+
+    def touch(self, sid: bytes) -> bool:
+        s = self._sessions.get(sid)
+        if s is not None:
+            self._touch(s)
+        return s is not None
+
+    def describe(self, sid: bytes, *, touch: bool = True) -> SessionInfo:
+        s = self._get(sid)
+        if touch:
+            self._touch(s)
+        return s.info()
+
+    def layer_layout(self, sid: bytes, layer: int) -> tuple[int, Codec]:
+        """The (dim, codec) a store into ``layer`` uses; raises if it cannot take rows."""
+        return self._layout(self._get(sid), layer)
+
+    def blocks(self, sid: bytes, *, touch: bool = True) -> BlockTable | None:
+        s = self._get(sid)
+        if touch:
+            self._touch(s)
+        return s.blocks
+
+    # -- mutations -------------------------------------------------------------------
+
+    def create(self, sid: bytes, dim: int, fmt: str) -> int:
+        """A uniform session (idempotent: an existing sid keeps its layout); its slot."""
+        return self._create(CreateSession(sid, dim, fmt, None))
+
+    def create_schema(self, sid: bytes, default_dim: int, schema: Sequence[tuple[str, int]]) -> int:
+        """A session of ``len(schema)`` fixed layers (idempotent); its slot."""
+        m = CreateSession(sid, default_dim, schema[0][0] if schema else "", tuple(schema))
+        return self._create(m)
+
+    def store(self, sid: bytes, layer: int, start: int, rows: FloatRows) -> None:
+        """Store ``rows`` (``[count, dim]``, fp32, or fp16 bit patterns) at ``start``.
+
+        fp16 rows into an fp16 layer are stored verbatim, unvalidated (they may be bf16
+        bits); anything else is quantized, refusing values the format cannot hold."""
+        s = self._get(sid)
+        dim, codec = self._layout(s, layer)
+        if rows.ndim != 2 or rows.shape[1] != dim or rows.shape[0] < 1:
+            raise PionError(f"rows must be [count>=1, {dim}], got {list(rows.shape)}")
+        if rows.dtype not in (np.dtype("<f4"), np.dtype("<f2")):
+            raise PionError(f"rows must be little-endian float32 or float16, got {rows.dtype}")
+        count = int(rows.shape[0])
+        self._check_rows(start, start + count)
+        data = encode_rows(codec, rows, layer, start)
+        lay = s.layers.get(layer)
+        grow = max(0, start + count - (lay.tpl if lay is not None else 0)) * codec.row_bytes(dim)
+        self._make_room_for_bytes(sid, grow)
+        self._journal(StoreRows(sid, layer, start, count, codec.format_id, dim, bytes_of(data)))
+        self._apply_store(s, layer, start, data)
+
+    def drop(self, sid: bytes) -> bool:
+        """Remove a session; False when it does not exist."""
+        if sid not in self._sessions:
+            return False
+        self._journal(DropSession(sid, "drop"))
+        self._apply_drop(sid)
+        return True
+
+    def set_blocks(self, sid: bytes, block_size: int, hashes: npt.NDArray[np.uint64]) -> None:
+        """Replace the session's block-hash table (``hashes`` u64, token order)."""
+        s = self._get(sid)
+        if block_size < 1:
+            raise PionError("block_size must be positive")
+        data = np.ascontiguousarray(hashes, dtype="<u8")
+        if data.ndim != 1:
+            raise PionError("block hashes must be a flat array")
+        self._journal(SetBlocks(sid, block_size, bytes_of(data)))
+        s.blocks = BlockTable.build(block_size, data)
+        self._touch(s)
+
+    def trim(self) -> int:
+        """Shrink every buffer to its ``tpl``; returns the bytes released."""
+        return sum(lay.trim() for s in self._sessions.values() for lay in s.layers.values())
+
+    # -- reads -----------------------------------------------------------------------
+
+    def fetch_range(
+        self, sid: bytes, layer: int, start: int, end: int, *, native: bool = False
+    ) -> npt.NDArray[np.generic] | None:
+        """Rows ``start .. end`` of one layer as ``[end-start, dim]`` fp32 (stored fp16
+        when ``native`` and the layer is fp16); None when the layer holds no rows or
+        ``start >= tpl``. Arrays may be read-only views: do not write to them."""
+        s = self._get(sid)
+        self._check_layer(layer)
+        self._check_rows(start, end)
+        lay = s.layers.get(layer)
+        live = lay if lay is not None and start < lay.tpl else None
+        self._check_reply([live], end - start, native)
+        self._touch(s)
+        self.total_fetches += 1
+        return None if live is None else live.read(start, end, native)
+
+    def fetch_batch(
+        self,
+        sid: bytes,
+        start: int,
+        end: int,
+        num_layers: int | None = None,
+        *,
+        native: bool = False,
+    ) -> list[npt.NDArray[np.generic] | None] | None:
+        """``fetch_range`` over layers ``0 .. L-1`` (L = ``num_layers``, else the
+        session's); None when the session holds no rows at all."""
+        s = self._get(sid)
+        self._check_rows(start, end)
+        if num_layers is not None and not 1 <= num_layers <= self.limits.max_layers:
+            raise PionError(f"num_layers out of range (1..{self.limits.max_layers})")
+        if s.rows == 0:
+            return None
+        count = s.num_layers if num_layers is None else num_layers
+        picked = [s.layers.get(i) for i in range(count)]
+        live = [lay if lay is not None and start < lay.tpl else None for lay in picked]
+        self._check_reply(live, end - start, native)
+        self._touch(s)
+        self.total_fetches += count
+        return [None if lay is None else lay.read(start, end, native) for lay in live]
+
+    def fetch_ids(
+        self, sid: bytes, layer: int, ids: Sequence[int]
+    ) -> npt.NDArray[np.float32] | None:
+        """fp32 rows in the order of ``ids`` (ids outside ``0 .. tpl-1`` are zeros);
+        None when no id names a held row."""
+        s = self._get(sid)
+        self._check_layer(layer)
+        if not 1 <= len(ids) <= self.limits.max_fetch_ids:
+            raise PionError(f"between 1 and {self.limits.max_fetch_ids} ids per fetch")
+        # Clip before converting: a hostile id beyond int64 must not raise OverflowError.
+        bound = self.limits.max_rows + 1
+        wanted = np.array([min(max(i, -1), bound) for i in ids], dtype=np.int64)
+        self._touch(s)
+        self.total_fetches += 1
+        lay = s.layers.get(layer)
+        if lay is None or not ((wanted >= 0) & (wanted < lay.tpl)).any():
+            return None
+        return lay.gather(wanted)
+
+    # -- snapshot and replay ---------------------------------------------------------
+
+    def dump(self) -> Iterator[Mutation]:
+        """The mutations that rebuild the current state from an empty store, least
+        recently used session first (so replay restores the LRU order). ``StoreRows``
+        payloads are views of live buffers: consume each before the next write."""
+        for s in sorted(self._sessions.values(), key=lambda s: s.clock):
+            yield CreateSession(s.sid, s.default_dim, s.default_fmt, s.schema)
+            for index, lay in sorted(s.layers.items()):
+                if lay.tpl:
+                    data = bytes_of(lay.stored())
+                    yield StoreRows(s.sid, index, 0, lay.tpl, lay.codec.format_id, lay.dim, data)
+            if s.blocks is not None:
+                yield SetBlocks(s.sid, s.blocks.block_size, bytes_of(s.blocks.hashes))
+
+    def apply(self, m: Mutation) -> None:
+        """Apply a journaled record (WAL replay, snapshot load) without journaling it,
+        evicting or quantizing; the log is authoritative, so limits that only bound
+        new writes (max_sessions, maxmemory, max_rows) are not re-checked."""
+        if isinstance(m, CreateSession):
+            s = self._sessions.get(m.sid)
+            if s is None:
+                validate_create(m, self.limits)
+                self._apply_create(m)
+            else:
+                self._touch(s)
+        elif isinstance(m, StoreRows):
+            s = self._get(m.sid)
+            dim, codec = self._layout(s, m.layer)
+            if codec.format_id != m.format_id or dim != m.dim:
+                raise PionError(
+                    f"StoreRows layout (format {m.format_id}, dim {m.dim}) does not match "
+                    f"layer {m.layer} (format {codec.format_id}, dim {dim})"
+                )
+            row_bytes = codec.row_bytes(dim)
+            rows = np.frombuffer(m.data, dtype=np.uint8)
+            if m.start < 0 or m.count < 1 or rows.size != m.count * row_bytes:
+                raise PionError(f"StoreRows payload of {rows.size} bytes for {m.count} rows")
+            self._apply_store(s, m.layer, m.start, rows.reshape(m.count, row_bytes))
+        elif isinstance(m, DropSession):
+            if m.sid in self._sessions:
+                self._apply_drop(m.sid)
+        else:
+            s = self._get(m.sid)
+            hashes = np.frombuffer(m.hashes, dtype="<u8")
+            s.blocks = BlockTable.build(m.block_size, hashes)
+            self._touch(s)
+
+    # -- internals -------------------------------------------------------------------
+
+    def _get(self, sid: bytes) -> Session:
+        s = self._sessions.get(sid)
+        if s is None:
+            raise SessionNotFoundError()
+        return s
+
+    def _touch(self, s: Session) -> None:
+        self._clock += 1
+        s.clock = self._clock
+
+    def _journal(self, m: Mutation) -> None:
+        if self.journal is not None:
+            self.journal.append(m)
+
+    def _check_layer(self, layer: int) -> None:
+        if not 0 <= layer < self.limits.max_layers:
+            raise PionError(f"layer_id out of range (0..{self.limits.max_layers - 1})")
+
+    def _check_rows(self, start: int, end: int) -> None:
+        if start < 0 or end <= start:
+            raise PionError("invalid range: end must exceed start (>=0)")
+        if end > self.limits.max_rows:
+            raise PionError(f"rows out of range (end must be <= {self.limits.max_rows})")
+
+    def _check_reply(self, layers: Sequence[Layer | None], rows: int, native: bool) -> None:
+        size = sum(rows * lay.dim * (2 if native and lay.is_fp16 else 4) for lay in layers if lay)
+        if size > MAX_REPLY_BYTES:
+            raise PionError(
+                f"reply of {size} bytes exceeds the {MAX_REPLY_BYTES}-byte limit; fetch fewer rows"
+            )
+
+    def _layout(self, s: Session, layer: int) -> tuple[int, Codec]:
+        self._check_layer(layer)
+        lay = s.layers.get(layer)
+        if lay is not None:
+            return lay.dim, lay.codec
+        if s.schema is not None:
+            raise PionError(f"layer {layer} is beyond this session's SCHEMA of {len(s.schema)}")
+        return s.default_dim, get_codec(s.default_fmt)
+
+    def _create(self, m: CreateSession) -> int:
+        s = self._sessions.get(m.sid)
+        if s is not None:
+            self._touch(s)
+            return s.slot
+        validate_create(m, self.limits)
+        while len(self._sessions) >= self.max_sessions:
+            victims = self._groups_by_age(exclude=namespace_of(m.sid))
+            if not victims:
+                raise PionError(
+                    f"V-store full: {len(self._sessions)} sessions "
+                    f"(vstore-max-sessions {self.max_sessions}) and none evictable"
+                )
+            self._evict(victims[0])
+        self._journal(m)
+        return self._apply_create(m).slot
+
+    def _make_room_for_bytes(self, sid: bytes, grow: int) -> None:
+        budget = self.maxmemory
+        if budget <= 0 or grow <= 0 or self.vstore_bytes + grow <= budget:
+            return
+        if grow > budget:
+            raise OOMError(
+                f"command not allowed: a write of {grow} bytes is larger than "
+                f"maxmemory ({budget} bytes)"
+            )
+        excess = self.vstore_bytes + grow - budget
+        plan: list[tuple[bytes, ...]] = []
+        freed = 0
+        for group in self._groups_by_age(exclude=namespace_of(sid)):
+            if freed >= excess:
+                break
+            held = sum(self._sessions[x].nbytes for x in group if x in self._sessions)
+            if held:
+                plan.append(group)
+                freed += held
+        if freed < excess:
+            raise OOMError(
+                f"command not allowed when used memory > 'maxmemory': the write needs "
+                f"{grow} bytes, {self.vstore_bytes} of {budget} are held and only "
+                f"{freed} are evictable"
+            )
+        for group in plan:
+            self._evict(group)
+
+    def _groups_by_age(self, exclude: tuple[bytes, ...]) -> list[tuple[bytes, ...]]:
+        """Eviction groups other than ``exclude``, least recently used first."""
+        last: dict[tuple[bytes, ...], int] = {}
+        for sid, s in self._sessions.items():
+            group = namespace_of(sid)
+            if group != exclude:
+                last[group] = max(last.get(group, 0), s.clock)
+        return sorted(last, key=last.__getitem__)
+
+    def _evict(self, group: tuple[bytes, ...]) -> None:
+        for sid in group:
+            if sid in self._sessions:
+                self._journal(DropSession(sid, "evict"))
+                self._apply_drop(sid)
+                self.evictions += 1
+
+    def _apply_create(self, m: CreateSession) -> Session:
+        if self._free_slots:
+            slot = heapq.heappop(self._free_slots)
+        else:
+            slot = self._next_slot
+            self._next_slot += 1
+        s = Session(m, slot)
+        self._sessions[m.sid] = s
+        self._touch(s)
+        return s
+
+    def _apply_store(self, s: Session, layer: int, start: int, data: npt.NDArray[np.uint8]) -> None:
+        lay = s.layers.get(layer)
+        if lay is None:
+            lay = s.layers[layer] = Layer(get_codec(s.default_fmt), s.default_dim)
+        grown = lay.write(start, data, self.limits.max_rows)
+        self.vstore_bytes += grown * lay.row_bytes
+        self.total_tokens += grown
+        self._touch(s)
+
+    def _apply_drop(self, sid: bytes) -> None:
+        s = self._sessions.pop(sid)
+        self.vstore_bytes -= s.nbytes
+        self.total_tokens -= s.rows
+        heapq.heappush(self._free_slots, s.slot)

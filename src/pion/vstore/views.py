@@ -1,0 +1,109 @@
+"""Read-only values the V-store hands out: session layouts and block-hash tables.
+
+They are snapshots taken at the call: later writes do not change them (arrays are
+read-only copies or views the store will not write through; see ``layer.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["BlockTable", "LayerInfo", "SessionInfo", "namespace_of"]
+
+_HALVES = (b"_pk", b"_pv")
+
+
+def namespace_of(sid: bytes) -> tuple[bytes, ...]:
+    """The eviction group of ``sid`` (DESIGN section 7): a ``<ns>_pk``/``<ns>_pv`` sid
+    belongs to namespace ``ns`` with both halves; any other sid stands alone. Returned
+    as the sids of the group, whether or not they exist."""
+    if sid.endswith(_HALVES):
+        ns = sid[:-3]
+        return (ns + b"_pk", ns + b"_pv")
+    return (sid,)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerInfo:
+    index: int
+    dim: int
+    fmt: str
+    format_id: int
+    row_bytes: int
+    tpl: int  # row high-water mark: the largest start+count stored
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """The layout and fill of one session.
+
+    ``default_dim``/``default_fmt``: what V.CREATE gave (a SCHEMA session reports its
+    ``default_dim``, 0 when none, and the format of layer 0). ``num_layers``: a uniform
+    session's highest created layer + 1 (layers appear on first store), a SCHEMA
+    session's N. ``layers``: the existing layers in index order.
+    """
+
+    sid: bytes
+    slot: int
+    default_dim: int
+    default_fmt: str
+    schema: tuple[tuple[str, int], ...] | None
+    num_layers: int
+    layers: tuple[LayerInfo, ...]
+
+    @property
+    def total_tokens(self) -> int:
+        """Sum of ``tpl`` over the layers (Pion's definition: rows held, all layers)."""
+        return sum(layer.tpl for layer in self.layers)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(layer.tpl * layer.row_bytes for layer in self.layers)
+
+    @property
+    def heterogeneous(self) -> bool:
+        """Pion's rule: some layer's dim or format differs from the session default."""
+        return any(
+            layer.dim != self.default_dim or layer.fmt != self.default_fmt for layer in self.layers
+        )
+
+    def layer(self, index: int) -> LayerInfo | None:
+        for info in self.layers:
+            if info.index == index:
+                return info
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockTable:
+    """A session's block-hash table: ``hashes`` in token order and a ``sorted`` copy
+    for membership tests (``np.searchsorted``). Both are read-only ``<u8`` arrays."""
+
+    block_size: int
+    hashes: npt.NDArray[np.uint64]
+    sorted: npt.NDArray[np.uint64]
+
+    @classmethod
+    def build(cls, block_size: int, hashes: npt.NDArray[np.uint64]) -> BlockTable:
+        ordered = np.array(hashes, dtype="<u8", copy=True)
+        ordered.flags.writeable = False
+        ranked = np.sort(ordered)
+        ranked.flags.writeable = False
+        return cls(block_size, ordered, ranked)
+
+    @property
+    def count(self) -> int:
+        return int(self.hashes.shape[0])
+
+    def contains(self, probes: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
+        """Membership of each probe, O(K log N)."""
+        probes = np.asarray(probes, dtype="<u8")
+        if self.count == 0:
+            return np.zeros(probes.shape, dtype=bool)
+        pos = np.searchsorted(self.sorted, probes)
+        pos[pos == self.count] = self.count - 1
+        hit: npt.NDArray[np.bool_] = self.sorted[pos] == probes
+        return hit

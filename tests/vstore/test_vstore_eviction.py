@@ -1,0 +1,139 @@
+"""Eviction (DESIGN section 7): LRU over max_sessions by namespace, and the byte budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from vstore_helpers import RecordingJournal, make_store, rows
+
+from pion.errors import OOMError, PionError
+from pion.vstore import DropSession, StoreRows, namespace_of
+
+
+def test_namespace_of() -> None:
+    assert namespace_of(b"abc_pk") == (b"abc_pk", b"abc_pv")
+    assert namespace_of(b"abc_pv") == (b"abc_pk", b"abc_pv")
+    assert namespace_of(b"abc") == (b"abc",)
+    assert namespace_of(b"abc_px") == (b"abc_px",)
+
+
+def test_lru_evicts_the_least_recently_used_session() -> None:
+    vs = make_store(max_sessions=3)
+    for sid in (b"a", b"b", b"c"):
+        vs.create(sid, 4, "fp16")
+        vs.store(sid, 0, 0, rows(2, 4))
+    vs.fetch_range(b"a", 0, 0, 1)  # a read refreshes a
+    vs.create(b"d", 4, "fp16")
+    assert sorted(vs.sids()) == [b"a", b"c", b"d"]
+    assert vs.evictions == 1
+    assert vs.vstore_bytes == 2 * 2 * 8  # a and c keep their rows
+
+
+def test_lru_evicts_both_halves_of_a_namespace() -> None:
+    vs = make_store(max_sessions=4)
+    vs.create(b"old_pk", 4, "fp16")
+    vs.create(b"old_pv", 4, "fp16")
+    vs.create(b"x", 4, "fp16")
+    vs.create(b"new_pk", 4, "fp16")
+    # The namespace's age is its most recent half: touching old_pv protects old_pk too.
+    vs.touch(b"old_pv")
+    vs.create(b"y", 4, "fp16")
+    assert b"x" not in vs and b"old_pk" in vs
+    vs.create(b"z", 4, "fp16")  # now new_pk is the oldest: it goes (alone, no pv)
+    assert b"new_pk" not in vs
+    vs.touch(b"y")
+    vs.touch(b"z")
+    vs.create(b"w", 4, "fp16")  # the old namespace goes, both halves, one create
+    assert b"old_pk" not in vs and b"old_pv" not in vs
+    assert sorted(vs.sids()) == [b"w", b"y", b"z"]
+    assert vs.evictions == 4
+
+
+def test_creating_the_second_half_never_evicts_the_first() -> None:
+    vs = make_store(max_sessions=2)
+    vs.create(b"other", 4, "fp16")
+    vs.create(b"ns_pk", 4, "fp16")
+    vs.touch(b"other")  # ns_pk is now the LRU session
+    vs.create(b"ns_pv", 4, "fp16")
+    assert sorted(vs.sids()) == [b"ns_pk", b"ns_pv"]
+    # Full, and the only evictable group is the namespace being created: refuse.
+    tiny = make_store(max_sessions=1)
+    tiny.create(b"q_pk", 4, "fp16")
+    with pytest.raises(PionError, match="V-store full"):
+        tiny.create(b"q_pv", 4, "fp16")
+    assert tiny.sids() == [b"q_pk"]
+
+
+def test_lowering_max_sessions_evicts_down_at_the_next_create() -> None:
+    vs = make_store(max_sessions=10)
+    for i in range(6):
+        vs.create(b"s%d" % i, 4, "fp16")
+    vs.set_limits(max_sessions=3)
+    vs.create(b"new", 4, "fp16")
+    assert vs.sids() == [b"s4", b"s5", b"new"]
+
+
+def test_budget_evicts_lru_namespaces_until_the_write_fits() -> None:
+    row = 4 * 2  # fp16, dim 4
+    vs = make_store(maxmemory=30 * row)
+    journal = RecordingJournal()
+    vs.journal = journal
+    for ns in (b"a", b"b", b"c"):
+        for half in (b"_pk", b"_pv"):
+            vs.create(ns + half, 4, "fp16")
+            vs.store(ns + half, 0, 0, rows(5, 4))
+    assert vs.vstore_bytes == 30 * row
+    vs.touch(b"a_pk")  # b is now the LRU namespace
+    journal.records.clear()
+    vs.store(b"c_pv", 0, 5, rows(4, 4))  # needs 4 rows: b (10 rows) goes
+    assert sorted(vs.sids()) == [b"a_pk", b"a_pv", b"c_pk", b"c_pv"]
+    assert vs.vstore_bytes == 24 * row
+    assert journal.records[:2] == [DropSession(b"b_pk", "evict"), DropSession(b"b_pv", "evict")]
+    assert isinstance(journal.records[2], StoreRows) and len(journal.records) == 3
+
+
+def test_overwrites_within_tpl_need_no_room() -> None:
+    vs = make_store(maxmemory=10 * 8)
+    vs.create(b"a", 4, "fp16")
+    vs.create(b"b", 4, "fp16")
+    vs.store(b"a", 0, 0, rows(5, 4))
+    vs.store(b"b", 0, 0, rows(5, 4))
+    vs.store(b"a", 0, 0, rows(5, 4, seed=1))
+    assert len(vs) == 2 and vs.evictions == 0
+
+
+def test_a_write_larger_than_the_budget_is_refused() -> None:
+    vs = make_store(maxmemory=100)
+    vs.create(b"a", 4, "fp16")
+    vs.create(b"b", 4, "fp16")
+    vs.store(b"a", 0, 0, rows(5, 4))
+    with pytest.raises(OOMError, match=r"a write of 104 bytes is larger than maxmemory \(100"):
+        vs.store(b"b", 0, 0, rows(13, 4))
+    assert sorted(vs.sids()) == [b"a", b"b"] and vs.vstore_bytes == 40
+    assert OOMError("x").resp_line().startswith("OOM ")
+
+
+def test_a_write_that_cannot_fit_beside_its_own_namespace_evicts_nothing() -> None:
+    vs = make_store(maxmemory=20 * 8)
+    vs.create(b"n_pk", 4, "fp16")
+    vs.create(b"n_pv", 4, "fp16")
+    vs.create(b"other", 4, "fp16")
+    vs.store(b"n_pv", 0, 0, rows(12, 4))
+    vs.store(b"other", 0, 0, rows(4, 4))
+    # n_pk needs 9 rows: evicting `other` frees 4 of the 5 needed; n_pv is protected.
+    with pytest.raises(OOMError, match="only 32 are evictable"):
+        vs.store(b"n_pk", 0, 0, rows(9, 4))
+    assert sorted(vs.sids()) == [b"n_pk", b"n_pv", b"other"]
+    assert vs.evictions == 0
+
+
+def test_empty_sessions_are_not_evicted_for_bytes() -> None:
+    vs = make_store(maxmemory=10 * 8)
+    vs.create(b"empty", 4, "fp16")
+    vs.create(b"full", 4, "fp16")
+    vs.create(b"w", 4, "fp16")
+    vs.store(b"full", 0, 0, rows(10, 4))
+    vs.store(b"w", 0, 0, rows(3, 4))
+    assert sorted(vs.sids()) == [b"empty", b"w"]
+    got = vs.fetch_range(b"w", 0, 0, 3)
+    assert got is not None and np.abs(got - rows(3, 4)).max() < 1e-2
