@@ -38,16 +38,22 @@ def membership(calls: int) -> dict[str, float]:
     n = 1562
     rng = np.random.default_rng(7)
     table = rng.integers(0, 2**63, size=n, dtype=np.uint64).astype("<u8")
-    probes = np.concatenate([table[: n // 2], rng.integers(2**63, 2**64 - 1, n - n // 2, dtype=np.uint64)])
+    probes = np.concatenate(
+        [table[: n // 2], rng.integers(2**63, 2**64 - 1, n - n // 2, dtype=np.uint64)]
+    )
     probe_blob = probes.astype("<u8").tobytes()
     pion = start_pion("--no-wal")
     baseline = start_redis()
     try:
         r = redis.Redis(port=pion.port)
-        r.execute_command("KV.PREFIX.REGISTER", "bench", 1024, "fp16", "BLOCKS", 64, n, table.tobytes())
+        r.execute_command(
+            "KV.PREFIX.REGISTER", "bench", 1024, "fp16", "BLOCKS", 64, n, table.tobytes()
+        )
         expected = r.execute_command("KV.PREFIX.MEMBERSHIP", "bench", n, probe_blob)
         assert len(expected) == (n + 7) // 8
-        lat = _latencies(lambda: r.execute_command("KV.PREFIX.MEMBERSHIP", "bench", n, probe_blob), calls, 1000)
+        lat = _latencies(
+            lambda: r.execute_command("KV.PREFIX.MEMBERSHIP", "bench", n, probe_blob), calls, 1000
+        )
         b = redis.Redis(port=baseline.port)
         b.set("k", probe_blob)
         base = _latencies(lambda: b.get("k"), calls, 1000)
@@ -67,9 +73,23 @@ _RPS = re.compile(r"([\d.]+) requests per second")
 
 def _benchmark(port: int, requests: int, pipeline: int, *cmd: str) -> float:
     out = subprocess.run(
-        ["redis-benchmark", "-p", str(port), "-c", "50", "-n", str(requests), "-P", str(pipeline),
-         "-q", *cmd],
-        capture_output=True, text=True, check=True, timeout=600,
+        [
+            "redis-benchmark",
+            "-p",
+            str(port),
+            "-c",
+            "50",
+            "-n",
+            str(requests),
+            "-P",
+            str(pipeline),
+            "-q",
+            *cmd,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
     ).stdout
     m = _RPS.findall(out)
     if not m:
@@ -86,7 +106,9 @@ def lookup_throughput(requests: int) -> dict[str, float]:
         redis.Redis(port=baseline.port).set("bench", "x" * 16)
         out = {}
         for p in (1, 16):
-            out[f"pion_lookup_rps_P{p}"] = _benchmark(pion.port, requests, p, "KV.PREFIX.LOOKUP", "bench")
+            out[f"pion_lookup_rps_P{p}"] = _benchmark(
+                pion.port, requests, p, "KV.PREFIX.LOOKUP", "bench"
+            )
             out[f"redis_get_rps_P{p}"] = _benchmark(baseline.port, requests, p, "GET", "bench")
             out[f"ratio_P{p}"] = out[f"pion_lookup_rps_P{p}"] / out[f"redis_get_rps_P{p}"]
     finally:
@@ -110,13 +132,24 @@ def main() -> None:
         [
             ["MEMBERSHIP K=N=1562 p50 (us)", mem["p50_us"], mem["redis_get_12k_p50_us"], "<= 100"],
             ["MEMBERSHIP K=N=1562 p99 (us)", mem["p99_us"], mem["redis_get_12k_p99_us"], "<= 250"],
-            ["LOOKUP rps, -c 50", thr["pion_lookup_rps_P1"], thr["redis_get_rps_P1"],
-             f">= 0.5x (got {thr['ratio_P1']:.2f}x)"],
-            ["LOOKUP rps, -c 50 -P 16", thr["pion_lookup_rps_P16"], thr["redis_get_rps_P16"],
-             f"(got {thr['ratio_P16']:.2f}x)"],
+            [
+                "LOOKUP rps, -c 50",
+                thr["pion_lookup_rps_P1"],
+                thr["redis_get_rps_P1"],
+                f">= 0.5x (got {thr['ratio_P1']:.2f}x)",
+            ],
+            [
+                "LOOKUP rps, -c 50 -P 16",
+                thr["pion_lookup_rps_P16"],
+                thr["redis_get_rps_P16"],
+                f"(got {thr['ratio_P16']:.2f}x)",
+            ],
         ],
     )
-    write_results("registry", {"membership": mem, "lookup": thr, "calls": args.calls, "requests": args.requests})
+    write_results(
+        "registry",
+        {"membership": mem, "lookup": thr, "calls": args.calls, "requests": args.requests},
+    )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import click
 
@@ -32,38 +32,89 @@ def _memory(ctx: click.Context, param: click.Parameter, value: str | None) -> in
 
 def _server_options(fn: Any) -> Any:
     options = [
-        click.option("--port", default=1974, show_default=True, type=click.IntRange(0, 65535),
-                     help="RESP port (0 picks a free one)."),
-        click.option("--bind", default="127.0.0.1", show_default=True,
-                     help="Address to listen on; non-loopback needs --requirepass."),
-        click.option("--dir", "data_dir", default="./data", show_default=True,
-                     type=click.Path(file_okay=False, path_type=Path),
-                     help="Data directory (snapshots, write-ahead log, exports)."),
+        click.option(
+            "--port",
+            default=1974,
+            show_default=True,
+            type=click.IntRange(0, 65535),
+            help="RESP port (0 picks a free one).",
+        ),
+        click.option(
+            "--bind",
+            default="127.0.0.1",
+            show_default=True,
+            help="Address to listen on; non-loopback needs --requirepass.",
+        ),
+        click.option(
+            "--dir",
+            "data_dir",
+            default="./data",
+            show_default=True,
+            type=click.Path(file_okay=False, path_type=Path),
+            help="Data directory (snapshots, write-ahead log, exports).",
+        ),
         click.option("--requirepass", default=None, help="Password clients must AUTH with."),
-        click.option("--requirepass-file", default=None,
-                     type=click.Path(dir_okay=False, exists=True, path_type=Path),
-                     help="Read the password from a file (first line)."),
-        click.option("--unsafe-no-auth", is_flag=True,
-                     help="Allow a non-loopback bind without a password."),
-        click.option("--vstore-max-sessions", default=256, show_default=True,
-                     type=click.IntRange(1, 1_000_000),
-                     help="V-store sessions before LRU namespaces are evicted."),
-        click.option("--maxmemory", default=None, callback=_memory,
-                     help="Byte budget for stored K/V (e.g. 8gb); 0/unset = none."),
-        click.option("--appendfsync", default="everysec", show_default=True,
-                     type=click.Choice(["always", "everysec", "no"]),
-                     help="When the write-ahead log is fsynced."),
+        click.option(
+            "--requirepass-file",
+            default=None,
+            type=click.Path(dir_okay=False, exists=True, path_type=Path),
+            help="Read the password from a file (first line).",
+        ),
+        click.option(
+            "--unsafe-no-auth", is_flag=True, help="Allow a non-loopback bind without a password."
+        ),
+        click.option(
+            "--vstore-max-sessions",
+            default=256,
+            show_default=True,
+            type=click.IntRange(1, 1_000_000),
+            help="V-store sessions before LRU namespaces are evicted.",
+        ),
+        click.option(
+            "--maxmemory",
+            default=None,
+            callback=_memory,
+            help="Byte budget for stored K/V (e.g. 8gb); 0/unset = none.",
+        ),
+        click.option(
+            "--appendfsync",
+            default="everysec",
+            show_default=True,
+            type=click.Choice(["always", "everysec", "no"]),
+            help="When the write-ahead log is fsynced.",
+        ),
         click.option("--no-wal", is_flag=True, help="Disable the write-ahead log."),
-        click.option("--save-interval", default=0.0, show_default=True, type=click.FloatRange(0),
-                     help="Seconds between automatic snapshots (0 = off)."),
-        click.option("--log-level", default="info", show_default=True,
-                     type=click.Choice(["debug", "info", "notice", "warning", "error"])),
-        click.option("--kvcache", is_flag=True,
-                     help="Accepted for compatibility with Pion; the V-store is always on."),
-        click.option("-w", "--workers", default=1, show_default=True, type=click.IntRange(1, 64),
-                     help="Worker processes."),
-        click.option("--independent-workers", is_flag=True,
-                     help="Required with -w N>1: each worker has its own store."),
+        click.option(
+            "--save-interval",
+            default=0.0,
+            show_default=True,
+            type=click.FloatRange(0),
+            help="Seconds between automatic snapshots (0 = off).",
+        ),
+        click.option(
+            "--log-level",
+            default="info",
+            show_default=True,
+            type=click.Choice(["debug", "info", "notice", "warning", "error"]),
+        ),
+        click.option(
+            "--kvcache",
+            is_flag=True,
+            help="Accepted for compatibility with Pion; the V-store is always on.",
+        ),
+        click.option(
+            "-w",
+            "--workers",
+            default=1,
+            show_default=True,
+            type=click.IntRange(1, 64),
+            help="Worker processes.",
+        ),
+        click.option(
+            "--independent-workers",
+            is_flag=True,
+            help="Required with -w N>1: each worker has its own store.",
+        ),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -126,7 +177,7 @@ class _LazyGroup(click.Group):
     """Imports a subcommand's module only when it runs, so ``pion server`` never
     depends on the llama proxy's or the repair tool's imports."""
 
-    _lazy: dict[str, str] = {
+    _lazy: ClassVar[dict[str, str]] = {
         "stats": "pion.client.cli:stats_command",
         "check-wal": "pion.persistence.cli:check_wal_command",
         "llama": "pion.llama.cli:llama_group",

@@ -12,7 +12,9 @@ from pion_vllm_mlx.prompt_cache import PionPromptCache
 from pion.server.run import ServerThread
 
 
-def stand_in_model(n_layers: int = 4, n_heads: int = 8, n_kv: int = 2, head_dim: int = 16) -> SimpleNamespace:
+def stand_in_model(
+    n_layers: int = 4, n_heads: int = 8, n_kv: int = 2, head_dim: int = 16
+) -> SimpleNamespace:
     """The layout attributes PionPromptCache reads from an mlx-lm model's `args`."""
     args = SimpleNamespace(
         num_attention_heads=n_heads,
@@ -40,7 +42,10 @@ def test_register_then_lookup(server: ServerThread, client: redis.Redis) -> None
 
 def test_boundary_protect_schema_register_and_rows(server: ServerThread) -> None:
     pc = PionPromptCache(
-        model=stand_in_model(n_layers=6), vquant="turbo4", host=server.host, port=server.port,
+        model=stand_in_model(n_layers=6),
+        vquant="turbo4",
+        host=server.host,
+        port=server.port,
         boundary_protect=1,
     )
     ns = PionPromptCache.make_namespace("m", "schema")

@@ -131,11 +131,22 @@ def test_stats_reset_and_shapes(client: redis.Redis, client3: redis.Redis) -> No
     flat = client.execute_command("PION.STATS")
     assert isinstance(flat, list) and len(flat) == 32
     assert flat[0::2] == [
-        b"worker_id", b"uptime_in_seconds", b"kvprefix_hits", b"kvprefix_misses",
-        b"kvprefix_hits_measured", b"kvprefix_tokens_served", b"kvprefix_bytes_served",
-        b"kvprefix_prefill_us_saved", b"kvprefix_prefill_us_measured",
-        b"prefill_seconds_avoided", b"prefill_seconds_avoided_measured", b"semantic_hits",
-        b"semantic_misses", b"moe_hits", b"moe_misses", b"vector_queries",
+        b"worker_id",
+        b"uptime_in_seconds",
+        b"kvprefix_hits",
+        b"kvprefix_misses",
+        b"kvprefix_hits_measured",
+        b"kvprefix_tokens_served",
+        b"kvprefix_bytes_served",
+        b"kvprefix_prefill_us_saved",
+        b"kvprefix_prefill_us_measured",
+        b"prefill_seconds_avoided",
+        b"prefill_seconds_avoided_measured",
+        b"semantic_hits",
+        b"semantic_misses",
+        b"moe_hits",
+        b"moe_misses",
+        b"vector_queries",
     ]
     as_map = client3.execute_command("PION.STATS")
     assert isinstance(as_map, dict) and as_map[b"kvprefix_misses"] == 1
@@ -171,10 +182,23 @@ def test_kv_prefix_info_fields(client: redis.Redis, server: ServerThread) -> Non
     text = client.execute_command("KV.PREFIX.INFO").decode()
     pairs = [ln.split(":", 1) for ln in text.split("\r\n") if ln]
     assert [k for k, _ in pairs] == [
-        "registered_prefixes", "total_prefix_tokens", "vstore_sessions",
-        "vstore_total_fetches", "vstore_evictions", "vstore_max_sessions", "vstore_bytes",
-        "wal_enabled", "wal_bytes", "wal_appended", "wal_replayed", "directory_enabled",
-        "my_worker_id", "directory_entries", "sdpa_warm", "sdpa_cold", "sdpa_demotions",
+        "registered_prefixes",
+        "total_prefix_tokens",
+        "vstore_sessions",
+        "vstore_total_fetches",
+        "vstore_evictions",
+        "vstore_max_sessions",
+        "vstore_bytes",
+        "wal_enabled",
+        "wal_bytes",
+        "wal_appended",
+        "wal_replayed",
+        "directory_enabled",
+        "my_worker_id",
+        "directory_entries",
+        "sdpa_warm",
+        "sdpa_cold",
+        "sdpa_demotions",
         "sdpa_rehydrates",
     ]
     values = dict(pairs)
@@ -209,13 +233,19 @@ def membership(r: redis.Redis, ns: str, probes: list[int]) -> list[bool]:
     return [bool(b) for b in bits[: len(probes)]]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     table=st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 20), max_size=60),
     probes=st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 20), max_size=60),
 )
-def test_membership_matches_set_oracle(client: redis.Redis, table: list[int], probes: list[int]) -> None:
-    client.execute_command("KV.PREFIX.REGISTER", "m", 8, "fp16", "BLOCKS", 16, len(table), u64(table))
+def test_membership_matches_set_oracle(
+    client: redis.Redis, table: list[int], probes: list[int]
+) -> None:
+    client.execute_command(
+        "KV.PREFIX.REGISTER", "m", 8, "fp16", "BLOCKS", 16, len(table), u64(table)
+    )
     oracle = set(table)
     if probes:
         assert membership(client, "m", probes) == [p in oracle for p in probes]
@@ -227,8 +257,12 @@ def test_membership_matches_set_oracle(client: redis.Redis, table: list[int], pr
 def test_membership_bitmap_sizes(client: redis.Redis, count: int) -> None:
     rng = np.random.default_rng(count)
     table = rng.integers(0, 2**63, size=count, dtype=np.uint64)
-    client.execute_command("KV.PREFIX.REGISTER", "s", 8, "fp16", "BLOCKS", 64, count, table.astype("<u8").tobytes())
-    probes = np.concatenate([table[::2], rng.integers(2**63, 2**64 - 1, size=count // 2 + 1, dtype=np.uint64)])
+    client.execute_command(
+        "KV.PREFIX.REGISTER", "s", 8, "fp16", "BLOCKS", 64, count, table.astype("<u8").tobytes()
+    )
+    probes = np.concatenate(
+        [table[::2], rng.integers(2**63, 2**64 - 1, size=count // 2 + 1, dtype=np.uint64)]
+    )
     got = membership(client, "s", [int(p) for p in probes])
     assert got == [True] * len(table[::2]) + [False] * (count // 2 + 1)
 
@@ -241,7 +275,9 @@ def test_membership_max_count(client: redis.Redis) -> None:
     bitmap = client.execute_command("KV.PREFIX.MEMBERSHIP", "big", n, probes.tobytes())
     bits = np.unpackbits(np.frombuffer(bitmap, np.uint8), bitorder="little")
     assert np.array_equal(bits.astype(bool), probes % 3 == 0)
-    with pytest.raises(redis.ResponseError, match=re.escape("hash_count out of range (0..1048576)")):
+    with pytest.raises(
+        redis.ResponseError, match=re.escape("hash_count out of range (0..1048576)")
+    ):
         client.execute_command("KV.PREFIX.MEMBERSHIP", "big", n + 1, b"")
 
 
@@ -255,14 +291,38 @@ ERRORS = [
         ("KV.PREFIX.REGISTER", "n", 8, "q4"),
         "KV.PREFIX.REGISTER: unknown vquant 'q4' (want int8|turbo4|turbo3|turbo2|fp16|fp8|mlx4g32)",
     ),
-    (("KV.PREFIX.REGISTER", "n", 8, "fp16", "BLOCKS", 64), "BLOCKS requires: block_size hash_count hash_blob"),
-    (("KV.PREFIX.REGISTER", "n", 8, "fp16", "BLOCKS", 0, 0, b""), "BLOCKS block_size out of range (1..8192)"),
-    (("KV.PREFIX.REGISTER", "n", 8, "fp16", "BLOCKS", 8193, 0, b""), "BLOCKS block_size out of range (1..8192)"),
-    (("KV.PREFIX.REGISTER", "n", 8, "fp16", "BLOCKS", 64, 1048577, b""), "BLOCKS hash_count out of range (0..1048576)"),
-    (("KV.PREFIX.REGISTER", "n", 8, "fp16", "BLOCKS", 64, -1, b""), "BLOCKS hash_count out of range (0..1048576)"),
-    (("KV.PREFIX.REGISTER", "n", 8, "fp16", "BLOCKS", 64, 2, b"x" * 15), "hash_blob length mismatch"),
-    (("KV.PREFIX.REGISTER", "n", 8, "fp16", "PREFILL_MS", -1), "PREFILL_MS out of range (0..86400000)"),
-    (("KV.PREFIX.REGISTER", "n", 8, "fp16", "PREFILL_MS", 86400001), "PREFILL_MS out of range (0..86400000)"),
+    (
+        ("KV.PREFIX.REGISTER", "n", 8, "fp16", "BLOCKS", 64),
+        "BLOCKS requires: block_size hash_count hash_blob",
+    ),
+    (
+        ("KV.PREFIX.REGISTER", "n", 8, "fp16", "BLOCKS", 0, 0, b""),
+        "BLOCKS block_size out of range (1..8192)",
+    ),
+    (
+        ("KV.PREFIX.REGISTER", "n", 8, "fp16", "BLOCKS", 8193, 0, b""),
+        "BLOCKS block_size out of range (1..8192)",
+    ),
+    (
+        ("KV.PREFIX.REGISTER", "n", 8, "fp16", "BLOCKS", 64, 1048577, b""),
+        "BLOCKS hash_count out of range (0..1048576)",
+    ),
+    (
+        ("KV.PREFIX.REGISTER", "n", 8, "fp16", "BLOCKS", 64, -1, b""),
+        "BLOCKS hash_count out of range (0..1048576)",
+    ),
+    (
+        ("KV.PREFIX.REGISTER", "n", 8, "fp16", "BLOCKS", 64, 2, b"x" * 15),
+        "hash_blob length mismatch",
+    ),
+    (
+        ("KV.PREFIX.REGISTER", "n", 8, "fp16", "PREFILL_MS", -1),
+        "PREFILL_MS out of range (0..86400000)",
+    ),
+    (
+        ("KV.PREFIX.REGISTER", "n", 8, "fp16", "PREFILL_MS", 86400001),
+        "PREFILL_MS out of range (0..86400000)",
+    ),
     (("KV.PREFIX.REGISTER", "n", 8, "fp16", "NOPE"), "unknown option"),
     (("KV.PREFIX.MEMBERSHIP", "n", 2, b"x" * 8), "hash_blob length mismatch"),
     (("KV.PREFIX.MEMBERSHIP", "n", -1, b""), "hash_count out of range (0..1048576)"),
@@ -272,7 +332,9 @@ ERRORS = [
 
 
 @pytest.mark.parametrize(("args", "message"), ERRORS, ids=[m for _, m in ERRORS])
-def test_error_texts_and_nothing_applied(client: redis.Redis, args: tuple[object, ...], message: str) -> None:
+def test_error_texts_and_nothing_applied(
+    client: redis.Redis, args: tuple[object, ...], message: str
+) -> None:
     with pytest.raises(redis.ResponseError, match=re.escape(message)):
         client.execute_command(*args)
     assert client.execute_command("KV.PREFIX.LOOKUP", "n") == b"MISS"

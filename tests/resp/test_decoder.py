@@ -86,7 +86,7 @@ def test_inline_commands() -> None:
         (b"  a   b  ", [b"a", b"b"]),
         (b'"a b" c', [b"a b", b"c"]),
         (b"'it\\'s'", [b"it's"]),
-        (b'"\\n\\r\\t\\b\\a\\\\\\""', [b"\n\r\t\b\a\\\""]),
+        (b'"\\n\\r\\t\\b\\a\\\\\\""', [b'\n\r\t\b\a\\"']),
         (b"", []),
     ],
 )

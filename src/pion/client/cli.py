@@ -29,13 +29,13 @@ def _number(text: str) -> int | float | str:
 
 def fetch_stats(r: redis.Redis) -> dict[str, dict[str, int | float | str]]:
     """``{"receipt": PION.STATS fields, "registry": KV.PREFIX.INFO fields}``."""
-    raw = r.execute_command("PION.STATS")
+    raw = r.execute_command("PION.STATS")  # type: ignore[no-untyped-call]
     if isinstance(raw, dict):
         items = list(raw.items())
     else:
         items = list(zip(raw[::2], raw[1::2], strict=True))
     receipt = {_text(k): _number(_text(v)) for k, v in items}
-    info = _text(r.execute_command("KV.PREFIX.INFO"))
+    info = _text(r.execute_command("KV.PREFIX.INFO"))  # type: ignore[no-untyped-call]
     registry: dict[str, int | float | str] = {}
     for line in info.splitlines():
         key, sep, value = line.partition(":")

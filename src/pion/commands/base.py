@@ -9,6 +9,7 @@ the dispatcher turns those into RESP errors.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -118,7 +119,7 @@ class Args:
     def done(self) -> bool:
         return self._pos >= len(self._args)
 
-    def peek(self) -> bytes | None:
+    def peek(self) -> builtins.bytes | None:
         return self._args[self._pos] if self._pos < len(self._args) else None
 
     def peek_keyword(self) -> str | None:
@@ -131,7 +132,7 @@ class Args:
         except UnicodeDecodeError:
             return None
 
-    def bytes(self, what: str = "argument") -> bytes:
+    def bytes(self, what: str = "argument") -> builtins.bytes:
         if self._pos >= len(self._args):
             raise PionError(f"wrong number of arguments for '{self.command.lower()}' command")
         raw = self._args[self._pos]
@@ -159,7 +160,7 @@ class Args:
             raise PionError(range_error or f"{self.command}: {what} out of range ({lo}..{hi})")
         return value
 
-    def rest(self) -> Sequence[bytes]:
+    def rest(self) -> Sequence[builtins.bytes]:
         out = self._args[self._pos :]
         self._pos = len(self._args)
         return out

@@ -19,7 +19,16 @@ from pion.resp.reply import Reply, Simple
 
 __all__ = ["config", "parse_memory"]
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2, "g": 1000**3, "gb": 1024**3}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1024,
+    "m": 1000**2,
+    "mb": 1024**2,
+    "g": 1000**3,
+    "gb": 1024**3,
+}
 
 
 def parse_memory(text: str) -> int:
@@ -101,6 +110,5 @@ def config(ctx: Context, args: Sequence[bytes]) -> Reply:
         ctx.state.receipt.reset()
         return Simple("OK")
     raise PionError(
-        f"unknown subcommand or wrong number of arguments for '{sub.lower()}'. "
-        "Try CONFIG HELP."
+        f"unknown subcommand or wrong number of arguments for '{sub.lower()}'. Try CONFIG HELP."
     )

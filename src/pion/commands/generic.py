@@ -166,8 +166,7 @@ def _client(ctx: Context, args: Sequence[bytes]) -> Reply:
     if sub == "REPLY" and len(cur) == 1 and cur.peek_keyword() == "ON":
         return Simple("OK")
     raise PionError(
-        f"unknown subcommand or wrong number of arguments for '{sub.lower()}'. "
-        "Try CLIENT HELP."
+        f"unknown subcommand or wrong number of arguments for '{sub.lower()}'. Try CLIENT HELP."
     )
 
 
@@ -257,13 +256,11 @@ def _command(ctx: Context, args: Sequence[bytes]) -> Reply:
         }
     if sub == "LIST":
         return [n.lower().encode() for n in COMMAND_TABLE]
-    raise PionError(
-        f"unknown subcommand '{sub.lower()}'. Try COMMAND HELP."
-    )
+    raise PionError(f"unknown subcommand '{sub.lower()}'. Try COMMAND HELP.")
 
 
 def _command_info(cmd: Command) -> Reply:
-    flags = [Simple(f) for f in sorted(cmd.flags)]
+    flags: list[Reply] = [Simple(f) for f in sorted(cmd.flags)]
     return [cmd.name.lower().encode(), cmd.arity, flags, 0, 0, 0]
 
 
@@ -278,7 +275,9 @@ COMMANDS: list[Command] = [
     Command("CLIENT", _client, -2, frozenset({"loading"}), "Connection introspection"),
     Command("INFO", _info, -1, frozenset({"loading"}), "Server information by section"),
     Command("COMMAND", _command, -1, frozenset({"loading"}), "Command table introspection"),
-    Command("CONFIG", config_cmd.config, -2, frozenset({"admin", "loading"}), "CONFIG GET|SET|RESETSTAT"),
+    Command(
+        "CONFIG", config_cmd.config, -2, frozenset({"admin", "loading"}), "CONFIG GET|SET|RESETSTAT"
+    ),
     Command("DBSIZE", _dbsize, 1, frozenset({"fast", "readonly"}), "Keys in the plain keyspace"),
     Command("TIME", _time, 1, frozenset({"fast", "loading"}), "Server time"),
     Command("QUIT", _quit, -1, _ANY, "Close the connection"),

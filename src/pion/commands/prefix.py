@@ -61,15 +61,23 @@ def _register(ctx: Context, args: Sequence[bytes]) -> Reply:
         if opt == "BLOCKS":
             if len(cur) < 3:
                 raise PionError(f"{cmd}: BLOCKS requires: block_size hash_count hash_blob")
-            bs = cur.int("block_size", 1, MAX_BLOCK_SIZE,
-                         f"{cmd}: BLOCKS block_size out of range (1..{MAX_BLOCK_SIZE})")
+            bs = cur.int(
+                "block_size",
+                1,
+                MAX_BLOCK_SIZE,
+                f"{cmd}: BLOCKS block_size out of range (1..{MAX_BLOCK_SIZE})",
+            )
             hashes = _hash_blob(cur, cmd, f"BLOCKS hash_count out of range (0..{MAX_HASH_COUNT})")
             blocks = (bs, hashes)
         elif opt == "PREFILL_MS":
             if cur.done():
                 raise PionError(f"{cmd}: PREFILL_MS requires a value")
-            prefill_ms = cur.int("PREFILL_MS", 0, MAX_PREFILL_MS,
-                                 f"{cmd}: PREFILL_MS out of range (0..{MAX_PREFILL_MS})")
+            prefill_ms = cur.int(
+                "PREFILL_MS",
+                0,
+                MAX_PREFILL_MS,
+                f"{cmd}: PREFILL_MS out of range (0..{MAX_PREFILL_MS})",
+            )
         else:
             raise PionError(f"{cmd}: unknown option '{opt or '?'}'")
     ctx.state.registry.register(ns, kv_dim, vquant, blocks, prefill_ms)
@@ -88,10 +96,16 @@ def _lookup(ctx: Context, args: Sequence[bytes]) -> Reply:
         if cur.done():
             raise PionError(f"{cmd}: {opt or 'option'} requires a value")
         if opt == "TOKENS":
-            tokens = cur.int("TOKENS", 0, MAX_TOKENS, f"{cmd}: TOKENS out of range (0..{MAX_TOKENS})")
+            tokens = cur.int(
+                "TOKENS", 0, MAX_TOKENS, f"{cmd}: TOKENS out of range (0..{MAX_TOKENS})"
+            )
         elif opt == "PREFILL_MS":
-            prefill_ms = cur.int("PREFILL_MS", 0, MAX_PREFILL_MS,
-                                 f"{cmd}: PREFILL_MS out of range (0..{MAX_PREFILL_MS})")
+            prefill_ms = cur.int(
+                "PREFILL_MS",
+                0,
+                MAX_PREFILL_MS,
+                f"{cmd}: PREFILL_MS out of range (0..{MAX_PREFILL_MS})",
+            )
         else:
             raise PionError(f"{cmd}: unknown option '{opt or '?'}'")
     hit = ctx.state.registry.lookup(ns, tokens, prefill_ms)
@@ -118,7 +132,7 @@ def _blocks(ctx: Context, args: Sequence[bytes]) -> Reply:
     if table is None:
         return _UNKNOWN
     body = bytearray(_BLOCKS_HEADER.pack(table.block_size, table.count))
-    body += memoryview(table.hashes).cast("B")
+    body += table.hashes.tobytes()
     return body
 
 
@@ -176,19 +190,50 @@ def _pion_stats(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 
 COMMANDS: list[Command] = [
-    Command("KV.PREFIX.REGISTER", _register, -4, frozenset({"write"}),
-            "Register a prefix namespace (K/V session pair, block table, PREFILL_MS)"),
-    Command("KV.PREFIX.LOOKUP", _lookup, -2, frozenset({"readonly", "fast"}),
-            "HIT iff both halves of the namespace are held; credits the receipt"),
+    Command(
+        "KV.PREFIX.REGISTER",
+        _register,
+        -4,
+        frozenset({"write"}),
+        "Register a prefix namespace (K/V session pair, block table, PREFILL_MS)",
+    ),
+    Command(
+        "KV.PREFIX.LOOKUP",
+        _lookup,
+        -2,
+        frozenset({"readonly", "fast"}),
+        "HIT iff both halves of the namespace are held; credits the receipt",
+    ),
     Command("KV.PREFIX.DROP", _drop, -2, frozenset({"write"}), "Drop namespaces"),
-    Command("KV.PREFIX.OWNER", _owner, 2, frozenset({"readonly", "fast"}),
-            "The worker holding a namespace, or -1"),
-    Command("KV.PREFIX.BLOCKS", _blocks, 2, frozenset({"readonly"}),
-            "The registered block-hash table"),
-    Command("KV.PREFIX.MEMBERSHIP", _membership, 4, frozenset({"readonly", "fast"}),
-            "Bitmap of which probe hashes are in the block table"),
-    Command("KV.PREFIX.INFO", _info, 1, frozenset({"readonly", "loading"}),
-            "Registry, V-store and WAL counters"),
-    Command("PION.STATS", _pion_stats, -1, frozenset({"loading"}),
-            "The value receipt; PION.STATS RESET zeroes it"),
+    Command(
+        "KV.PREFIX.OWNER",
+        _owner,
+        2,
+        frozenset({"readonly", "fast"}),
+        "The worker holding a namespace, or -1",
+    ),
+    Command(
+        "KV.PREFIX.BLOCKS", _blocks, 2, frozenset({"readonly"}), "The registered block-hash table"
+    ),
+    Command(
+        "KV.PREFIX.MEMBERSHIP",
+        _membership,
+        4,
+        frozenset({"readonly", "fast"}),
+        "Bitmap of which probe hashes are in the block table",
+    ),
+    Command(
+        "KV.PREFIX.INFO",
+        _info,
+        1,
+        frozenset({"readonly", "loading"}),
+        "Registry, V-store and WAL counters",
+    ),
+    Command(
+        "PION.STATS",
+        _pion_stats,
+        -1,
+        frozenset({"loading"}),
+        "The value receipt; PION.STATS RESET zeroes it",
+    ),
 ]

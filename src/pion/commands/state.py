@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from pion.config import ServerConfig
-
 from pion.prefix.receipt import Receipt
 from pion.prefix.registry import PrefixRegistry
 from pion.vstore import VStore

@@ -225,8 +225,11 @@ def split_inline(line: bytes) -> list[bytes]:
                 break
             c = line[i]
             if quote == 0x22:  # inside "..."
-                if c == 0x5C and i + 3 < n and line[i + 1] == 0x78 and (
-                    line[i + 2] in _HEX and line[i + 3] in _HEX
+                if (
+                    c == 0x5C
+                    and i + 3 < n
+                    and line[i + 1] == 0x78
+                    and (line[i + 2] in _HEX and line[i + 3] in _HEX)
                 ):
                     cur.append(int(line[i + 2 : i + 4], 16))
                     i += 4

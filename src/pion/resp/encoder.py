@@ -8,10 +8,14 @@
 from __future__ import annotations
 
 import math
+from typing import TypeAlias
 
 from pion.resp.reply import ErrorReply, NoReply, NullArray, Reply, Simple, Verbatim
 
-__all__ = ["encode_error", "encode_reply"]
+__all__ = ["Chunks", "encode_error", "encode_reply"]
+
+# What a reply becomes: buffers for transport.writelines, never joined.
+Chunks: TypeAlias = list[bytes | bytearray | memoryview]
 
 _CRLF = b"\r\n"
 _OK = b"+OK\r\n"
@@ -29,7 +33,7 @@ def encode_error(line: str) -> bytes:
     return b"-" + clean.encode("utf-8", "replace") + _CRLF
 
 
-def encode_reply(value: Reply, proto: int, out: list[bytes | memoryview]) -> None:
+def encode_reply(value: Reply, proto: int, out: Chunks) -> None:
     """Append the encoding of ``value`` to ``out``."""
     if value is None:
         out.append(_NULL3 if proto == 3 else _NULL2)

@@ -62,7 +62,6 @@ class NoReply:
 NO_REPLY = NoReply()
 
 Reply: TypeAlias = Union[
-    None,
     int,
     float,
     str,
@@ -74,4 +73,5 @@ Reply: TypeAlias = Union[
     "list[Reply]",
     "tuple[Reply, ...]",
     "dict[str | bytes, Reply]",
+    None,
 ]

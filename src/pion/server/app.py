@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from pion.commands import COMMAND_TABLE
 from pion.commands.base import Command
 from pion.commands.state import ServerState
+from pion.resp.encoder import Chunks
 from pion.server.connection import Connection
 
 __all__ = ["PionServer"]
@@ -39,7 +40,7 @@ class PionServer:
         self.connections: dict[int, Connection] = {}
         self._ids = itertools.count(1)
         self._servers: list[asyncio.Server] = []
-        self._pending: list[tuple[Connection, list[bytes | memoryview]]] = []
+        self._pending: list[tuple[Connection, Chunks]] = []
         self._close_after: list[Connection] = []
         self._commit_scheduled = False
         self._stopped = asyncio.Event()
@@ -64,7 +65,7 @@ class PionServer:
 
     # -- replies ----------------------------------------------------------------
 
-    def send(self, conn: Connection, chunks: list[bytes | memoryview]) -> None:
+    def send(self, conn: Connection, chunks: Chunks) -> None:
         persistence = self.state.persistence
         if self._pending or (persistence is not None and persistence.needs_sync()):
             self._pending.append((conn, chunks))
@@ -89,7 +90,9 @@ class PionServer:
             if persistence is not None and persistence.needs_sync():
                 persistence.sync()
         except Exception:
-            log.exception("fsync of the write-ahead log failed; withholding %d replies", len(pending))
+            log.exception(
+                "fsync of the write-ahead log failed; withholding %d replies", len(pending)
+            )
             for conn, _ in pending:
                 conn.abort()
             return

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, cast
 from pion.commands.base import ClientState, Context
 from pion.errors import ProtocolError
 from pion.resp.decoder import RequestDecoder
-from pion.resp.encoder import encode_error, encode_reply
+from pion.resp.encoder import Chunks, encode_error, encode_reply
 from pion.server.dispatch import dispatch
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ class Connection(asyncio.Protocol):
     # -- processing -------------------------------------------------------------
 
     def _process(self) -> None:
-        out: list[bytes | memoryview] = []
+        out: Chunks = []
         close_after = False
         proto_error: ProtocolError | None = None
         while not self._paused and not self._closed:
@@ -116,7 +116,7 @@ class Connection(asyncio.Protocol):
 
     # -- used by the server -----------------------------------------------------
 
-    def write(self, chunks: list[bytes | memoryview]) -> None:
+    def write(self, chunks: Chunks) -> None:
         if self._transport is not None and not self._transport.is_closing():
             self._transport.writelines(chunks)
 

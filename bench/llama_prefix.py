@@ -1,0 +1,216 @@
+"""Benchmark: time to first token of a Pi session start through `pion llama proxy`.
+
+Scenarios, each against the same real llama-server and generated model (default 8 layers,
+width 512) with a ~8k-token Pi-shaped prefix, the first user message differing per session:
+
+  (a)  cold            fresh llama-server, no pion: the baseline (full prefill)
+  (a') cold via pion   fresh server, empty slot dir: cold warm-up + save, then the request
+  (b)  slot hot        second session in the same proxy: in-process hit
+  (c)  restored        restarted server, new proxy: restore from disk, verified by the
+                       real request itself (the default fast path)
+  (c') restored+probe  as (c) with ``--verify probe``: the seed's two probes first
+
+TTFT is measured by the client from sending the request to the first streamed content
+delta, so everything the proxy does (fingerprint, /slots, restore, probes) is inside it.
+Every figure is reported as a ratio to (a) measured in the same run (DESIGN section 12);
+the target is (c) <= 0.1 x (a). Results: a table on stdout and
+``bench/results/llama_prefix.json``.
+
+Run: ``PYTHONPATH=src .venv/bin/python bench/llama_prefix.py [--reps 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from pion.llama.client import LlamaClient
+from pion.llama.config import WarmerConfig
+from pion.llama.launcher import LlamaServerProcess
+from pion.llama.paths import cache_dir, ensure_llama_server
+from pion.llama.proxy import PrefixProxy, running_proxy
+from pion.llama.samples import pi_chat_body
+from pion.llama.testmodel import ModelSpec, make_model
+
+RESULTS = Path(__file__).resolve().parent / "results" / "llama_prefix.json"
+SCENARIOS = ("a", "a'", "b", "c", "c'")
+LABELS = {
+    "a": "(a) cold, no pion",
+    "a'": "(a') cold via pion (warm-up + save)",
+    "b": "(b) slot hot",
+    "c": "(c) restored from disk, verified by the request",
+    "c'": "(c') restored from disk, --verify probe",
+}
+
+
+def ttft(base_url: str, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """Seconds to the first streamed content delta; and the final timings."""
+    t0 = time.perf_counter()
+    first: float | None = None
+    timings: dict[str, Any] = {}
+    with httpx.stream("POST", base_url + "/v1/chat/completions", json=body, timeout=900) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            delta = (event.get("choices") or [{}])[0].get("delta") or {}
+            if first is None and delta.get("content"):
+                first = time.perf_counter() - t0
+            timings = event.get("timings", timings)
+    return (first if first is not None else time.perf_counter() - t0), timings
+
+
+def calibrate(client: LlamaClient, target: int) -> int:
+    """The n_rules whose rendered prefix is about ``target`` tokens."""
+    lo, hi = 1, 2000
+    while lo < hi:
+        mid = (lo + hi) // 2
+        body = pi_chat_body(n_rules=mid)
+        n = len(client.tokenize(client.apply_template(body), add_special=True))
+        lo, hi = (mid + 1, hi) if n < target else (lo, mid)
+    return lo
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="TTFT of session starts via pion llama")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--tokens", type=int, default=8000, help="prefix size to aim for")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="llama-server -t")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    binary = ensure_llama_server()
+    spec = ModelSpec(
+        layers=args.layers,
+        width=args.width,
+        heads=8,
+        kv_heads=4,
+        ff=int(2.75 * args.width),
+        context=max(32768, args.tokens * 2),
+    )
+    model = cache_dir() / "models" / f"bench-{spec.layers}x{spec.width}-c{spec.context}.gguf"
+    if not model.exists():
+        make_model(model, spec)
+    work = Path(tempfile.mkdtemp(prefix="pion-bench-llama-"))
+    slot_dir = work / "slots"
+    server = LlamaServerProcess(
+        binary,
+        model,
+        slot_dir=slot_dir,
+        ctx=args.tokens + 4096,
+        threads=args.threads,
+        log_path=work / "llama-server.log",
+    )
+    samples: dict[str, list[float]] = {s: [] for s in SCENARIOS}
+    reuse: dict[str, list[int]] = {s: [] for s in SCENARIOS}
+    console = Console(stderr=True)
+    try:
+        server.start()
+        with LlamaClient(server.url) as client:
+            n_rules = calibrate(client, args.tokens)
+            prefix_tokens = len(
+                client.tokenize(client.apply_template(pi_chat_body(n_rules=n_rules)), True)
+            )
+        console.print(f"model {model.name}, prompt {prefix_tokens} tokens (n_rules={n_rules})")
+        session = 0
+
+        def body() -> dict[str, Any]:
+            nonlocal session
+            session += 1
+            user = f"Session {session}: what should I work on first?"
+            return pi_chat_body(user, n_rules=n_rules, stream=True, max_tokens=4)
+
+        def record(name: str, result: tuple[float, dict[str, Any]]) -> None:
+            samples[name].append(result[0])
+            reuse[name].append(int(result[1].get("cache_n", -1)))
+            console.print(f"  {LABELS[name]}: {result[0] * 1000:.0f} ms")
+
+        def config(verify: str) -> WarmerConfig:
+            return WarmerConfig(
+                base_url=server.url,
+                persist=True,
+                slot_dir=slot_dir,
+                log_path=work / "prefix-cache.log",
+                verify=verify,  # type: ignore[arg-type]
+            )
+
+        for rep in range(args.reps):
+            console.print(f"rep {rep + 1}/{args.reps}")
+            server.restart()
+            record("a", ttft(server.url, body()))
+            server.restart()
+            shutil.rmtree(slot_dir)
+            slot_dir.mkdir()
+            with running_proxy(PrefixProxy(config("fast"))) as proxy:
+                record("a'", ttft(proxy, body()))
+                record("b", ttft(proxy, body()))
+            server.restart()
+            with running_proxy(PrefixProxy(config("fast"))) as proxy:
+                record("c", ttft(proxy, body()))
+            server.restart()
+            with running_proxy(PrefixProxy(config("probe"))) as proxy:
+                record("c'", ttft(proxy, body()))
+    finally:
+        server.stop()
+
+    base = statistics.median(samples["a"])
+    table = Table(title=f"TTFT of a session start, {prefix_tokens}-token Pi prefix")
+    for col in ("scenario", "median ms", "min ms", "x cold", "cache_n"):
+        table.add_column(col, justify="right" if col != "scenario" else "left")
+    rows = {}
+    for name in SCENARIOS:
+        med = statistics.median(samples[name])
+        rows[name] = {
+            "label": LABELS[name],
+            "median_s": med,
+            "min_s": min(samples[name]),
+            "samples_s": samples[name],
+            "ratio_to_cold": med / base,
+            "cache_n": reuse[name],
+        }
+        table.add_row(
+            LABELS[name],
+            f"{med * 1000:.0f}",
+            f"{min(samples[name]) * 1000:.0f}",
+            f"{med / base:.3f}",
+            str(reuse[name][-1]),
+        )
+    Console().print(table)
+    target_met = rows["c"]["ratio_to_cold"] <= 0.1
+    Console().print(f"target (c) <= 0.1 x (a): {'met' if target_met else 'NOT met'}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps(
+            {
+                "model": {"layers": spec.layers, "width": spec.width, "file": model.name},
+                "prefix_tokens": prefix_tokens,
+                "reps": args.reps,
+                "threads": args.threads,
+                "machine": platform.platform(),
+                "scenarios": rows,
+                "target_c_over_a": 0.1,
+                "target_met": target_met,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

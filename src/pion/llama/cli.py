@@ -1,0 +1,244 @@
+"""`pion llama ...`: the command-line face of :mod:`pion.llama` (a click group).
+
+Thin by design (STYLE rule 12): each command parses flags, builds a
+:class:`~pion.llama.config.WarmerConfig` (flags win over ``PI_PREFIX_CACHE_*`` env vars) and
+calls library code.
+
+- ``proxy``  run the OpenAI-compatible proxy (:mod:`pion.llama.proxy`)
+- ``warm``   pre-warm a system prompt into the slot (and disk), e.g. from a boot script
+- ``status`` slots, fingerprints, slot files and last outcomes
+- ``gc``     apply the slot-file budget (count and bytes) to a slot dir
+
+The top-level ``pion`` CLI registers :func:`llama_group`; ``python -m pion.llama.cli`` runs it
+standalone.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from pion.llama.client import LlamaClient, LlamaServerError
+from pion.llama.config import WarmerConfig
+from pion.llama.index import SlotIndex
+from pion.llama.prefix import WarmRequest, split_prefix
+from pion.llama.proxy import STATUS_PATH, serve
+from pion.llama.warmer import PrefixWarmer
+
+__all__ = ["llama_group", "main"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _warmer_options(func: F) -> F:
+    """Flags shared by proxy and warm; each defaults to its PI_PREFIX_CACHE_* env var."""
+    options = [
+        click.option("--upstream", help="llama-server URL [env PI_PREFIX_CACHE_BASE_URL]"),
+        click.option("--slot", type=int, help="slot holding the prefix [PI_PREFIX_CACHE_SLOT]"),
+        click.option(
+            "--persist/--no-persist", default=None, help="save/restore on disk [..._PERSIST]"
+        ),
+        click.option(
+            "--slot-dir",
+            type=click.Path(file_okay=False, path_type=Path),
+            help="llama-server's --slot-save-path [..._SLOT_DIR]",
+        ),
+        click.option("--log", "log_path", type=click.Path(path_type=Path), help="[..._LOG]"),
+        click.option("--server-id", help="bump to force a clean rebuild [..._SERVER_ID]"),
+        click.option(
+            "--verify", type=click.Choice(["fast", "probe"]), help="[PI_PREFIX_CACHE_VERIFY]"
+        ),
+        click.option("--max-files", type=int, help="slot files kept [..._MAX_FILES]"),
+        click.option("--max-bytes", type=int, help="bytes of slot files kept [..._MAX_BYTES]"),
+        click.option("--harness", help="harness id in the fingerprint [..._HARNESS]"),
+        click.option("--api-key", help="llama-server --api-key for warm-ups [..._API_KEY]"),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _config(**flags: Any) -> WarmerConfig:
+    return WarmerConfig.from_env(
+        base_url=flags.get("upstream"),
+        slot=flags.get("slot"),
+        persist=flags.get("persist"),
+        slot_dir=flags.get("slot_dir"),
+        log_path=flags.get("log_path"),
+        server_id=flags.get("server_id"),
+        verify=flags.get("verify"),
+        max_files=flags.get("max_files"),
+        max_bytes=flags.get("max_bytes"),
+        harness=flags.get("harness"),
+        api_key=flags.get("api_key"),
+    )
+
+
+@click.group(name="llama")
+def llama_group() -> None:
+    """Keep an agent's stable prefix warm in llama-server and on disk."""
+
+
+@llama_group.command()
+@_warmer_options
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8089, show_default=True)
+def proxy(host: str, port: int, **flags: Any) -> None:
+    """Run the OpenAI-compatible proxy; point the harness's baseUrl at it."""
+    serve(_config(**flags), host=host, port=port)
+
+
+@llama_group.command()
+@_warmer_options
+@click.option(
+    "--system-prompt-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="the system prompt; cut at the first boundary marker if it has one",
+)
+@click.option("--tools-file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--chat-template-kwargs", help="JSON object, as the harness sends it")
+@click.option("--model", help="the model id the harness sends (part of the fingerprint)")
+@click.option("--role", type=click.Choice(["system", "developer"]), default="system")
+def warm(
+    system_prompt_file: Path,
+    tools_file: Path | None,
+    chat_template_kwargs: str | None,
+    model: str | None,
+    role: str,
+    **flags: Any,
+) -> None:
+    """Pre-warm a system prompt (for boot scripts). Exit 1 when warming failed."""
+    config = _config(**flags)
+    text = system_prompt_file.read_text(encoding="utf-8")
+    prefix = split_prefix(text, config.markers) or text
+    render: dict[str, Any] = {}
+    if tools_file is not None:
+        render["tools"] = json.loads(tools_file.read_text(encoding="utf-8"))
+    if chat_template_kwargs:
+        render["chat_template_kwargs"] = json.loads(chat_template_kwargs)
+    request = WarmRequest(prefix=prefix, role=role, render=render, model=model)
+    warmer = PrefixWarmer(config)
+    try:
+        outcome = warmer.ensure(request)
+    finally:
+        warmer.close()
+    click.echo(f"{outcome.summary()}  fingerprint={outcome.fingerprint[:16]}")
+    if outcome.kind == "disabled":
+        sys.exit(1)
+
+
+def _age(ts: float) -> str:
+    seconds = max(0, int(time.time() - ts))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds}s"
+
+
+@llama_group.command()
+@click.option("--upstream", help="llama-server URL [env PI_PREFIX_CACHE_BASE_URL]")
+@click.option("--slot-dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--proxy", "proxy_url", help="a running proxy: show its state and outcomes")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def status(
+    upstream: str | None, slot_dir: Path | None, proxy_url: str | None, as_json: bool
+) -> None:
+    """Slots, fingerprints, slot files and last outcomes."""
+    config = WarmerConfig.from_env(base_url=upstream, slot_dir=slot_dir)
+    data: dict[str, Any] = {"upstream": config.base_url}
+    with LlamaClient(config.base_url, timeout=10.0, api_key=config.api_key) as client:
+        try:
+            data["slots"] = client.slots()
+        except LlamaServerError as exc:
+            data["slots_error"] = exc.short()
+    if config.slot_dir is not None:
+        index = SlotIndex(config.slot_dir).load()
+        data["files"] = {k: vars(v) for k, v in index.files.items()}
+        data["orphans"] = index.orphans()
+        data["no_restore"] = index.no_restore
+    if proxy_url:
+        try:
+            data["proxy"] = httpx.get(proxy_url.rstrip("/") + STATUS_PATH, timeout=10.0).json()
+        except (httpx.HTTPError, ValueError) as exc:
+            data["proxy_error"] = str(exc)
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+        return
+    _print_status(data)
+
+
+def _print_status(data: dict[str, Any]) -> None:
+    console = Console()
+    slots = Table(title=f"llama-server slots ({data['upstream']})")
+    for col in ("id", "n_ctx", "processing", "n_prompt_tokens"):
+        slots.add_column(col)
+    for s in data.get("slots", []):
+        slots.add_row(
+            str(s.get("id")),
+            str(s.get("n_ctx")),
+            str(s.get("is_processing")),
+            str(s.get("n_prompt_tokens", "-")),
+        )
+    console.print(slots)
+    if "slots_error" in data:
+        console.print(f"[red]slots: {data['slots_error']}[/red]")
+    if "files" in data:
+        files = Table(title="slot files (index.json)")
+        files.add_column("file", no_wrap=True)
+        for col in ("tokens", "bytes", "last used", "model", "harness"):
+            files.add_column(col, overflow="fold")
+        for name, e in sorted(data["files"].items(), key=lambda kv: -kv[1]["last_used"]):
+            files.add_row(
+                name,
+                str(e["tokens"]),
+                str(e["bytes"]),
+                _age(e["last_used"]) + " ago",
+                Path(e["model"]).name,
+                e["harness"],
+            )
+        console.print(files)
+        for name in data.get("orphans", []):
+            console.print(f"not in index: {name}")
+        for key, why in data.get("no_restore", {}).items():
+            console.print(f"[yellow]restores disabled for {key}: {why.get('reason')}[/yellow]")
+    proxy = data.get("proxy")
+    if proxy:
+        console.print(f"proxy: counts {proxy.get('counts')}, verify {proxy.get('verify')}")
+        for slot, s in proxy.get("slots", {}).items():
+            console.print(
+                f"  slot {slot}: {s['fingerprint'][:16]} {s['tokens']} tok from {s['source']}"
+            )
+        for outcome in proxy.get("outcomes", [])[-10:]:
+            console.print(f"  {outcome['summary']}")
+    if "proxy_error" in data:
+        console.print(f"[red]proxy: {data['proxy_error']}[/red]")
+
+
+@llama_group.command()
+@click.option("--slot-dir", type=click.Path(file_okay=False, path_type=Path), help="[..._SLOT_DIR]")
+@click.option("--max-files", type=int, help="[PI_PREFIX_CACHE_MAX_FILES]")
+@click.option("--max-bytes", type=int, help="[PI_PREFIX_CACHE_MAX_BYTES]")
+def gc(slot_dir: Path | None, max_files: int | None, max_bytes: int | None) -> None:
+    """Delete least recently used slot files beyond the budget."""
+    config = WarmerConfig.from_env(slot_dir=slot_dir, max_files=max_files, max_bytes=max_bytes)
+    if config.slot_dir is None:
+        raise click.UsageError("--slot-dir (or PI_PREFIX_CACHE_SLOT_DIR) is required")
+    index = SlotIndex(config.slot_dir, log=click.echo)
+    removed = index.cleanup(config.max_files, config.max_bytes)
+    click.echo(f"removed {len(removed)} file(s); {len(index.files)} kept")
+
+
+def main() -> None:
+    """Entry point of ``python -m pion.llama.cli``."""
+    llama_group()
+
+
+if __name__ == "__main__":
+    main()

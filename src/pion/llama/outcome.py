@@ -1,0 +1,59 @@
+"""What one :meth:`PrefixWarmer.ensure` call did, in the seed's words.
+
+Owns :class:`Outcome` and its one-line summary (the seed's TUI notification, which we log):
+
+- ``WARM — slot already hot``                         in-process hit, slot checked alive
+- ``WARM — restored 2335 tok from disk (1453 ms)``    restore (verified, or verifying)
+- ``COLD — warmed 2335 tok, checkpoint saved``        cold warm-up (+ save when persisting)
+- ``disabled this session (fail-open): <error>``      anything failed; the request proceeds
+- ``skipped (<reason>)``                              no warmable prefix in the request
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+__all__ = ["Outcome", "OutcomeKind"]
+
+OutcomeKind = Literal["hit", "restored", "cold", "disabled", "skipped"]
+
+_SOURCES = {"hit": "hit", "restored": "restore", "cold": "warm-up"}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of ensuring one prefix in one slot."""
+
+    kind: OutcomeKind
+    fingerprint: str = ""
+    slot: int = 0
+    tokens: int = 0
+    ms: float = 0.0
+    file: str | None = None
+    saved: bool = False
+    # Fast path: the restore is verified by the real request's own timings.
+    pending_verify: bool = False
+    detail: str = ""
+    at: float = 0.0
+
+    @property
+    def source(self) -> str:
+        """The seed's ``source=`` word: hit, restore, warm-up, or none."""
+        return _SOURCES.get(self.kind, "none")
+
+    def summary(self) -> str:
+        if self.kind == "hit":
+            return "WARM — slot already hot"
+        if self.kind == "restored":
+            tail = ", verifying on the real request" if self.pending_verify else ""
+            return f"WARM — restored {self.tokens} tok from disk ({self.ms:.0f} ms{tail})"
+        if self.kind == "cold":
+            saved = "checkpoint saved" if self.saved else "not saved"
+            return f"COLD — warmed {self.tokens} tok, {saved} ({self.ms:.0f} ms)"
+        if self.kind == "disabled":
+            return f"disabled this session (fail-open): {self.detail}"
+        return f"skipped ({self.detail})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "summary": self.summary()}

@@ -1,0 +1,232 @@
+"""`pion llama proxy`: an OpenAI-compatible reverse proxy that warms the prefix first.
+
+Owns the HTTP side of DESIGN section 11 (starlette app, run by uvicorn):
+
+- ``POST /v1/chat/completions`` and ``/chat/completions``: extract the stable prefix
+  (:mod:`pion.llama.prefix`), run :meth:`PrefixWarmer.ensure` in a worker thread (warm-ups
+  of one slot are serialised by the warmer's per-slot lock), then forward the request.
+- every other method and path (``/v1/completions``, ``/v1/models``, ``/health``, ``/slots``,
+  ...) is forwarded untouched.
+- ``GET /pion/status``: the warmer's state as JSON (``pion llama status --proxy URL``).
+
+Invariants: the request body is forwarded byte for byte (the bytes read, not a re-encoded
+parse); the response body is streamed back chunk by chunk as it arrives, unchanged, while
+a sans-IO scanner reads ``timings`` from it (the JSON body or the final SSE event) for the
+observed-reuse log line and the fast-path verification. Hop-by-hop headers are not
+forwarded (RFC 9110 section 7.6.1). When the upstream is unreachable the client gets a 502
+in llama-server's error shape; the proxy itself never fails a request because of the
+warmer (fail-open).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import anyio.to_thread
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from pion.llama.config import WarmerConfig
+from pion.llama.outcome import Outcome
+from pion.llama.prefix import PrefixSkip, warm_request_from_chat
+from pion.llama.timings import TimingsScanner
+from pion.llama.warmer import PrefixWarmer
+
+__all__ = [
+    "CHAT_PATHS",
+    "STATUS_PATH",
+    "PrefixProxy",
+    "running_proxy",
+    "serve",
+    "serve_in_thread",
+]
+
+CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
+STATUS_PATH = "/pion/status"
+
+# RFC 9110 7.6.1 hop-by-hop fields, plus the ones httpx/uvicorn recompute for the new hop.
+_HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+    }
+)
+
+
+def _end_to_end(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return [(k, v) for k, v in raw if k.lower() not in _HOP_BY_HOP]
+
+
+class PrefixProxy:
+    """The proxy application: one warmer, one upstream llama-server."""
+
+    def __init__(self, config: WarmerConfig, warmer: PrefixWarmer | None = None) -> None:
+        self.config = config
+        self.warmer = warmer or PrefixWarmer(config)
+        self.upstream = config.base_url
+        self._http: httpx.AsyncClient | None = None
+        self.app = Starlette(
+            routes=[
+                Route(STATUS_PATH, self._status, methods=["GET"]),
+                Route(
+                    "/{path:path}",
+                    self._forward,
+                    methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"],
+                ),
+            ],
+            lifespan=self._lifespan,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        # No read timeout: a generation may pause for minutes between tokens.
+        timeout = httpx.Timeout(connect=10.0, read=None, write=None, pool=None)
+        self._http = httpx.AsyncClient(timeout=timeout)
+        # Forward only what the client sent: drop httpx's default request headers.
+        self._http.headers.clear()
+        try:
+            yield
+        finally:
+            await self._http.aclose()
+            self.warmer.close()
+
+    async def _status(self, _request: Request) -> Response:
+        data = await anyio.to_thread.run_sync(self.warmer.status)
+        return JSONResponse(data)
+
+    async def _ensure(self, body: bytes, user_agent: str) -> Outcome | None:
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            self.warmer.skipped("body is not JSON")
+            return None
+        if not isinstance(parsed, dict):
+            self.warmer.skipped("body is not a JSON object")
+            return None
+        found = warm_request_from_chat(parsed, self.config.markers, harness=user_agent)
+        if isinstance(found, PrefixSkip):
+            self.warmer.skipped(found.reason)
+            return None
+        return await anyio.to_thread.run_sync(self.warmer.ensure, found)
+
+    async def _forward(self, request: Request) -> Response:
+        http = self._http
+        if http is None:
+            raise RuntimeError("proxy used outside its lifespan")
+        body = await request.body()
+        outcome: Outcome | None = None
+        if request.method == "POST" and request.url.path in CHAT_PATHS:
+            outcome = await self._ensure(body, request.headers.get("user-agent", ""))
+        url = self.upstream + request.url.path
+        if request.url.query:
+            url += "?" + request.url.query
+        upstream_req = http.build_request(
+            request.method, url, headers=_end_to_end(request.headers.raw), content=body
+        )
+        try:
+            resp = await http.send(upstream_req, stream=True)
+        except httpx.HTTPError as exc:
+            self.warmer.log(f"upstream {self.upstream} unreachable: {exc!r}")
+            if outcome is not None:
+                self.warmer.observe(outcome, None)
+            error = {
+                "code": 502,
+                "message": f"pion llama proxy: upstream {self.upstream} unreachable: {exc}",
+                "type": "unavailable_error",
+            }
+            return JSONResponse({"error": error}, status_code=502)
+        scanner = None
+        if outcome is not None:
+            streaming = "text/event-stream" in resp.headers.get("content-type", "")
+            scanner = TimingsScanner(streaming)
+        response = StreamingResponse(
+            self._relay(resp, scanner, outcome), status_code=resp.status_code
+        )
+        # Upstream's headers in upstream's order. Content-Length stays: aiter_raw passes
+        # the bytes as sent (no decoding), so the length still holds.
+        response.raw_headers = [
+            (k, v)
+            for k, v in resp.headers.raw
+            if k.lower() not in _HOP_BY_HOP or k.lower() == b"content-length"
+        ]
+        return response
+
+    async def _relay(
+        self, resp: httpx.Response, scanner: TimingsScanner | None, outcome: Outcome | None
+    ) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in resp.aiter_raw():
+                if scanner is not None:
+                    scanner.feed(chunk)
+                yield chunk
+        finally:
+            await resp.aclose()
+            if scanner is not None and outcome is not None:
+                timings = scanner.close()
+                await anyio.to_thread.run_sync(self.warmer.observe, outcome, timings)
+
+
+def _uvicorn_options(host: str, port: int) -> dict[str, Any]:
+    # No Server/Date headers of our own: the upstream's pass through unchanged.
+    return {
+        "host": host,
+        "port": port,
+        "log_level": "warning",
+        "access_log": False,
+        "server_header": False,
+        "date_header": False,
+    }
+
+
+def serve(config: WarmerConfig, host: str = "127.0.0.1", port: int = 8089) -> None:
+    """Run the proxy in the foreground until interrupted."""
+    proxy = PrefixProxy(config)
+    proxy.warmer.log(
+        f"proxy listening on http://{host}:{port} → {config.base_url} "
+        f"(slot {config.slot}, persist {'on' if proxy.warmer.index else 'off'}, "
+        f"verify {config.verify})"
+    )
+    uvicorn.run(proxy.app, **_uvicorn_options(host, port))
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn on a background thread (real TCP); yield its URL."""
+    config = uvicorn.Config(app, **_uvicorn_options(host, port))
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="pion-llama-http", daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("server failed to start")
+        threading.Event().wait(0.01)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@contextlib.contextmanager
+def running_proxy(proxy: PrefixProxy, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Serve ``proxy`` on a background thread (tests, embedding); yield its base URL."""
+    with serve_in_thread(proxy.app, host, port) as url:
+        yield url

@@ -1,0 +1,102 @@
+"""Fixtures for the `pion llama` tests: a real llama-server and tiny generated models.
+
+The server binary comes from ``scripts/build-llama-server`` (a no-op once built; it builds
+when missing and the fixture fails loudly if it cannot: a run that skips these tests does
+not count). Models are generated once per session into a temporary dir, never committed.
+Each test gets its own server on a free port, ``-np 1``, a small context and its own
+``--slot-save-path``, so tests are independent and can run in any order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pion.llama.config import WarmerConfig
+from pion.llama.launcher import LlamaServerProcess
+from pion.llama.paths import ensure_llama_server
+from pion.llama.testmodel import ModelSpec, make_model
+
+# One thread: these machines are small and shared, and a tiny model gains nothing from
+# more threads that spin against each other.
+SERVER_THREADS = 1
+SERVER_CTX = 4096
+
+StartServer = Callable[..., LlamaServerProcess]
+
+
+@pytest.fixture(scope="session")
+def llama_bin() -> Path:
+    return ensure_llama_server()
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory: pytest.TempPathFactory, llama_bin: Path) -> Path:
+    # llama_bin first: the vocabulary comes from the source tree the build unpacks.
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(models_dir: Path) -> Path:
+    return make_model(models_dir / "tiny.gguf", ModelSpec())
+
+
+@pytest.fixture(scope="session")
+def other_model(models_dir: Path) -> Path:
+    """Same shape, other weights: a different model for foreign-file tests."""
+    return make_model(models_dir / "other.gguf", ModelSpec(seed=1, width=96, heads=4))
+
+
+@pytest.fixture(scope="session")
+def mamba_model(models_dir: Path) -> Path:
+    """A recurrent model: restores lose the context checkpoints on this build."""
+    return make_model(models_dir / "mamba.gguf", ModelSpec(arch="mamba"))
+
+
+@pytest.fixture
+def slot_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "slots"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def start_server(llama_bin: Path, tmp_path: Path, slot_dir: Path) -> Iterator[StartServer]:
+    """Start llama-servers for this test; all are stopped at teardown."""
+    started: list[LlamaServerProcess] = []
+
+    def start(model: Path, **kwargs: Any) -> LlamaServerProcess:
+        kwargs.setdefault("slot_dir", slot_dir)
+        kwargs.setdefault("ctx", SERVER_CTX)
+        kwargs.setdefault("threads", SERVER_THREADS)
+        server = LlamaServerProcess(
+            llama_bin, model, log_path=tmp_path / f"llama-server-{len(started)}.log", **kwargs
+        )
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def llama_server(start_server: StartServer, tiny_model: Path) -> LlamaServerProcess:
+    return start_server(tiny_model)
+
+
+@pytest.fixture
+def make_config(tmp_path: Path, slot_dir: Path) -> Callable[..., WarmerConfig]:
+    """A WarmerConfig logging to this test's own file; keyword arguments override."""
+
+    def make(server: LlamaServerProcess, **kwargs: Any) -> WarmerConfig:
+        kwargs.setdefault("persist", True)
+        kwargs.setdefault("slot_dir", slot_dir)
+        kwargs.setdefault("log_path", tmp_path / "prefix-cache.log")
+        kwargs.setdefault("timeout", 120.0)
+        return WarmerConfig(base_url=server.url, **kwargs)
+
+    return make
