@@ -1,0 +1,367 @@
+"""Every client operation as a sans-IO plan, shared by the sync and asyncio clients.
+
+A plan is a generator: it yields a *batch* (a list of commands to send pipelined, in
+one round trip) and is sent back the replies, in order, each a reply value or the
+:class:`~pion.client.errors.PionResponseError` the server answered for that command.
+It returns the operation's result or raises. The drivers in :mod:`.cache` and
+:mod:`.aio` only move batches over a connection (and follow worker redirects by
+running a fresh plan on the owner's port), so the logic here, the ``-COLDMISS`` retry
+included, exists once and is testable without a socket.
+
+Round trips per operation: one each, except ``fetch`` without ``n_tokens`` and
+``store`` of fp16 arrays (two: V.INFO first, then the data), and ``attend_query``
+after a ``-COLDMISS`` (three: query, WARM, query).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterable, Sequence
+from typing import Any, NamedTuple, TypeAlias, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from pion.client.errors import PionColdMiss, PionProtocolError, PionWrongWorker
+from pion.client.wire import (
+    Command,
+    Rows,
+    SessionLayout,
+    as_rows,
+    attend_sid,
+    blob,
+    decode_rows,
+    hash_array,
+    int_arg,
+    parse_attend_reply,
+    parse_blocks,
+    parse_fields,
+    parse_hit,
+    parse_membership,
+    parse_session_layout,
+    parse_stats,
+    parse_warm,
+    query_shape,
+    session_ids,
+    text,
+)
+
+__all__ = ["Arrays", "Plan", "Warmed"]
+
+T = TypeVar("T")
+Plan: TypeAlias = Generator[list[Command], list[object], T]
+Arrays: TypeAlias = list[npt.NDArray[np.float32]]
+
+
+class Warmed(NamedTuple):
+    """KV.PREFIX.WARM's reply: layers rehydrated, and layers skipped for their dim."""
+
+    layers: int
+    skipped_dim: int
+
+
+def check(reply: object) -> object:
+    """The reply, or raise the error the server answered instead."""
+    if isinstance(reply, BaseException):
+        raise reply
+    return reply
+
+
+def check_all(replies: Sequence[object]) -> list[object]:
+    """All replies of a batch, or raise: a worker redirect first (the driver follows
+    it by rerunning the plan), else the first error."""
+    errors = [r for r in replies if isinstance(r, BaseException)]
+    for error in errors:
+        if isinstance(error, PionWrongWorker):
+            raise error
+    if errors:
+        raise errors[0]
+    return list(replies)
+
+
+def _expect_ok(reply: object, what: str) -> None:
+    if text(check(reply)) != "OK":
+        raise PionProtocolError(f"{what}: expected +OK, got {text(reply)[:40]!r}")
+
+
+def _one(command: Command) -> Plan[object]:
+    replies = yield [command]
+    return check(replies[0])
+
+
+# -- registry ------------------------------------------------------------------------
+
+
+def _ms(value: float, what: str) -> int:
+    if value < 0:
+        raise ValueError(f"{what} must be >= 0, got {value}")
+    return round(value)
+
+
+def register(
+    ns: str,
+    kv_dim: int,
+    vquant: str,
+    *,
+    blocks: Sequence[int] | npt.NDArray[Any] | None,
+    block_size: int,
+    prefill_ms: float | None,
+) -> Plan[None]:
+    command: list[Any] = ["KV.PREFIX.REGISTER", ns, int_arg(kv_dim, "kv_dim"), vquant]
+    if blocks is not None:
+        hashes = hash_array(blocks)
+        command += ["BLOCKS", int_arg(block_size, "block_size"), len(hashes), blob(hashes)]
+    if prefill_ms is not None:
+        command += ["PREFILL_MS", _ms(prefill_ms, "prefill_ms")]
+    _expect_ok((yield from _one(tuple(command))), "KV.PREFIX.REGISTER")
+
+
+def lookup(ns: str, tokens: int | None, prefill_ms: float | None, stage2: bool) -> Plan[bool]:
+    command: list[Any] = ["KV.PREFIX.LOOKUP", ns]
+    if tokens is not None:
+        command += ["TOKENS", int_arg(tokens, "tokens")]
+    if prefill_ms is not None:
+        command += ["PREFILL_MS", _ms(prefill_ms, "prefill_ms")]
+    batch: list[Command] = [tuple(command)]
+    if stage2:
+        # Pion's rule: a Stage-2 hit needs the attention tier too (layer 0 probed).
+        batch.append(("ATTEND.PREFIX.LOOKUP", attend_sid(ns), 0))
+    replies = yield batch
+    if not parse_hit(check(replies[0]), "KV.PREFIX.LOOKUP"):
+        return False
+    return not stage2 or parse_hit(check(replies[1]), "ATTEND.PREFIX.LOOKUP")
+
+
+def drop(namespaces: Sequence[str]) -> Plan[int]:
+    if not namespaces:
+        raise ValueError("drop needs at least one namespace")
+    reply = yield from _one(("KV.PREFIX.DROP", *namespaces))
+    if not isinstance(reply, int):
+        raise PionProtocolError("KV.PREFIX.DROP: expected an integer")
+    return int(reply)
+
+
+def owner(ns: str) -> Plan[int]:
+    reply = yield from _one(("KV.PREFIX.OWNER", ns))
+    try:
+        return int(text(reply))
+    except ValueError:
+        raise PionProtocolError(f"KV.PREFIX.OWNER: unexpected {text(reply)[:40]!r}") from None
+
+
+def blocks(ns: str) -> Plan[tuple[int, npt.NDArray[np.uint64]] | None]:
+    return parse_blocks((yield from _one(("KV.PREFIX.BLOCKS", ns))))
+
+
+def membership(
+    ns: str, hashes: Sequence[int] | npt.NDArray[Any]
+) -> Plan[npt.NDArray[np.bool_] | None]:
+    probes = hash_array(hashes)
+    count = len(probes)
+    reply = yield from _one(("KV.PREFIX.MEMBERSHIP", ns, count, blob(probes.astype("<u8"))))
+    # A 7-byte bitmap can spell UNKNOWN; BLOCKS (never 7 bytes) tells them apart.
+    ambiguous = reply == b"UNKNOWN" and (count + 7) // 8 == len(reply)
+    if ambiguous and parse_blocks((yield from _one(("KV.PREFIX.BLOCKS", ns)))) is None:
+        return None
+    return parse_membership(reply, count)
+
+
+def info() -> Plan[dict[str, int | float | str]]:
+    return parse_fields((yield from _one(("KV.PREFIX.INFO",))))
+
+
+def save(path: str | None) -> Plan[None]:
+    command: Command = ("KV.PREFIX.SAVE",) if path is None else ("KV.PREFIX.SAVE", path)
+    _expect_ok((yield from _one(command)), "KV.PREFIX.SAVE")
+
+
+def commit() -> Plan[None]:
+    _expect_ok((yield from _one(("KV.PREFIX.COMMIT",))), "KV.PREFIX.COMMIT")
+
+
+def stats(reset: bool) -> Plan[dict[str, int | float]]:
+    if reset:
+        _expect_ok((yield from _one(("PION.STATS", "RESET"))), "PION.STATS RESET")
+        return {}
+    return parse_stats((yield from _one(("PION.STATS",))))
+
+
+# -- K/V rows ------------------------------------------------------------------------
+
+
+def _side_rows(arrays: Sequence[npt.ArrayLike], what: str) -> list[Rows]:
+    return [as_rows(a, f"{what}[{i}]") for i, a in enumerate(arrays)]
+
+
+def store(ns: str, keys: Sequence[npt.ArrayLike], values: Sequence[npt.ArrayLike]) -> Plan[int]:
+    """Every layer's K and V rows ``0 .. N-1`` in one pipeline; returns N."""
+    sides = (_side_rows(keys, "keys"), _side_rows(values, "values"))
+    if not sides[0] or len(sides[0]) != len(sides[1]):
+        raise ValueError(
+            f"keys and values need the same number (>= 1) of layers, got "
+            f"{len(sides[0])} and {len(sides[1])}"
+        )
+    n = int(sides[0][0].shape[0])
+    for rows in (*sides[0], *sides[1]):
+        if rows.shape[0] != n:
+            raise ValueError(f"every layer must hold the same {n} tokens, got {rows.shape[0]}")
+    sids = session_ids(ns)
+    layouts: tuple[SessionLayout, ...] | None = None
+    if any(rows.dtype == np.float16 for side in sides for rows in side):
+        # fp16 may travel as fp16 (half the bytes, stored verbatim) only into an fp16
+        # layer; V.INFO says which layers are.
+        replies = check_all((yield [("V.INFO", sid) for sid in sids]))
+        layouts = tuple(parse_session_layout(r) for r in replies)
+    batch: list[Command] = []
+    for side, (sid, side_rows) in enumerate(zip(sids, sides, strict=True)):
+        for layer, given in enumerate(side_rows):
+            half = given.dtype == np.float16
+            fp16_layer = layouts is not None and layouts[side].fmt(layer) == "fp16"
+            rows = given if fp16_layer or not half else given.astype("<f4")
+            tail: Command = ("FMT", "F16") if half and fp16_layer else ()
+            batch.append(("V.STOREBATCH", sid, layer, 0, n, blob(rows), *tail))
+    for reply in check_all((yield batch)):
+        _expect_ok(reply, "V.STOREBATCH")
+    return n
+
+
+def _data_commands(
+    sids: Sequence[str], n: int, picked: list[int] | None, count: int | None
+) -> list[Command]:
+    """V.FETCH of rows ``0 .. n-1``: BATCH per half (all layers, ``count`` of them
+    when known), or RANGE per picked layer; fp16 layers reply fp16 (half the bytes)."""
+    if picked is None:
+        layers: Command = () if count is None else (count,)
+        return [("V.FETCH", sid, "BATCH", 0, n, *layers, "FMT", "NATIVE") for sid in sids]
+    return [("V.FETCH", sid, i, "RANGE", 0, n, "FMT", "NATIVE") for sid in sids for i in picked]
+
+
+def fetch(
+    ns: str, n_tokens: int | None, layers: Iterable[int] | None
+) -> Plan[tuple[Arrays, Arrays]]:
+    """Rows ``0 .. n-1`` of every layer (or of ``layers``) of both halves, fp32.
+
+    With ``n_tokens`` the layouts (V.INFO, for each layer's dim) and the data go in one
+    round trip; without it V.INFO first says how many rows are stored."""
+    sids = session_ids(ns)
+    infos: list[Command] = [("V.INFO", sid) for sid in sids]
+    picked = None if layers is None else [int_arg(i, "layer") for i in layers]
+    if n_tokens is None:
+        layouts = [parse_session_layout(r) for r in check_all((yield infos))]
+        n = max(lay.max_tokens for lay in layouts)
+        if n == 0:
+            return [], []
+        count = max(lay.num_layers for lay in layouts)
+        data = check_all((yield _data_commands(sids, n, picked, count)))
+    else:
+        n = int_arg(n_tokens, "n_tokens")
+        if n < 1:
+            raise ValueError("n_tokens must be >= 1 (or None for every stored row)")
+        replies = yield [*infos, *_data_commands(sids, n, picked, None)]
+        layouts = [parse_session_layout(r) for r in check_all(replies[:2])]
+        if picked is None and not any(lay.tokens for lay in layouts):
+            return [], []  # BATCH refuses a session without rows: nothing stored yet
+        data = check_all(replies[2:])
+    if picked is not None:
+        half = len(picked)
+        k, v = (
+            [
+                decode_rows(data[s * half + j], n, layouts[s].dim(i), f"{sids[s]} layer {i}")
+                for j, i in enumerate(picked)
+            ]
+            for s in range(2)
+        )
+        return k, v
+    sides = []
+    for reply, sid in zip(data, sids, strict=True):
+        if not isinstance(reply, list):
+            raise PionProtocolError(f"V.FETCH {sid} BATCH: expected an array")
+        sides.append(reply)
+    # A half with fewer layers reads as zeros there, as rows never written do.
+    count = max(len(side) for side in sides)
+    k, v = (
+        [
+            decode_rows(r, n, layouts[s].dim(i), f"{sids[s]} layer {i}")
+            for i, r in enumerate(sides[s] + [None] * (count - len(sides[s])))
+        ]
+        for s in range(2)
+    )
+    return k, v
+
+
+# -- attention tier ------------------------------------------------------------------
+
+
+def warm(ns: str, n_heads: int, head_dim: int, sid: str | None) -> Plan[Warmed]:
+    command = (
+        "KV.PREFIX.WARM",
+        ns,
+        int_arg(n_heads, "n_heads"),
+        int_arg(head_dim, "head_dim"),
+        attend_sid(ns) if sid is None else sid,
+    )
+    return Warmed(*parse_warm((yield from _one(command))))
+
+
+def _heads_first(array: npt.ArrayLike, what: str) -> npt.NDArray[np.float32]:
+    a = np.ascontiguousarray(array, dtype="<f4")
+    if a.ndim != 3:
+        raise ValueError(f"{what}: expected [H, N, D], got shape {list(a.shape)}")
+    return a
+
+
+def attend_store(ns: str, layer: int, keys: npt.ArrayLike, values: npt.ArrayLike) -> Plan[None]:
+    k, v = _heads_first(keys, "keys"), _heads_first(values, "values")
+    if k.shape != v.shape:
+        raise ValueError(f"keys {list(k.shape)} and values {list(v.shape)} differ")
+    h, n, d = k.shape
+    command = (
+        "ATTEND.PREFIX.STORE",
+        attend_sid(ns),
+        int_arg(layer, "layer"),
+        h,
+        n,
+        d,
+        blob(k),
+        blob(v),
+    )
+    _expect_ok((yield from _one(command)), "ATTEND.PREFIX.STORE")
+
+
+def attend_query(
+    ns: str,
+    layer: int,
+    q: npt.ArrayLike,
+    *,
+    top_k: int,
+    fa_window: int | None,
+    on_rehydrate: Callable[[], None],
+) -> Plan[tuple[npt.NDArray[np.float32], npt.NDArray[np.float32] | None]]:
+    """ATTEND.PREFIX.QUERY; after ``-COLDMISS``: WARM, then retry once (Pion's rule).
+
+    Returns the output (shaped like ``q``) and, for M > 1, the LSE ``[H, M]``."""
+    query = np.ascontiguousarray(q, dtype="<f4")
+    h, m, d = query_shape(query)
+    if top_k < 1:
+        raise ValueError("top_k must be > 0 (the server ignores it: attention is dense)")
+    command: Command = (
+        "ATTEND.PREFIX.QUERY",
+        attend_sid(ns),
+        int_arg(layer, "layer"),
+        h,
+        d,
+        top_k,
+        blob(query),
+    )
+    if fa_window is not None:
+        command = (*command, int(fa_window))
+    reply = (yield [command])[0]
+    if isinstance(reply, PionColdMiss):
+        on_rehydrate()
+        (warmed,) = yield [("KV.PREFIX.WARM", ns, h, d, attend_sid(ns))]
+        if isinstance(warmed, BaseException):
+            raise reply from warmed
+        if parse_warm(warmed)[0] == 0:
+            raise reply
+        reply = (yield [command])[0]
+    out, lse = parse_attend_reply(check(reply), h, m, d, squeeze=m == 1)
+    return out.reshape(query.shape), lse
