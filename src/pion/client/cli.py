@@ -4,44 +4,20 @@ of a running server, as a table or JSON."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import click
-import redis
 from rich.console import Console
 from rich.table import Table
+
+from pion.client.cache import PionPromptCache
+from pion.client.errors import PionClientError
 
 __all__ = ["fetch_stats", "stats_command"]
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def _number(text: str) -> int | float | str:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
-def fetch_stats(r: redis.Redis) -> dict[str, dict[str, int | float | str]]:
+def fetch_stats(pc: PionPromptCache) -> dict[str, dict[str, int | float | str]]:
     """``{"receipt": PION.STATS fields, "registry": KV.PREFIX.INFO fields}``."""
-    raw = r.execute_command("PION.STATS")  # type: ignore[no-untyped-call]
-    if isinstance(raw, dict):
-        items = list(raw.items())
-    else:
-        items = list(zip(raw[::2], raw[1::2], strict=True))
-    receipt = {_text(k): _number(_text(v)) for k, v in items}
-    info = _text(r.execute_command("KV.PREFIX.INFO"))  # type: ignore[no-untyped-call]
-    registry: dict[str, int | float | str] = {}
-    for line in info.splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            registry[key] = _number(value)
-    return {"receipt": receipt, "registry": registry}
+    return {"receipt": dict(pc.stats()), "registry": pc.info()}
 
 
 def _table(title: str, rows: list[tuple[str, str]]) -> Table:
@@ -60,13 +36,11 @@ def _table(title: str, rows: list[tuple[str, str]]) -> Table:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def stats_command(host: str, port: int, password: str | None, as_json: bool) -> None:
     """Show what the cache saved (PION.STATS) and what it holds (KV.PREFIX.INFO)."""
-    r = redis.Redis(host=host, port=port, password=password, socket_timeout=10)
     try:
-        data = fetch_stats(r)
-    except redis.RedisError as exc:
+        with PionPromptCache(host, port, password=password, timeout=10) as pc:
+            data = fetch_stats(pc)
+    except (PionClientError, OSError) as exc:
         raise click.ClickException(f"{host}:{port}: {exc}") from None
-    finally:
-        r.close()
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
