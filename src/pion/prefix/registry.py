@@ -68,10 +68,8 @@ class PrefixRegistry:
         if not self.is_registered(ns):
             self.receipt.credit_miss()
             return False
-        k_info = vs.describe(k_sid(ns))
-        v_info = vs.describe(v_sid(ns))
-        layer0 = k_info.layer(0)
-        own_tokens = layer0.tpl if layer0 is not None else 0
+        own_tokens, k_bytes = vs.usage(k_sid(ns))
+        _, v_bytes = vs.usage(v_sid(ns))
         if tokens is not None:
             credit_tokens, credit_ms = tokens, prefill_ms or 0
         else:
@@ -79,7 +77,7 @@ class PrefixRegistry:
             credit_ms = prefill_ms if prefill_ms is not None else self._prefill_ms.get(ns, 0)
         # Bytes served: the namespace's stored bytes, scaled to the credited tokens
         # when the caller names a different count.
-        ns_bytes = k_info.nbytes + v_info.nbytes
+        ns_bytes = k_bytes + v_bytes
         if own_tokens > 0 and credit_tokens != own_tokens:
             ns_bytes = ns_bytes * credit_tokens // own_tokens
         self.receipt.credit_hit(credit_tokens, credit_ms, ns_bytes)
@@ -108,11 +106,7 @@ class PrefixRegistry:
         return out
 
     def total_prefix_tokens(self) -> int:
-        total = 0
-        for ns in self.registered():
-            layer0 = self.vstore.describe(k_sid(ns), touch=False).layer(0)
-            total += layer0.tpl if layer0 is not None else 0
-        return total
+        return sum(self.vstore.usage(k_sid(ns), touch=False)[0] for ns in self.registered())
 
     def _prune(self) -> None:
         # PREFILL_MS entries of namespaces the V-store evicted are dropped lazily, so

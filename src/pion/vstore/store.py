@@ -121,6 +121,15 @@ class VStore:
             self._touch(s)
         return s.info()
 
+    def usage(self, sid: bytes, *, touch: bool = True) -> tuple[int, int]:
+        """``(layer-0 tpl, stored bytes)`` of a session: what a registry hit credits,
+        without building a full :class:`SessionInfo` (LOOKUP's hot path)."""
+        s = self._get(sid)
+        if touch:
+            self._touch(s)
+        layer0 = s.layers.get(0)
+        return (layer0.tpl if layer0 is not None else 0), s.nbytes
+
     def layer_layout(self, sid: bytes, layer: int) -> tuple[int, Codec]:
         """The (dim, codec) a store into ``layer`` uses; raises if it cannot take rows."""
         return self._layout(self._get(sid), layer)
