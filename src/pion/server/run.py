@@ -1,5 +1,6 @@
-"""Starting and stopping a worker: build its state, bind its sockets, serve until a
-signal or SHUTDOWN, then shut down gracefully.
+"""Starting and stopping a worker: build its state, bind its sockets, recover its data
+directory while already listening (commands answer ``-LOADING`` meanwhile), serve until
+a signal or SHUTDOWN, then shut down gracefully.
 
 :func:`run` is the blocking entry point the CLI calls. :class:`ServerThread` runs the
 same server on an event loop in a background thread, for tests and embedding (bind
@@ -16,10 +17,12 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
+from types import ModuleType
 
 from pion.commands.state import ServerState
 from pion.config import ServerConfig
 from pion.errors import PionError
+from pion.persistence import Persistence, RecoveryAborted
 from pion.prefix.receipt import Receipt
 from pion.server.app import PionServer
 from pion.vstore import VStore
@@ -28,14 +31,25 @@ __all__ = ["ServerThread", "bind_socket", "build_state", "check_bind_safety", "r
 
 log = logging.getLogger("pion.server")
 
+_uvloop: ModuleType | None
+try:
+    import uvloop as _uvloop
+except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
+    _uvloop = None
+
 
 def build_state(config: ServerConfig) -> ServerState:
+    """The worker's state. Its persistence takes the data directory (a second server on
+    the same directory is refused here); the data itself is loaded by :func:`serve`."""
     vstore = VStore(
         config.vstore,
         max_sessions=config.vstore_max_sessions,
         maxmemory=config.maxmemory,
     )
-    return ServerState(config=config, vstore=vstore, receipt=Receipt(worker_id=config.worker_id))
+    state = ServerState(config=config, vstore=vstore, receipt=Receipt(worker_id=config.worker_id))
+    state.persistence = Persistence(config, vstore)
+    state.loading = True
+    return state
 
 
 def _is_loopback(host: str) -> bool:
@@ -71,30 +85,47 @@ async def serve(
     state: ServerState,
     sockets: list[socket.socket],
     on_ready: Callable[[PionServer], None] | None = None,
+    *,
+    on_listening: Callable[[PionServer], None] | None = None,
 ) -> None:
-    """Serve on already-bound sockets until shutdown is requested."""
+    """Serve on already-bound sockets until shutdown is requested.
+
+    The sockets accept connections at once; while the data directory is recovered,
+    commands answer ``-LOADING``. ``on_ready`` runs once recovery is done. A failed
+    recovery (``RecoveryError``) closes everything and propagates: startup stops."""
     server = PionServer(state)
     await server.start(sockets)
+    if on_listening is not None:
+        on_listening(server)
+    persistence = state.persistence
+    if isinstance(persistence, Persistence) and persistence.loading:
+        state.loading = True
+        try:
+            await persistence.recover()
+        except RecoveryAborted:
+            await server.wait_stopped()
+            return
+        except BaseException:
+            await server.shutdown()
+            raise
+        state.loading = False
+        persistence.start()
+    state.loading = False
     if on_ready is not None:
         on_ready(server)
     await server.wait_stopped()
 
 
 def _install_uvloop() -> None:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
-        return
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    if _uvloop is not None:
+        asyncio.set_event_loop_policy(_uvloop.EventLoopPolicy())
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
     """The loop production uses (uvloop where available), so tests exercise it too."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover
+    if _uvloop is None:  # pragma: no cover
         return asyncio.new_event_loop()
-    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    loop: asyncio.AbstractEventLoop = _uvloop.new_event_loop()
     return loop
 
 
@@ -114,7 +145,15 @@ def run(config: ServerConfig) -> int:
         # A machine-readable line for scripts and tests that start us on port 0.
         print(f"pion-server ready port={port}", flush=True)
 
-    asyncio.run(serve(state, [sock], ready))
+    def listening(server: PionServer) -> None:
+        # Printed before recovery: a supervisor may connect and watch -LOADING.
+        print(f"pion-server loading port={port}", flush=True)
+
+    try:
+        asyncio.run(serve(state, [sock], ready, on_listening=listening))
+    except PionError as exc:
+        log.critical("%s", exc.message)
+        raise
     log.info("pion-server stopped")
     return 0
 
@@ -131,12 +170,15 @@ class ServerThread:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: PionServer | None = None
         self._ready = threading.Event()
+        self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name="pion-server", daemon=True)
 
     def start(self) -> ServerThread:
         self._thread.start()
-        if not self._ready.wait(10):
+        if not self._ready.wait(60):
             raise RuntimeError("pion-server thread did not start")
+        if self._error is not None:
+            raise self._error
         return self
 
     def _main(self) -> None:
@@ -149,6 +191,9 @@ class ServerThread:
 
         try:
             loop.run_until_complete(serve(self.state, [self._sock], ready))
+        except BaseException as exc:  # handed to start(): recovery refused to load
+            self._error = exc
+            self._ready.set()
         finally:
             loop.close()
 

@@ -1,0 +1,83 @@
+"""Persistence commands: KV.PREFIX.SAVE (a snapshot) and KV.PREFIX.COMMIT (a
+durability barrier), DESIGN sections 4.3 and 6.
+
+SAVE is not flagged ``write``: it changes no data, and while the log is failing
+(``-MISCONF``) a successful SAVE is exactly what makes writes possible again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pion.commands.base import Args, Command, Context
+from pion.errors import MisconfError, PionError
+from pion.resp.reply import Reply, Simple
+
+__all__ = ["COMMANDS", "check_save_path"]
+
+_OK = Simple("OK")
+_SAVE = "KV.PREFIX.SAVE"
+# A path is a name inside the data directory, not a way out of it (DESIGN section 9).
+_MAX_PATH = 1024
+
+
+def _relative_error(reason: str) -> PionError:
+    return PionError(f"{_SAVE}: path must be relative to the data directory ({reason})")
+
+
+def check_save_path(raw: bytes) -> str:
+    """The relative path SAVE may write, or the error of DESIGN section 4.3."""
+    if not raw:
+        raise _relative_error("empty path")
+    if len(raw) > _MAX_PATH:
+        raise _relative_error(f"longer than {_MAX_PATH} bytes")
+    if any(b < 0x20 or b == 0x7F for b in raw):
+        raise _relative_error("control byte")
+    if raw.startswith(b"/"):
+        raise _relative_error("absolute path")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _relative_error("not valid UTF-8") from None
+    parts = text.split("/")
+    if ".." in parts:
+        raise _relative_error("'..' component")
+    if parts[-1] in ("", "."):
+        raise _relative_error("names a directory")
+    return text
+
+
+def _save(ctx: Context, args: Sequence[bytes]) -> Reply:
+    cur = Args(args, _SAVE)
+    path = None if cur.done() else check_save_path(cur.bytes("path"))
+    cur.expect_done()
+    persistence = ctx.state.persistence
+    if persistence is None:
+        raise PionError(f"{_SAVE}: persistence is not configured (no data directory)")
+    try:
+        persistence.save(path)
+    except PionError as exc:
+        raise PionError(f"{_SAVE}: {exc.message}") from None
+    return _OK
+
+
+def _commit(ctx: Context, args: Sequence[bytes]) -> Reply:
+    persistence = ctx.state.persistence
+    if persistence is None or not persistence.info().get("wal_enabled"):
+        raise PionError(
+            "KV.PREFIX.COMMIT: the write-ahead log is disabled (--no-wal); "
+            "use KV.PREFIX.SAVE for a snapshot"
+        )
+    refusal = persistence.write_refusal()
+    if refusal is not None:
+        raise MisconfError(refusal)
+    # sync() fsyncs the log up to its last record whatever the appendfsync policy,
+    # and raises MisconfError (answered -MISCONF) if the fsync fails.
+    persistence.sync()
+    return _OK
+
+
+COMMANDS: list[Command] = [
+    Command(_SAVE, _save, -1, frozenset({"admin"}), "Write an atomic snapshot"),
+    Command("KV.PREFIX.COMMIT", _commit, 1, frozenset(), "Wait until every write is durable"),
+]

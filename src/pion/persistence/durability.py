@@ -1,0 +1,297 @@
+"""The persistence layer as the server sees it: one :class:`Persistence` per worker
+implements ``pion.commands.state.Durability`` and is the V-store's journal.
+
+It owns the data directory of its worker (an exclusive ``flock`` on
+``pion.lock.<w>`` keeps a second server off the same files), recovery at start, the
+write-ahead log, snapshots, ``--save-interval`` and the way back from a failure.
+
+Failure and the way back. When the log fails (a write, an fsync, a rename that cannot
+be made durable) writes are refused with ``-MISCONF`` and reads keep working. The log
+file is then never trusted again: after a failed fsync the kernel may have dropped the
+dirty pages and cleared the error, so a later fsync that succeeds proves nothing. The
+only source of truth left is memory, so the way back is a full snapshot written from
+memory followed by a brand-new log. A once-a-second probe on the loop tries that when
+the file system reports room for it (``statvfs`` free space >= what the store holds
+plus a margin); a failed attempt backs off (2, 4 ... 30 s). ``KV.PREFIX.SAVE`` tries
+it at once. Under ``--no-wal`` nothing is promised between snapshots, so a failed
+snapshot is reported to its caller and in INFO but does not refuse writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+from pion.config import ServerConfig
+from pion.errors import MisconfError, PionError
+from pion.persistence import faults, recovery
+from pion.persistence.format import SnapshotHeader
+from pion.persistence.snapshot import write_snapshot
+from pion.persistence.wal import WriteAheadLog
+from pion.vstore import Mutation, VStore
+
+__all__ = ["Persistence", "lock_path", "snapshot_path", "wal_path"]
+
+log = logging.getLogger("pion.persistence")
+
+_TICK_S = 1.0
+_MAX_BACKOFF_S = 30.0
+# Room a re-established snapshot needs beyond the stored bytes: headers, records and
+# the new log's header, with slack for the file system's own blocks.
+_SAVE_MARGIN = 1 << 20
+
+
+def snapshot_path(data_dir: Path, worker: int) -> Path:
+    return data_dir / f"pion.vstore.{worker}"
+
+
+def wal_path(data_dir: Path, worker: int) -> Path:
+    return data_dir / f"pion.vstore.wal.{worker}"
+
+
+def lock_path(data_dir: Path, worker: int) -> Path:
+    return data_dir / f"pion.lock.{worker}"
+
+
+class Persistence:
+    """Durability for one worker; see the module docstring."""
+
+    def __init__(self, config: ServerConfig, store: VStore) -> None:
+        faults.install_from_env()
+        self.dir = Path(config.dir)
+        self.worker = config.worker_id
+        self.policy = config.appendfsync
+        self.save_interval = config.save_interval
+        self.store = store
+        self.snapshot_path = snapshot_path(self.dir, self.worker)
+        self.wal_path = wal_path(self.dir, self.worker)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock(lock_path(self.dir, self.worker))
+        self.wal = (
+            WriteAheadLog(self.wal_path, self.worker, self.policy) if config.wal_enabled else None
+        )
+        self.loading = True
+        self.closed = False
+        self.recovered = recovery.RecoveryResult()
+        self.changes = 0  # mutations since the last snapshot to the default path
+        self.last_save_time = 0
+        self.last_save_ok = True
+        self.snapshot_bytes = 0
+        self._base_seq = 0  # under --no-wal: the sequence number recovery ended at
+        self._last_save_mono = time.monotonic()
+        self._probe_at = 0.0
+        self._backoff = _TICK_S
+        self._tick_handle: asyncio.TimerHandle | None = None
+
+    # -- start -----------------------------------------------------------------------
+
+    async def recover(self) -> None:
+        """Load the snapshot and replay the log (yielding to the loop), then open the
+        log and become the store's journal. Raises RecoveryError / RecoveryAborted."""
+        res = await recovery.recover_async(
+            self.store, self.snapshot_path, self.wal_path, self.worker, lambda: self.closed
+        )
+        self._finish_recovery(res)
+
+    def recover_now(self) -> None:
+        """:meth:`recover` without an event loop (tools, benchmarks)."""
+        self._finish_recovery(
+            recovery.recover_sync(self.store, self.snapshot_path, self.wal_path, self.worker)
+        )
+
+    def _finish_recovery(self, res: recovery.RecoveryResult) -> None:
+        self.recovered = res
+        self.snapshot_bytes = res.snapshot_bytes
+        self._base_seq = res.last_seq
+        if self.wal is not None:
+            if res.wal_action == "continue":
+                self.wal.open(res.wal_bytes, res.last_seq)
+            else:
+                self.wal.reset(res.last_seq + 1)
+            self.wal.start_background()
+        self.store.journal = self
+        self.loading = False
+        log.info(
+            "recovered %d sessions from the snapshot (%d bytes) and replayed %d log records "
+            "in %.3f s",
+            res.snapshot_sessions,
+            res.snapshot_bytes,
+            res.replayed,
+            res.seconds,
+        )
+
+    def start(self) -> None:
+        """Start the once-a-second tick (save interval, failure probe) on this loop."""
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self.closed:
+            loop = asyncio.get_running_loop()
+            self._tick_handle = loop.call_later(_TICK_S, self._tick)
+
+    def _tick(self) -> None:
+        try:
+            now = time.monotonic()
+            if self.wal is not None and self.wal.failure is not None:
+                if now >= self._probe_at:
+                    self._probe()
+            elif (
+                self.save_interval > 0
+                and self.changes
+                and now - self._last_save_mono >= self.save_interval
+            ):
+                try:
+                    self.save(None)
+                except PionError as exc:
+                    log.error("automatic snapshot failed: %s", exc.message)
+                    self._last_save_mono = now  # try again after a full interval
+        finally:
+            self._schedule()
+
+    def _probe(self) -> None:
+        need = self.store.vstore_bytes + _SAVE_MARGIN
+        if shutil.disk_usage(self.dir).free < need:
+            return
+        try:
+            self.save(None)
+        except PionError as exc:
+            self._probe_at = time.monotonic() + self._backoff
+            log.warning("the log is still failing (%s); next try in %.0f s", exc, self._backoff)
+            self._backoff = min(self._backoff * 2, _MAX_BACKOFF_S)
+            return
+        self._backoff = _TICK_S
+        log.warning("persistence restored: snapshot and a new log written; accepting writes")
+
+    # -- the journal -----------------------------------------------------------------
+
+    def append(self, m: Mutation) -> None:
+        if self.wal is not None:
+            self.wal.append(m)
+        self.changes += 1
+
+    # -- Durability ------------------------------------------------------------------
+
+    def write_refusal(self) -> str | None:
+        if self.wal is not None and self.wal.failure is not None:
+            return self.wal.refusal()
+        return None
+
+    def needs_sync(self) -> bool:
+        return self.wal is not None and self.wal.needs_sync()
+
+    def sync(self) -> None:
+        """fsync the log up to the last record (group commit, KV.PREFIX.COMMIT)."""
+        if self.wal is not None:
+            self.wal.sync()
+
+    def commit(self) -> None:
+        """KV.PREFIX.COMMIT: everything acknowledged so far is on stable storage when
+        this returns; raises PionError under --no-wal, MisconfError when failing."""
+        if self.wal is None:
+            raise PionError("the write-ahead log is disabled (--no-wal); use KV.PREFIX.SAVE")
+        if self.wal.failure is not None:
+            raise MisconfError(self.wal.refusal())
+        self.wal.sync()
+
+    def save(self, path: str | None = None) -> None:
+        """Snapshot to ``path`` (relative to the data directory; default
+        ``pion.vstore.<w>``). Saving to the default path then resets the log, and is
+        how a failed log is replaced."""
+        if self.loading:
+            raise PionError("cannot save while the dataset is loading")
+        if self.closed:
+            raise PionError("persistence is closed")
+        target = self.snapshot_path if path is None else self._resolve(path)
+        default = target == self.snapshot_path
+        covered = self.wal.last_seq if self.wal is not None else self._base_seq
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            stats = write_snapshot(self.store, target, SnapshotHeader(self.worker, covered))
+            if default and self.wal is not None:
+                self.wal.reset(covered + 1)
+        except OSError as exc:
+            if default:
+                self.last_save_ok = False
+            log.error("snapshot to %s failed: %s", target, exc)
+            raise PionError(f"snapshot to {target.name} failed: {exc.strerror or exc}") from None
+        if default:
+            self.changes = 0
+            self.last_save_ok = True
+            self.last_save_time = int(time.time())
+            self._last_save_mono = time.monotonic()
+            self.snapshot_bytes = stats.bytes
+        log.info("snapshot %s: %d sessions, %d bytes", target, stats.sessions, stats.bytes)
+
+    def _resolve(self, relative: str) -> Path:
+        # The command checked the text; this is the last line of defence against a
+        # path (or a symlink inside the directory) leading out of it.
+        root = self.dir.resolve()
+        target = (root / relative).resolve()
+        if root not in target.parents:
+            raise PionError("path must stay inside the data directory")
+        if target in (self.wal_path.resolve(), lock_path(self.dir, self.worker).resolve()):
+            raise PionError("path names a file the server owns (the log or its lock)")
+        return target
+
+    def close(self) -> None:
+        """Stop the tick, flush and fsync the log, release the directory. A log that
+        is failing is first replaced from memory if the disk allows it: under everysec
+        the writes acknowledged since its last good fsync exist nowhere else."""
+        if self.closed:
+            return
+        if self.wal is not None and self.wal.failure is not None and not self.loading:
+            try:
+                self.save(None)
+            except PionError as exc:
+                log.error(
+                    "shutting down with a failed log and no snapshot (%s): writes "
+                    "acknowledged since its last good fsync may be lost",
+                    exc.message,
+                )
+        self.closed = True
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+        try:
+            if self.wal is not None:
+                self.wal.close()
+        finally:
+            os.close(self._lock_fd)
+
+    def info(self) -> dict[str, int | str]:
+        wal = self.wal
+        ok = "ok" if wal is None or wal.failure is None else "err"
+        return {
+            "wal_enabled": int(wal is not None),
+            "wal_bytes": wal.size if wal is not None else 0,
+            "wal_appended": wal.appended if wal is not None else 0,
+            "wal_replayed": self.recovered.replayed,
+            "wal_seq": wal.last_seq if wal is not None else self._base_seq,
+            "appendfsync": self.policy,
+            "wal_status": ok,
+            "snapshot_bytes": self.snapshot_bytes,
+            "recovery_ms": int(self.recovered.seconds * 1000),
+            # The Redis names monitoring tools already read.
+            "aof_enabled": int(wal is not None),
+            "aof_last_write_status": ok,
+            "rdb_changes_since_last_save": self.changes,
+            "rdb_last_save_time": self.last_save_time,
+            "rdb_last_bgsave_status": "ok" if self.last_save_ok else "err",
+        }
+
+
+def _lock(path: Path) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise PionError(
+            f"data directory {path.parent} is in use by another pion-server ({path.name} "
+            "is locked); give each server (and worker) its own --dir"
+        ) from None
+    return fd

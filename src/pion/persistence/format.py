@@ -1,0 +1,370 @@
+"""The on-disk formats of the write-ahead log and the snapshot, byte by byte.
+
+Both files are a fixed header followed by records in one shared framing. Every integer
+is little-endian, whatever the host. Tags (magics, op codes, reasons, format ids) are
+frozen: a value is never reused or renumbered, and 0 is never assigned, so a zeroed
+region can never read as a valid tag.
+
+Write-ahead log ``pion.vstore.wal.<w>`` (header 32 bytes)::
+
+    off  size  field
+    0    8     magic       b"\\x93PIONWAL"
+    8    2     u16 version 1
+    10   2     u16 flags   0 (a reader refuses any bit it does not know)
+    12   4     u32 worker  the worker id that owns the file
+    16   8     u64 start   the sequence number of the first record this file holds
+    24   4     u32 zero    reserved, 0
+    28   4     u32 crc32c  of bytes 0..28
+
+The log is created (and reset after a snapshot) by writing this header to a temp file,
+fsyncing it and renaming it into place, so a header is never torn.
+
+Snapshot ``pion.vstore.<w>`` (header 40 bytes)::
+
+    0    8     magic       b"\\x93PIONSNP"
+    8    2     u16 version 1
+    10   2     u16 flags   0
+    12   4     u32 worker
+    16   8     u64 covered the last log sequence number whose effect the snapshot holds
+                           (0: none). Recovery skips log records with seq <= covered,
+                           so a crash between the snapshot's rename and the log's reset
+                           never applies a record twice.
+    24   8     u64 created unix time in milliseconds (informational)
+    32   4     u32 zero    reserved, 0
+    36   4     u32 crc32c  of bytes 0..36
+
+Record (both files; 21 + len bytes)::
+
+    0    4     u32 len     payload length, <= MAX_PAYLOAD (checked before allocating,
+                           and against the bytes left in the file)
+    4    1     u8  op      see OPS below
+    5    8     u64 seq     log: consecutive from the header's ``start``;
+                           snapshot: the record's ordinal, from 0
+    13   4     u32 hcrc    crc32c of bytes 0..13
+    17   len   payload
+    17+len 4   u32 crc32c  of the payload
+
+The header has its own CRC so that a length is trusted only when it is intact: a bit
+flip in a length can never make a reader skip valid records or swallow the tail.
+
+Op codes and payloads. ``sid`` is ``[u16 n][n bytes]``, n in 1..MAX_SID_LEN; ``fmt``
+is a u8 id of :mod:`pion.codecs.registry` (frozen there)::
+
+    1  CREATE  sid, u32 default_dim, u8 default_fmt, u16 n (0: uniform session),
+               then n x (u8 fmt, u32 dim) for a SCHEMA session of n layers
+    2  STORE   sid, u16 layer, u32 start, u32 count, u8 fmt, u32 dim, u64 nbytes,
+               then nbytes of rows already in the stored format (replay never
+               quantizes again); nbytes must equal the rest of the payload
+    3  DROP    sid, u8 reason (1 a client drop, 2 an LRU/budget eviction)
+    4  BLOCKS  sid, u32 block_size, u32 count, then count x u64 hashes in token order
+    127 END    snapshot only, last: u64 records before it, u64 sessions
+    5, 6       reserved for SSM state (store, drop)
+
+A snapshot is, per session in LRU order (least recent first, so loading restores the
+order): CREATE, one or more STOREs per layer holding rows 0..tpl in pieces of at most
+SNAPSHOT_CHUNK bytes (highest rows first, so the first piece sizes the layer's buffer
+exactly), then BLOCKS when the session has a table; then END and end of file.
+
+Records hold no Python objects; this module turns them into the store's mutations
+(:mod:`pion.vstore.mutations`) and back. Reading them from files is ``reader.py``.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, TypeAlias
+
+import google_crc32c
+
+from pion.codecs import codec_by_id, get_codec
+from pion.errors import PionError
+from pion.vstore import MAX_SID_LEN, CreateSession, DropSession, Mutation, SetBlocks, StoreRows
+from pion.vstore.mutations import DropReason
+
+__all__ = [
+    "END",
+    "MAX_PAYLOAD",
+    "OPS",
+    "RECORD_HEAD",
+    "RECORD_OVERHEAD",
+    "SNAPSHOT_CHUNK",
+    "SNAPSHOT_HEADER",
+    "SNAP_MAGIC",
+    "VERSION",
+    "WAL_HEADER",
+    "WAL_MAGIC",
+    "Buffer",
+    "FormatError",
+    "SnapshotHeader",
+    "WalHeader",
+    "crc32c",
+    "decode_mutation",
+    "encode_end",
+    "encode_record",
+    "op_of",
+]
+
+Buffer: TypeAlias = bytes | bytearray | memoryview
+
+WAL_MAGIC: Final = b"\x93PIONWAL"
+SNAP_MAGIC: Final = b"\x93PIONSNP"
+VERSION: Final = 1
+
+OP_CREATE: Final = 1
+OP_STORE: Final = 2
+OP_DROP: Final = 3
+OP_BLOCKS: Final = 4
+END: Final = 127
+OPS: Final = {OP_CREATE: "CREATE", OP_STORE: "STORE", OP_DROP: "DROP", OP_BLOCKS: "BLOCKS"}
+
+_REASONS: Final[dict[DropReason, int]] = {"drop": 1, "evict": 2}
+_REASON_NAMES: Final[dict[int, DropReason]] = {v: k for k, v in _REASONS.items()}
+
+# One record's payload. A STOREBATCH is one record and is bounded by the protocol's
+# bulk limit (512 MB, Redis's proto-max-bulk-len); 1 GiB leaves room for metadata and
+# still bounds what a damaged length could make a reader allocate.
+MAX_PAYLOAD: Final = 1 << 30
+# Snapshot pieces of a layer: big enough that per-record overhead vanishes, small
+# enough that a 3 GB layer never needs one 3 GB read buffer.
+SNAPSHOT_CHUNK: Final = 64 << 20
+
+WAL_HEADER: Final = struct.Struct("<8sHHIQI")  # + u32 crc = 32 bytes
+SNAPSHOT_HEADER: Final = struct.Struct("<8sHHIQQI")  # + u32 crc = 40 bytes
+RECORD_HEAD: Final = struct.Struct("<IBQ")  # + u32 hcrc = 17 bytes
+_U32: Final = struct.Struct("<I")
+RECORD_OVERHEAD: Final = RECORD_HEAD.size + 8  # hcrc and payload crc
+
+_SID: Final = struct.Struct("<H")
+_CREATE: Final = struct.Struct("<IBH")
+_SCHEMA_ENTRY: Final = struct.Struct("<BI")
+_STORE: Final = struct.Struct("<HIIBIQ")
+_DROP: Final = struct.Struct("<B")
+_BLOCKS: Final = struct.Struct("<II")
+_END: Final = struct.Struct("<QQ")
+
+# google_crc32c's C extension parses its argument with "y#", which refuses anything
+# with a buffer-release hook (memoryview, numpy, bytearray): only bytes. Large buffers
+# are fed as cache-sized bytes slices, so no payload is ever copied whole.
+_CRC_SLICE = 256 << 10
+
+
+class FormatError(PionError):
+    """A header or payload that does not follow this specification."""
+
+
+def crc32c(data: Buffer, crc: int = 0) -> int:
+    """CRC-32C (Castagnoli) of ``data``, continuing from ``crc``."""
+    if isinstance(data, bytes):
+        return int(google_crc32c.extend(crc, data))
+    view = memoryview(data).cast("B")
+    for i in range(0, len(view), _CRC_SLICE):
+        crc = google_crc32c.extend(crc, bytes(view[i : i + _CRC_SLICE]))
+    return crc
+
+
+# -- headers -----------------------------------------------------------------------
+
+
+def _check_header(raw: bytes, magic: bytes, size: int, what: str) -> tuple[int, ...]:
+    if len(raw) < size:
+        raise FormatError(f"{what} header is truncated ({len(raw)} of {size} bytes)")
+    if raw[:8] != magic:
+        raise FormatError(f"not a Pion {what} (bad magic {raw[:8]!r})")
+    (crc,) = _U32.unpack_from(raw, size - 4)
+    if crc32c(raw[: size - 4]) != crc:
+        raise FormatError(f"{what} header checksum mismatch")
+    fields: tuple[int, ...] = struct.unpack_from(
+        "<HHIQQI" if magic == SNAP_MAGIC else "<HHIQI", raw, 8
+    )
+    version, flags = fields[0], fields[1]
+    if version != VERSION:
+        raise FormatError(f"{what} version {version} is not supported (this build reads 1)")
+    if flags != 0:
+        raise FormatError(f"{what} header has unknown flags {flags:#x}")
+    return fields
+
+
+@dataclass(frozen=True, slots=True)
+class WalHeader:
+    worker: int
+    start: int
+
+    def encode(self) -> bytes:
+        raw = WAL_HEADER.pack(WAL_MAGIC, VERSION, 0, self.worker, self.start, 0)
+        return raw + _U32.pack(crc32c(raw))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> WalHeader:
+        fields = _check_header(raw, WAL_MAGIC, WAL_HEADER.size + 4, "write-ahead log")
+        return cls(worker=fields[2], start=fields[3])
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotHeader:
+    worker: int
+    covered: int
+    created_ms: int = 0
+
+    def encode(self) -> bytes:
+        created = self.created_ms or int(time.time() * 1000)
+        raw = SNAPSHOT_HEADER.pack(SNAP_MAGIC, VERSION, 0, self.worker, self.covered, created, 0)
+        return raw + _U32.pack(crc32c(raw))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> SnapshotHeader:
+        fields = _check_header(raw, SNAP_MAGIC, SNAPSHOT_HEADER.size + 4, "snapshot")
+        return cls(worker=fields[2], covered=fields[3], created_ms=fields[4])
+
+
+# -- records -----------------------------------------------------------------------
+
+
+def record_head(length: int, op: int, seq: int) -> bytes:
+    """The 17-byte record header (length, op, seq, header CRC)."""
+    raw = RECORD_HEAD.pack(length, op, seq)
+    return raw + _U32.pack(crc32c(raw))
+
+
+def _sid(sid: bytes) -> bytes:
+    if not 1 <= len(sid) <= MAX_SID_LEN:
+        raise FormatError(f"session id of {len(sid)} bytes (want 1..{MAX_SID_LEN})")
+    return _SID.pack(len(sid)) + sid
+
+
+def _fmt_id(name: str) -> int:
+    try:
+        return get_codec(name).format_id
+    except KeyError:
+        raise FormatError(f"unknown format {name!r}") from None
+
+
+def op_of(m: Mutation) -> int:
+    if isinstance(m, CreateSession):
+        return OP_CREATE
+    if isinstance(m, StoreRows):
+        return OP_STORE
+    if isinstance(m, DropSession):
+        return OP_DROP
+    return OP_BLOCKS
+
+
+def _encode_payload(m: Mutation) -> tuple[bytes, memoryview | None]:
+    """The payload as (fixed part, bulk data or None); the bulk is never copied."""
+    if isinstance(m, CreateSession):
+        schema = m.schema or ()
+        fixed = _sid(m.sid) + _CREATE.pack(m.default_dim, _fmt_id(m.default_fmt), len(schema))
+        return fixed + b"".join(_SCHEMA_ENTRY.pack(_fmt_id(f), d) for f, d in schema), None
+    if isinstance(m, StoreRows):
+        data = memoryview(m.data).cast("B")
+        fixed = _STORE.pack(m.layer, m.start, m.count, m.format_id, m.dim, len(data))
+        return _sid(m.sid) + fixed, data
+    if isinstance(m, DropSession):
+        return _sid(m.sid) + _DROP.pack(_REASONS[m.reason]), None
+    hashes = memoryview(m.hashes).cast("B")
+    if len(hashes) % 8:
+        raise FormatError(f"block hashes of {len(hashes)} bytes (not a multiple of 8)")
+    return _sid(m.sid) + _BLOCKS.pack(m.block_size, len(hashes) // 8), hashes
+
+
+def encode_record(seq: int, m: Mutation) -> tuple[list[Buffer], int]:
+    """The buffers of one record, ready for ``os.writev``, and their total size. Bulk
+    data (STORE rows, BLOCKS hashes) is passed through as a view, not copied."""
+    fixed, bulk = _encode_payload(m)
+    length = len(fixed) + (len(bulk) if bulk is not None else 0)
+    if length > MAX_PAYLOAD:
+        raise PionError(
+            f"a single write of {length} bytes exceeds the write-ahead log's record "
+            f"limit of {MAX_PAYLOAD} bytes; send it in smaller batches"
+        )
+    crc = crc32c(fixed)
+    parts: list[Buffer] = [record_head(length, op_of(m), seq), fixed]
+    if bulk is not None and len(bulk):
+        crc = crc32c(bulk, crc)
+        parts.append(bulk)
+    parts.append(_U32.pack(crc))
+    return parts, RECORD_OVERHEAD + length
+
+
+def encode_end(seq: int, records: int, sessions: int) -> bytes:
+    payload = _END.pack(records, sessions)
+    return record_head(len(payload), END, seq) + payload + _U32.pack(crc32c(payload))
+
+
+def decode_end(payload: Buffer) -> tuple[int, int]:
+    if len(payload) != _END.size:
+        raise FormatError(f"END payload of {len(payload)} bytes (want {_END.size})")
+    records, sessions = _END.unpack(payload)
+    return int(records), int(sessions)
+
+
+class _Cursor:
+    """Bounds-checked reads over one payload; every overrun is a FormatError."""
+
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: memoryview) -> None:
+        self.buf = buf
+        self.pos = 0
+
+    def unpack(self, st: struct.Struct) -> tuple[int, ...]:
+        if self.pos + st.size > len(self.buf):
+            raise FormatError("payload is shorter than its fields")
+        out: tuple[int, ...] = st.unpack_from(self.buf, self.pos)
+        self.pos += st.size
+        return out
+
+    def take(self, n: int) -> memoryview:
+        if self.pos + n > len(self.buf):
+            raise FormatError(f"payload is shorter than its {n}-byte field")
+        out = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def sid(self) -> bytes:
+        (n,) = self.unpack(_SID)
+        if not 1 <= n <= MAX_SID_LEN:
+            raise FormatError(f"session id length {n} (want 1..{MAX_SID_LEN})")
+        return bytes(self.take(n))
+
+    def done(self) -> None:
+        if self.pos != len(self.buf):
+            raise FormatError(f"{len(self.buf) - self.pos} trailing payload bytes")
+
+
+def _fmt_name(format_id: int) -> str:
+    try:
+        return codec_by_id(format_id).name
+    except KeyError:
+        raise FormatError(f"unknown format id {format_id}") from None
+
+
+def decode_mutation(op: int, payload: Buffer) -> Mutation:
+    """The mutation a record holds. STORE rows and BLOCKS hashes are views of
+    ``payload`` (no copy): keep ``payload`` alive while the mutation is used."""
+    cur = _Cursor(memoryview(payload).cast("B"))
+    sid = cur.sid()
+    m: Mutation
+    if op == OP_CREATE:
+        default_dim, fmt, n = cur.unpack(_CREATE)
+        entries: Sequence[tuple[int, ...]] = [cur.unpack(_SCHEMA_ENTRY) for _ in range(n)]
+        schema = tuple((_fmt_name(f), d) for f, d in entries) if n else None
+        m = CreateSession(sid, default_dim, _fmt_name(fmt), schema)
+    elif op == OP_STORE:
+        layer, start, count, fmt, dim, nbytes = cur.unpack(_STORE)
+        _fmt_name(fmt)
+        m = StoreRows(sid, layer, start, count, fmt, dim, cur.take(nbytes))
+    elif op == OP_DROP:
+        (reason,) = cur.unpack(_DROP)
+        if reason not in _REASON_NAMES:
+            raise FormatError(f"unknown drop reason {reason}")
+        m = DropSession(sid, _REASON_NAMES[reason])
+    elif op == OP_BLOCKS:
+        block_size, count = cur.unpack(_BLOCKS)
+        m = SetBlocks(sid, block_size, cur.take(count * 8))
+    else:
+        raise FormatError(f"unknown op code {op}")
+    cur.done()
+    return m

@@ -1,0 +1,170 @@
+"""Snapshots: the whole V-store in one file, written atomically, read back fast.
+
+Writing (``KV.PREFIX.SAVE``, ``SHUTDOWN SAVE``, ``--save-interval``)::
+
+    1. open   <path>.tmp                  (O_TRUNC, mode 0600)
+    2. write  header, then every record   (each write checked; short writes continued)
+    3. fsync  the temp file
+    4. rename <path>.tmp -> <path>        (atomic: readers see the old or the new file)
+    5. fsync  the directory               (makes the rename durable)
+
+and only then may the caller reset the log (``wal.py``). A failure at steps 1-4 removes
+the temp file and leaves the previous snapshot and the log as they were. Records are
+the store's own mutations (``VStore.dump``) in the framing of ``format.py``: the same
+decoder and the same replay path serve the log and the snapshot, and a layer's rows go
+out as views of the live buffers, never copied. The store is read on the event-loop
+thread, so the snapshot is a consistent cut at one log sequence number; it blocks the
+worker for about the time the disk takes to absorb the bytes (like Redis's ``SAVE``).
+
+Reading: payloads go straight from the file into numpy buffers (``reader.py``) and
+through ``VStore.apply``; a layer's first record carries its highest rows, so the
+first write sizes the layer's buffer exactly and later pieces never reallocate it.
+A snapshot is renamed into place complete, so unlike the log it is never torn: any
+damage is corruption and stops startup.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from pion.persistence import faults
+from pion.persistence.files import fsync_dir, write_all
+from pion.persistence.format import (
+    END,
+    SNAPSHOT_CHUNK,
+    SNAPSHOT_HEADER,
+    Buffer,
+    FormatError,
+    SnapshotHeader,
+    decode_end,
+    decode_mutation,
+    encode_end,
+    encode_record,
+)
+from pion.persistence.reader import LogDamage, read_records
+from pion.vstore import CreateSession, Mutation, StoreRows, VStore
+
+__all__ = ["SNAPSHOT_HEADER_SIZE", "SnapshotStats", "iter_snapshot", "write_snapshot"]
+
+SNAPSHOT_HEADER_SIZE = SNAPSHOT_HEADER.size + 4
+# Small records are gathered and written together; large payloads go out on their own.
+_FLUSH_BYTES = 1 << 20
+_FLUSH_PARTS = 512  # well under IOV_MAX (1024 on Linux)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotStats:
+    path: Path
+    covered: int
+    sessions: int
+    records: int
+    bytes: int
+
+
+def _pieces(m: Mutation) -> Iterator[Mutation]:
+    """``m``, with a layer's rows split into records of at most SNAPSHOT_CHUNK bytes,
+    highest rows first (see the module docstring)."""
+    if not isinstance(m, StoreRows) or m.count <= 1:
+        yield m
+        return
+    data = memoryview(m.data).cast("B")
+    row_bytes = len(data) // m.count
+    per = max(1, SNAPSHOT_CHUNK // max(1, row_bytes))
+    for first in reversed(range(0, m.count, per)):
+        n = min(per, m.count - first)
+        chunk = data[first * row_bytes : (first + n) * row_bytes]
+        yield StoreRows(m.sid, m.layer, m.start + first, n, m.format_id, m.dim, chunk)
+
+
+class _Writer:
+    """Batches small buffers into one writev; every write is checked."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.parts: list[Buffer] = []
+        self.pending = 0
+        self.written = 0
+
+    def add(self, parts: list[Buffer], size: int) -> None:
+        self.parts.extend(parts)
+        self.pending += size
+        if self.pending >= _FLUSH_BYTES or len(self.parts) >= _FLUSH_PARTS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.parts:
+            self.written += write_all(self.fd, self.parts, self.pending)
+            self.parts, self.pending = [], 0
+
+
+def write_snapshot(store: VStore, path: Path, header: SnapshotHeader) -> SnapshotStats:
+    """Write the store to ``path`` atomically (steps 1-5 of the module docstring)."""
+    tmp = path.with_name(path.name + ".tmp")
+    faults.fault("snapshot_open")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        out = _Writer(fd)
+        raw = header.encode()
+        out.add([raw], len(raw))
+        out.flush()
+        faults.fault("snapshot_write")
+        records = sessions = 0
+        for m in store.dump():
+            sessions += isinstance(m, CreateSession)
+            for piece in _pieces(m):
+                parts, size = encode_record(records, piece)
+                out.add(parts, size)
+                records += 1
+        end = encode_end(records, records, sessions)
+        out.add([end], len(end))
+        out.flush()
+        faults.fault("snapshot_fsync")
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    try:
+        faults.fault("snapshot_rename")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    faults.fault("snapshot_fsync_dir")
+    fsync_dir(path.parent)
+    return SnapshotStats(path, header.covered, sessions, records + 1, out.written)
+
+
+def iter_snapshot(f: BinaryIO, size: int) -> Iterator[tuple[int, Mutation]]:
+    """The (offset, mutation) pairs of an open snapshot positioned after its header;
+    raises FormatError (with the offset) on any damage, a missing END record or bytes
+    after it."""
+    offset = SNAPSHOT_HEADER_SIZE
+    sessions = 0
+    try:
+        for rec in read_records(f, offset, size, 0, snapshot=True):
+            if rec.op == END:
+                records, want_sessions = decode_end(rec.payload)
+                if records != rec.seq or want_sessions != sessions:
+                    raise FormatError(
+                        f"END at offset {rec.offset} counts {records} records and "
+                        f"{want_sessions} sessions, the file holds {rec.seq} and {sessions}"
+                    )
+                if rec.end != size:
+                    raise FormatError(f"{size - rec.end} bytes after END at offset {rec.end}")
+                return
+            try:
+                m = decode_mutation(rec.op, rec.payload)
+            except FormatError as exc:
+                raise FormatError(f"record at offset {rec.offset}: {exc.message}") from None
+            sessions += isinstance(m, CreateSession)
+            yield rec.offset, m
+    except LogDamage as exc:
+        d = exc.damage
+        raise FormatError(f"damaged record at offset {d.offset}: {d.reason}") from None
+    raise FormatError(f"no END record: the snapshot is incomplete ({size} bytes)")

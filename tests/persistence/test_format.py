@@ -1,0 +1,169 @@
+"""The byte-level format: golden bytes (the layout is frozen), round trips of every
+mutation, and refusal of malformed or oversized input before allocation."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import numpy as np
+import pytest
+
+from pion.persistence import format as fmt
+from pion.persistence.format import (
+    FormatError,
+    SnapshotHeader,
+    WalHeader,
+    crc32c,
+    decode_mutation,
+    encode_record,
+)
+from pion.persistence.reader import LogDamage, read_records
+from pion.vstore import CreateSession, DropSession, SetBlocks, StoreRows
+
+
+def _join(parts: list[fmt.Buffer]) -> bytes:
+    return b"".join(bytes(p) for p in parts)
+
+
+def test_crc32c_is_castagnoli() -> None:
+    assert crc32c(b"123456789") == 0xE3069283
+    big = np.arange(1 << 20, dtype=np.uint32).view(np.uint8)
+    assert crc32c(memoryview(big)) == crc32c(big.tobytes())
+    assert crc32c(b"6789", crc32c(b"12345")) == crc32c(b"123456789")
+
+
+def test_wal_header_golden() -> None:
+    raw = WalHeader(worker=3, start=42).encode()
+    assert len(raw) == 32
+    assert raw[:8] == b"\x93PIONWAL"
+    assert raw[8:28] == struct.pack("<HHIQI", 1, 0, 3, 42, 0)
+    assert raw[28:] == struct.pack("<I", crc32c(raw[:28]))
+    assert WalHeader.decode(raw) == WalHeader(3, 42)
+
+
+def test_snapshot_header_golden() -> None:
+    raw = SnapshotHeader(worker=1, covered=7, created_ms=1234).encode()
+    assert len(raw) == 40
+    assert raw[:8] == b"\x93PIONSNP"
+    assert raw[8:36] == struct.pack("<HHIQQI", 1, 0, 1, 7, 1234, 0)
+    assert SnapshotHeader.decode(raw) == SnapshotHeader(1, 7, 1234)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "error"),
+    [
+        (lambda b: b[:31], "truncated"),
+        (lambda b: b"X" + b[1:], "bad magic"),
+        (lambda b: b[:8] + b"\x02" + b[9:], "checksum"),
+    ],
+)
+def test_header_damage_is_refused(mutate: object, error: str) -> None:
+    raw = WalHeader(0, 1).encode()
+    with pytest.raises(FormatError, match=error):
+        WalHeader.decode(mutate(raw))  # type: ignore[operator]
+
+
+def test_future_version_is_refused_by_name() -> None:
+    body = struct.pack("<8sHHIQI", fmt.WAL_MAGIC, 2, 0, 0, 1, 0)
+    with pytest.raises(FormatError, match="version 2 is not supported"):
+        WalHeader.decode(body + struct.pack("<I", crc32c(body)))
+
+
+def test_store_record_golden() -> None:
+    data = bytes(range(12))
+    parts, size = encode_record(5, StoreRows(b"ab", 2, 10, 3, 5, 2, data))
+    raw = _join(parts)
+    assert size == len(raw) == 21 + 2 + 2 + 23 + 12
+    payload = struct.pack("<H", 2) + b"ab" + struct.pack("<HIIBIQ", 2, 10, 3, 5, 2, 12) + data
+    head = struct.pack("<IBQ", len(payload), 2, 5)
+    assert raw == (
+        head + struct.pack("<I", crc32c(head)) + payload + struct.pack("<I", crc32c(payload))
+    )
+
+
+def test_store_payload_is_passed_through_not_copied() -> None:
+    arr = np.arange(64, dtype=np.uint8)
+    parts, _ = encode_record(1, StoreRows(b"s", 0, 0, 4, 5, 8, memoryview(arr)))
+    bulk = parts[2]
+    assert isinstance(bulk, memoryview)
+    assert np.shares_memory(np.frombuffer(bulk, np.uint8), arr)
+
+
+MUTATIONS = [
+    CreateSession(b"u", 128, "int8", None),
+    CreateSession(b"s" * 512, 0, "fp16", (("fp16", 4), ("turbo2", 128), ("mlx4g32", 64))),
+    StoreRows(b"x_pk", 79, 199_999, 1, 1, 8192, bytes(range(256)) * 3),
+    DropSession(b"d", "drop"),
+    DropSession(b"e", "evict"),
+    SetBlocks(b"b", 8192, np.arange(5, dtype="<u8").tobytes()),
+    SetBlocks(b"b", 1, b""),
+]
+
+
+@pytest.mark.parametrize("m", MUTATIONS, ids=lambda m: type(m).__name__)
+def test_round_trip(m: object) -> None:
+    parts, size = encode_record(9, m)  # type: ignore[arg-type]
+    raw = _join(parts)
+    recs = list(read_records(io.BytesIO(raw), 0, size, 9))
+    assert len(recs) == 1
+    got = decode_mutation(recs[0].op, recs[0].payload)
+    if isinstance(got, StoreRows):
+        got = StoreRows(
+            got.sid, got.layer, got.start, got.count, got.format_id, got.dim, bytes(got.data)
+        )
+    if isinstance(got, SetBlocks):
+        got = SetBlocks(got.sid, got.block_size, bytes(got.hashes))
+    assert got == m
+
+
+@pytest.mark.parametrize(
+    ("op", "payload", "error"),
+    [
+        (3, b"\x00\x00", "session id length 0"),
+        (3, b"\x01\x00a", "shorter than its fields"),
+        (3, b"\x01\x00a\x01\x00", "trailing"),
+        (3, b"\x01\x00a\x07", "drop reason"),
+        (1, b"\x01\x00a" + struct.pack("<IBH", 8, 99, 0), "format id 99"),
+        (4, b"\x01\x00a" + struct.pack("<II", 4, 1_000_000), "shorter than its"),
+        (9, b"\x01\x00a", "op code"),
+    ],
+)
+def test_malformed_payloads(op: int, payload: bytes, error: str) -> None:
+    with pytest.raises(FormatError, match=error):
+        decode_mutation(op, payload)
+
+
+def test_oversized_length_is_refused_before_allocating() -> None:
+    # A header that passed its CRC yet claims 4 GiB: never allocated, never read.
+    head = struct.pack("<IBQ", 0xFFFFFFFF, 2, 1)
+    raw = head + struct.pack("<I", crc32c(head)) + b"\x00" * 64
+    with pytest.raises(LogDamage, match="over the cap") as info:
+        list(read_records(io.BytesIO(raw), 0, len(raw), 1))
+    assert not info.value.damage.torn
+
+
+def test_a_record_past_the_end_of_file_is_torn() -> None:
+    parts, _ = encode_record(1, DropSession(b"abc", "drop"))
+    raw = _join(parts)[:-3]
+    with pytest.raises(LogDamage) as info:
+        list(read_records(io.BytesIO(raw), 0, len(raw), 1))
+    assert info.value.damage.torn and info.value.damage.offset == 0
+
+
+def test_writer_refuses_a_record_over_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fmt, "MAX_PAYLOAD", 100)
+    with pytest.raises(fmt.PionError, match="record limit"):
+        encode_record(1, StoreRows(b"s", 0, 0, 1, 5, 64, bytes(128)))
+
+
+def test_damage_with_valid_records_after_is_corruption() -> None:
+    raw = b"".join(
+        bytes(p) for i in (1, 2, 3) for p in encode_record(i, DropSession(b"x%d" % i))[0]
+    )
+    bad = bytearray(raw)
+    bad[3] ^= 1  # the first record's length: its header CRC fails
+    with pytest.raises(LogDamage) as info:
+        list(read_records(io.BytesIO(bytes(bad)), 0, len(bad), 1))
+    d = info.value.damage
+    assert (d.offset, d.torn, d.next_valid) == (0, False, len(raw) // 3)

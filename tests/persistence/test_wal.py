@@ -1,0 +1,140 @@
+"""The fsync policies and the failed state of the write-ahead log, with fdatasync
+counted or made to fail; and group commit through a real in-process server."""
+
+from __future__ import annotations
+
+import errno
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from persistence_helpers import no_retry, open_store
+
+from pion.errors import MisconfError
+from pion.persistence import snapshot_path
+from pion.persistence import wal as wal_mod
+
+
+class FsyncSpy:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.fail = False
+
+    def __call__(self, fd: int) -> None:
+        self.calls += 1
+        if self.fail:
+            raise OSError(errno.EIO, "Input/output error")
+
+
+@pytest.fixture
+def fsync(monkeypatch: pytest.MonkeyPatch) -> FsyncSpy:
+    spy = FsyncSpy()
+    monkeypatch.setattr(wal_mod, "fdatasync", spy)
+    return spy
+
+
+def test_always_is_one_fsync_per_group(tmp_path: Path, fsync: FsyncSpy) -> None:
+    vs, p = open_store(tmp_path, appendfsync="always")
+    base = fsync.calls
+    assert not p.needs_sync()
+    vs.create(b"a", 8, "int8")
+    vs.create(b"b", 8, "int8")
+    assert p.needs_sync()
+    p.sync()
+    assert fsync.calls == base + 1 and not p.needs_sync()
+    p.sync()  # nothing new: no fsync
+    assert fsync.calls == base + 1
+    p.close()
+
+
+def test_everysec_syncs_in_the_background(tmp_path: Path, fsync: FsyncSpy) -> None:
+    vs, p = open_store(tmp_path, appendfsync="everysec")
+    base = fsync.calls
+    vs.create(b"a", 8, "int8")
+    assert not p.needs_sync()  # replies never wait under everysec
+    deadline = time.monotonic() + 5
+    while fsync.calls == base and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert fsync.calls == base + 1
+    assert p.wal is not None and not p.wal.dirty()
+    p.close()
+
+
+def test_no_leaves_it_to_the_os_until_close(tmp_path: Path, fsync: FsyncSpy) -> None:
+    vs, p = open_store(tmp_path, appendfsync="no")
+    base = fsync.calls
+    vs.create(b"a", 8, "int8")
+    time.sleep(1.3)
+    assert fsync.calls == base and not p.needs_sync()
+    p.commit()  # KV.PREFIX.COMMIT is a barrier under every policy
+    assert fsync.calls == base + 1
+    vs.create(b"b", 8, "int8")
+    p.close()
+    assert fsync.calls == base + 2
+
+
+def test_a_failed_fsync_is_never_retried_and_trusted(tmp_path: Path, fsync: FsyncSpy) -> None:
+    vs, p = open_store(tmp_path, appendfsync="always")
+    vs.create(b"a", 8, "int8")
+    fsync.fail = True
+    with pytest.raises(MisconfError, match=r"fsync of pion\.vstore\.wal\.0 failed"):
+        p.sync()
+    fsync.fail = False
+    # The unsynced record is abandoned (its reply is withheld by the server), and the
+    # log refuses everything until a snapshot and a fresh log are durable.
+    assert not p.needs_sync()
+    calls = fsync.calls
+    with pytest.raises(MisconfError):
+        p.sync()
+    assert fsync.calls == calls  # no second fsync of the failed file
+    with pytest.raises(MisconfError):
+        vs.create(b"b", 8, "int8")
+    assert p.write_refusal() is not None
+    p.save(None)
+    assert p.write_refusal() is None
+    vs.create(b"b", 8, "int8")
+    p.close()
+
+
+def test_everysec_failure_refuses_writes(tmp_path: Path, fsync: FsyncSpy) -> None:
+    vs, p = open_store(tmp_path, appendfsync="everysec")
+    fsync.fail = True
+    vs.create(b"a", 8, "int8")
+    deadline = time.monotonic() + 5
+    while p.write_refusal() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert p.write_refusal() is not None
+    with pytest.raises(MisconfError):
+        vs.create(b"b", 8, "int8")
+    fsync.fail = False
+    # "a" was acknowledged but its fsync failed: shutting down rewrites it from memory.
+    p.close()
+    assert snapshot_path(tmp_path, 0).exists()
+    vs2, p2 = open_store(tmp_path)
+    assert b"a" in vs2 and b"b" not in vs2
+    p2.close()
+
+
+def test_group_commit_withholds_replies_when_fsync_fails(
+    server_factory: Callable[..., Any], tmp_path: Path, fsync: FsyncSpy
+) -> None:
+    srv = server_factory(dir=tmp_path / "d", appendfsync="always")
+    r = redis.Redis(port=srv.port, retry=no_retry())
+    r.execute_command("V.CREATE", "a", 8, "VQUANT", "int8")
+    assert fsync.calls >= 1  # the reply waited for an fsync
+    fsync.fail = True
+    with pytest.raises(redis.ConnectionError):
+        r.execute_command("V.CREATE", "b", 8, "VQUANT", "int8")
+    fsync.fail = False
+    r2 = redis.Redis(port=srv.port, retry=no_retry())
+    with pytest.raises(redis.ResponseError, match=r"^MISCONF Errors writing"):
+        r2.execute_command("V.CREATE", "c", 8, "VQUANT", "int8")
+    assert r2.execute_command("V.INFO", "a").startswith(b"session_idx")  # reads work
+    with pytest.raises(redis.ResponseError, match=r"^MISCONF"):
+        r2.execute_command("KV.PREFIX.COMMIT")
+    assert r2.execute_command("KV.PREFIX.SAVE") == b"OK"  # the way back
+    r2.execute_command("V.CREATE", "c", 8, "VQUANT", "int8")
+    assert r2.execute_command("KV.PREFIX.COMMIT") == b"OK"
