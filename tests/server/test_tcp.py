@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import redis
 
@@ -141,13 +142,19 @@ ABUSE = [
 def test_abusive_inputs(
     server: ServerThread, client: redis.Redis, name: str, payload: bytes, expect: bytes
 ) -> None:
+    rows = np.arange(64 * 16, dtype="<f4").reshape(64, 16)
+    client.execute_command("KV.PREFIX.REGISTER", "kept", 16, "fp16")
+    client.execute_command("V.STOREBATCH", "kept_pk", 0, 0, 64, rows.tobytes())
     reply = raw(server.port, payload)
     assert expect in reply
     if b"Protocol error" in reply:
         assert reply.endswith(b"\r\n")
-    # The server still serves everyone else.
+    # The server still serves everyone else, and lost nothing.
     assert client.ping() is True
     assert client.echo("still here") == b"still here"
+    back = client.execute_command("V.FETCH", "kept_pk", 0, "RANGE", 0, 64)
+    assert np.array_equal(np.frombuffer(back, "<f4").reshape(64, 16), rows)
+    assert client.execute_command("KV.PREFIX.LOOKUP", "kept") == b"HIT"
 
 
 def test_oversized_bulk_refused_without_buffering(
