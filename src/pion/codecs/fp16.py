@@ -20,6 +20,9 @@ from pion.codecs.base import F16_LE, FP16_MAX, Codec, CodecValueError, F32Array,
 
 __all__ = ["Fp16Codec"]
 
+_F16_TO_F32: F32Array = np.arange(65536, dtype="<u2").view(F16_LE).astype(np.float32)
+_F16_TO_F32.flags.writeable = False
+
 
 class Fp16Codec(Codec):
     name: ClassVar[str] = "fp16"
@@ -36,4 +39,8 @@ class Fp16Codec(Codec):
         return x.astype(F16_LE).view(np.uint8)
 
     def _decode(self, data: U8Array, dim: int) -> F32Array:
-        return data.view(F16_LE).astype(np.float32)
+        # A 256 KiB table of every half's fp32 value (numpy's own cast, so bit-identical)
+        # indexed by the stored bits: about 1.6x faster than the cast on this machine,
+        # where numpy's fp16 casts are not vectorised.
+        decoded: F32Array = _F16_TO_F32[data.view("<u2")]
+        return decoded
