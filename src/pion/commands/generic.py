@@ -123,7 +123,7 @@ def _client_line(ctx: Context, client_id: int) -> str:
     age = int(time.time() - c.created)
     return (
         f"id={c.id} addr={c.addr} laddr={c.laddr} name={c.name} age={age} db=0 "
-        f"resp={c.proto} lib-name={c.lib_name} lib-ver={c.lib_ver} cmd={c.last_command}"
+        f"resp={c.proto} lib-name={c.lib_name} lib-ver={c.lib_ver} cmd={c.last_command.lower()}"
     )
 
 

@@ -100,10 +100,15 @@ class RequestDecoder:
         return end
 
     def _start_multibulk(self) -> bool:
-        end = self._line_end(_MAX_HEADER_LINE, "too big mbulk count string")
+        buf, pos = self._buf, self._pos
+        end = buf.find(_CRLF, pos, pos + _MAX_HEADER_LINE + 2)
         if end < 0:
+            if len(buf) - pos > _MAX_HEADER_LINE + 1:
+                raise ProtocolError("too big mbulk count string")
             return False
-        count = _parse_len(self._buf[self._pos + 1 : end])
+        digits = buf[pos + 1 : end]
+        # The common case inline (this runs once per request); signs and junk below.
+        count = int(digits) if digits.isdigit() and len(digits) <= 19 else _parse_len(digits)
         if count is None or count > self._limits.max_array_len:
             raise ProtocolError("invalid multibulk length")
         self._pos = end + 2

@@ -19,6 +19,11 @@ __all__ = ["dispatch"]
 
 log = logging.getLogger("pion.server")
 
+# Command names as sent (any case) -> upper-case. Bounded, so a client sending random
+# names cannot grow it without limit; past the bound names are just decoded each time.
+_NAMES: dict[bytes, str] = {}
+_NAME_CACHE_SIZE = 1024
+
 
 def _unknown(argv: Sequence[bytes]) -> ErrorReply:
     name = argv[0].decode("utf-8", "replace")[:128]
@@ -30,14 +35,19 @@ def dispatch(ctx: Context, argv: Sequence[bytes], table: Mapping[str, Command]) 
     """Run one command; always returns a reply value (errors as :class:`ErrorReply`)."""
     state = ctx.state
     state.counters.total_commands_processed += 1
-    try:
-        name = argv[0].decode("ascii").upper()
-    except UnicodeDecodeError:
-        return _unknown(argv)
+    raw = argv[0]
+    name = _NAMES.get(raw)
+    if name is None:
+        try:
+            name = raw.decode("ascii").upper()
+        except UnicodeDecodeError:
+            return _unknown(argv)
+        if len(_NAMES) < _NAME_CACHE_SIZE:
+            _NAMES[raw] = name
     cmd = table.get(name)
     if cmd is None:
         return _unknown(argv)
-    ctx.client.last_command = name.lower()
+    ctx.client.last_command = cmd.name
     try:
         if (
             state.config.requirepass is not None
