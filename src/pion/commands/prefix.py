@@ -45,6 +45,12 @@ def _hash_blob(cur: Args, cmd: str, count_error: str) -> np.ndarray:
     return np.frombuffer(blob, dtype="<u8")
 
 
+def _prefill_ms(cur: Args, cmd: str) -> int:
+    return cur.int(
+        "PREFILL_MS", 0, MAX_PREFILL_MS, f"{cmd}: PREFILL_MS out of range (0..{MAX_PREFILL_MS})"
+    )
+
+
 def _register(ctx: Context, args: Sequence[bytes]) -> Reply:
     cmd = "KV.PREFIX.REGISTER"
     cur = Args(args, cmd)
@@ -72,12 +78,7 @@ def _register(ctx: Context, args: Sequence[bytes]) -> Reply:
         elif opt == "PREFILL_MS":
             if cur.done():
                 raise PionError(f"{cmd}: PREFILL_MS requires a value")
-            prefill_ms = cur.int(
-                "PREFILL_MS",
-                0,
-                MAX_PREFILL_MS,
-                f"{cmd}: PREFILL_MS out of range (0..{MAX_PREFILL_MS})",
-            )
+            prefill_ms = _prefill_ms(cur, cmd)
         else:
             raise PionError(f"{cmd}: unknown option '{opt or '?'}'")
     ctx.state.registry.register(ns, kv_dim, vquant, blocks, prefill_ms)
@@ -100,12 +101,7 @@ def _lookup(ctx: Context, args: Sequence[bytes]) -> Reply:
                 "TOKENS", 0, MAX_TOKENS, f"{cmd}: TOKENS out of range (0..{MAX_TOKENS})"
             )
         elif opt == "PREFILL_MS":
-            prefill_ms = cur.int(
-                "PREFILL_MS",
-                0,
-                MAX_PREFILL_MS,
-                f"{cmd}: PREFILL_MS out of range (0..{MAX_PREFILL_MS})",
-            )
+            prefill_ms = _prefill_ms(cur, cmd)
         else:
             raise PionError(f"{cmd}: unknown option '{opt or '?'}'")
     hit = ctx.state.registry.lookup(ns, tokens, prefill_ms)
