@@ -3,8 +3,9 @@
 1. KV.PREFIX.MEMBERSHIP with K = N = 1562 hashes (100k tokens at block size 64):
    end-to-end latency from redis-py with hiredis over loopback, p50/p99 over --calls
    calls after warm-up. Pion publishes 125 us p50 / 270 us p99 (Apple Silicon); our
-   target is p50 <= 100 us, p99 <= 250 us. As a same-run reference, redis-server GET of
-   a value the size of the request (12.5 KB) through the same client.
+   target is p50 <= 100 us, p99 <= 250 us. As same-run references, redis-server GET of
+   a value the size of the request (12.5 KB) through the same client, and PING to both
+   servers (the machine's loopback round-trip floor).
 2. KV.PREFIX.LOOKUP throughput with redis-benchmark (50 clients, unpipelined and -P 16)
    against redis-server GET in the same run. Target: >= 0.5x unpipelined.
 """
@@ -54,9 +55,11 @@ def membership(calls: int) -> dict[str, float]:
         lat = _latencies(
             lambda: r.execute_command("KV.PREFIX.MEMBERSHIP", "bench", n, probe_blob), calls, 1000
         )
+        pion_ping = _latencies(r.ping, calls, 1000)
         b = redis.Redis(port=baseline.port)
         b.set("k", probe_blob)
         base = _latencies(lambda: b.get("k"), calls, 1000)
+        base_ping = _latencies(b.ping, calls, 1000)
     finally:
         pion.stop()
         baseline.stop()
@@ -65,6 +68,9 @@ def membership(calls: int) -> dict[str, float]:
         "p99_us": float(np.percentile(lat, 99)),
         "redis_get_12k_p50_us": float(np.percentile(base, 50)),
         "redis_get_12k_p99_us": float(np.percentile(base, 99)),
+        # The loopback floor of this machine: a round trip that does no work.
+        "pion_ping_p50_us": float(np.percentile(pion_ping, 50)),
+        "redis_ping_p50_us": float(np.percentile(base_ping, 50)),
     }
 
 
@@ -132,6 +138,12 @@ def main() -> None:
         [
             ["MEMBERSHIP K=N=1562 p50 (us)", mem["p50_us"], mem["redis_get_12k_p50_us"], "<= 100"],
             ["MEMBERSHIP K=N=1562 p99 (us)", mem["p99_us"], mem["redis_get_12k_p99_us"], "<= 250"],
+            [
+                "PING p50 (us), the loopback floor",
+                mem["pion_ping_p50_us"],
+                mem["redis_ping_p50_us"],
+                "",
+            ],
             [
                 "LOOKUP rps, -c 50",
                 thr["pion_lookup_rps_P1"],

@@ -99,11 +99,13 @@ class BlockTable:
         return int(self.hashes.shape[0])
 
     def contains(self, probes: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
-        """Membership of each probe, O(K log N)."""
+        """Membership of each probe, O(K log N): binary search in the sorted copy, then
+        one gather and compare (clamping with ``minimum`` rather than a masked store:
+        this runs on every router probe)."""
         probes = np.asarray(probes, dtype="<u8")
         if self.count == 0:
             return np.zeros(probes.shape, dtype=bool)
-        pos = np.searchsorted(self.sorted, probes)
-        pos[pos == self.count] = self.count - 1
-        hit: npt.NDArray[np.bool_] = self.sorted[pos] == probes
+        pos = self.sorted.searchsorted(probes)
+        np.minimum(pos, self.count - 1, out=pos)
+        hit: npt.NDArray[np.bool_] = self.sorted.take(pos) == probes
         return hit
