@@ -10,6 +10,7 @@ Tree::
     PionError                 code ERR   generic command error (bad argument, ...)
       ProtocolError           code ERR   malformed RESP; the connection is closed after it
       NoAuthError             code NOAUTH
+      NoProtoError            code NOPROTO  (HELLO with a protocol version other than 2|3)
       WrongPassError          code WRONGPASS
       LoadingError            code LOADING  (recovery in progress)
       MisconfError            code MISCONF  (persistence failing: writes refused)
@@ -31,6 +32,7 @@ __all__ = [
     "LoadingError",
     "MisconfError",
     "NoAuthError",
+    "NoProtoError",
     "OOMError",
     "PionError",
     "ProtocolError",
@@ -65,6 +67,13 @@ class NoAuthError(PionError):
     code = "NOAUTH"
 
     def __init__(self, message: str = "Authentication required.") -> None:
+        super().__init__(message)
+
+
+class NoProtoError(PionError):
+    code = "NOPROTO"
+
+    def __init__(self, message: str = "unsupported protocol version") -> None:
         super().__init__(message)
 
 

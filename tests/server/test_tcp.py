@@ -60,6 +60,9 @@ def test_redis_py_resp3(client3: redis.Redis) -> None:
 def test_hello_errors(client: redis.Redis) -> None:
     with pytest.raises(redis.ResponseError, match="unsupported protocol"):
         client.execute_command("HELLO", 4)
+    assert raw(
+        client.connection_pool.connection_kwargs["port"], b"HELLO 4\r\n", read_until_close=False
+    ) == (b"-NOPROTO unsupported protocol version\r\n")
     with pytest.raises(redis.ResponseError, match="not an integer"):
         client.execute_command("HELLO", "x")
 

@@ -17,7 +17,7 @@ from pion import __version__
 from pion.commands import config_cmd
 from pion.commands.base import Args, Command, Context, parse_int
 from pion.commands.info import info_command
-from pion.errors import NoAuthError, PionError, WrongPassError
+from pion.errors import NoAuthError, NoProtoError, PionError, WrongPassError
 from pion.resp.reply import NO_REPLY, Reply, Simple
 
 __all__ = ["COMMANDS"]
@@ -74,7 +74,7 @@ def _hello(ctx: Context, args: Sequence[bytes]) -> Reply:
         except PionError:
             raise PionError("Protocol version is not an integer or out of range") from None
         if proto not in (2, 3):
-            raise PionError("NOPROTO unsupported protocol version") from None
+            raise NoProtoError()
     name: str | None = None
     authed_now = False
     while not cur.done():
