@@ -57,6 +57,16 @@ def test_redis_py_resp3(client3: redis.Redis) -> None:
     assert client3.config_get("maxmemory") == {"maxmemory": "0"}
 
 
+@pytest.mark.parametrize("proto", [2, 3])
+def test_command_introspection(server: ServerThread, proto: int) -> None:
+    r = redis.Redis(port=server.port, protocol=proto)
+    table = r.command()
+    assert table["kv.prefix.lookup"]["arity"] == -2
+    assert "write" in table["v.storebatch"]["flags"]
+    assert r.command_count() == len(table)
+    assert b"ping" in r.command_list()
+
+
 def test_hello_errors(client: redis.Redis) -> None:
     with pytest.raises(redis.ResponseError, match="unsupported protocol"):
         client.execute_command("HELLO", 4)

@@ -260,8 +260,12 @@ def _command(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 
 def _command_info(cmd: Command) -> Reply:
+    """Redis 7's COMMAND entry: name, arity, flags, first/last key and step (no keys
+    here: our arguments are namespaces, not keyspace keys), ACL categories, tips, key
+    specs, subcommands. redis-py's RESP3 parser reads all ten."""
     flags: list[Reply] = [Simple(f) for f in sorted(cmd.flags)]
-    return [cmd.name.lower().encode(), cmd.arity, flags, 0, 0, 0]
+    categories: list[Reply] = [Simple("@pion")]
+    return [cmd.name.lower().encode(), cmd.arity, flags, 0, 0, 0, categories, [], [], []]
 
 
 _ANY = frozenset({"noauth", "loading", "fast"})
