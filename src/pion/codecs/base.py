@@ -97,6 +97,25 @@ def blocks_of(dim: int, block: int) -> int:
     return -(-dim // block)
 
 
+def as_blocks(x: F32Array, block: int) -> F32Array:
+    """``x [n, dim]`` as ``[n, nb, block]``, the last block zero-padded (a view when
+    ``dim`` is a multiple of ``block``, else one padded copy)."""
+    n, dim = x.shape
+    nb = blocks_of(dim, block)
+    if dim % block:
+        padded = np.zeros((n, nb * block), np.float32)
+        padded[:, :dim] = x
+        x = padded
+    return x.reshape(n, nb, block)
+
+
+def from_blocks(blocks: F32Array, dim: int) -> F32Array:
+    """Inverse of :func:`as_blocks`: ``[n, nb, block]`` to C-contiguous ``[n, dim]``."""
+    n, nb, block = blocks.shape
+    flat = blocks.reshape(n, nb * block)
+    return flat if dim == nb * block else np.ascontiguousarray(flat[:, :dim])
+
+
 def check_dim(dim: int) -> None:
     if isinstance(dim, bool) or not isinstance(dim, int | np.integer):
         raise CodecError(f"dim must be an integer, got {type(dim).__name__}")

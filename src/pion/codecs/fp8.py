@@ -34,8 +34,10 @@ from pion.codecs.base import (
     Codec,
     F32Array,
     U8Array,
+    as_blocks,
     blocks_of,
     check_fp16_range,
+    from_blocks,
     interleave_blocks,
     split_blocks,
 )
@@ -84,13 +86,7 @@ class Fp8Codec(Codec):
         return blocks_of(dim, BLOCK) * (2 + BLOCK)
 
     def _encode(self, x: F32Array, row_max: F32Array) -> U8Array:
-        n, dim = x.shape
-        nb = blocks_of(dim, BLOCK)
-        if dim % BLOCK:
-            padded = np.zeros((n, nb * BLOCK), np.float32)
-            padded[:, :dim] = x
-            x = padded
-        blocks = x.reshape(n, nb, BLOCK)
+        blocks = as_blocks(x, BLOCK)
         amax = np.abs(blocks).max(axis=2)
         scale = amax / E4M3_MAX
         check_fp16_range(scale, "the fp16 block scale of fp8", amax)
@@ -108,5 +104,4 @@ class Fp8Codec(Codec):
         s, c = split_blocks(data, nb, BLOCK)
         out = _DECODE_LUT[c]
         out *= s[:, :, None]
-        out = out.reshape(data.shape[0], nb * BLOCK)
-        return out if dim == nb * BLOCK else np.ascontiguousarray(out[:, :dim])
+        return from_blocks(out, dim)

@@ -37,8 +37,10 @@ from pion.codecs.base import (
     Codec,
     F32Array,
     U8Array,
+    as_blocks,
     blocks_of,
     check_fp16_range,
+    from_blocks,
     interleave_blocks,
     split_blocks,
 )
@@ -74,13 +76,7 @@ class Int8Codec(Codec):
         return blocks_of(dim, BLOCK) * (2 + BLOCK)
 
     def _encode(self, x: F32Array, row_max: F32Array) -> U8Array:
-        n, dim = x.shape
-        nb = blocks_of(dim, BLOCK)
-        if dim % BLOCK:
-            padded = np.zeros((n, nb * BLOCK), np.float32)
-            padded[:, :dim] = x
-            x = padded
-        blocks = x.reshape(n, nb, BLOCK)
+        blocks = as_blocks(x, BLOCK)
         amax = np.abs(blocks).max(axis=2)
         d = amax / np.float32(127)
         check_fp16_range(d, "the fp16 block scale of int8", amax)
@@ -95,5 +91,4 @@ class Int8Codec(Codec):
         d, q = split_blocks(data, nb, BLOCK)
         out = q.view(np.int8).astype(np.float32)
         out *= d[:, :, None]
-        out = out.reshape(data.shape[0], nb * BLOCK)
-        return out if dim == nb * BLOCK else np.ascontiguousarray(out[:, :dim])
+        return from_blocks(out, dim)

@@ -46,6 +46,7 @@ from pion.codecs.base import (
     CodecValueError,
     F32Array,
     U8Array,
+    as_blocks,
     blocks_of,
     pack4,
     round_to_fp16,
@@ -72,15 +73,10 @@ class Mlx4G32Codec(Codec):
         if over.any():
             row = int(np.argmax(over))
             raise CodecValueError.overflow(float(row_max[row]), row, "fp16 (mlx4g32 input)")
-        n, dim = x.shape
-        g = blocks_of(dim, GROUP)
         # MLX reads its fp16 input as float: round to fp16, keep computing in fp32.
-        if dim % GROUP:
-            w = np.zeros((n, g * GROUP), np.float32)
-            w[:, :dim] = round_to_fp16(x)
-        else:
-            w = round_to_fp16(x)
-        groups = w.reshape(n, g, GROUP)
+        n, dim = x.shape
+        groups = as_blocks(round_to_fp16(x), GROUP)
+        g = groups.shape[1]
         w_max = groups.max(axis=2)
         w_min = groups.min(axis=2)
         mask = np.abs(w_min) > np.abs(w_max)
