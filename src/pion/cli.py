@@ -51,7 +51,7 @@ def _server_options(fn: Any) -> Any:
             default="./data",
             show_default=True,
             type=click.Path(file_okay=False, path_type=Path),
-            help="Data directory (snapshots, write-ahead log, exports).",
+            help="Data directory (snapshots, write-ahead log).",
         ),
         click.option("--requirepass", default=None, help="Password clients must AUTH with."),
         click.option(

@@ -90,15 +90,6 @@ class RequestDecoder:
 
     # -- multibulk --------------------------------------------------------------
 
-    def _line_end(self, limit: int, too_long: str) -> int:
-        """Index of the CR of the current line's CRLF, -1 if incomplete. A line that
-        is already longer than ``limit`` without CRLF raises."""
-        buf, pos = self._buf, self._pos
-        end = buf.find(_CRLF, pos, pos + limit + 2)
-        if end < 0 and len(buf) - pos > limit + 1:
-            raise ProtocolError(too_long)
-        return end
-
     def _start_multibulk(self) -> bool:
         buf, pos = self._buf, self._pos
         end = buf.find(_CRLF, pos, pos + _MAX_HEADER_LINE + 2)

@@ -197,11 +197,6 @@ class ServerThread:
         finally:
             loop.close()
 
-    def call(self, fn: Callable[[], object]) -> None:
-        """Run ``fn`` on the server's loop thread (to touch state safely)."""
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(fn)
-
     def stop(self, save: bool = False) -> None:
         loop, server = self._loop, self._server
         if loop is None or server is None or not self._thread.is_alive():
