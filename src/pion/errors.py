@@ -26,6 +26,8 @@ Clients match a few messages by text (``blob size``, ``session lives on worker N
 
 from __future__ import annotations
 
+import copy
+
 __all__ = [
     "CodecError",
     "ColdMissError",
@@ -54,6 +56,14 @@ class PionError(Exception):
     def resp_line(self) -> str:
         """The error line without the leading ``-`` and trailing CRLF."""
         return f"{self.code} {self.message}"
+
+    def prefixed(self, prefix: str) -> PionError:
+        """The same error (same class, so the same RESP code) with ``prefix`` put
+        before its message: how a command names itself in an error from below."""
+        clone = copy.copy(self)
+        clone.message = f"{prefix}{self.message}"
+        clone.args = (clone.message,)
+        return clone
 
 
 class ProtocolError(PionError):

@@ -26,6 +26,7 @@ def open_store(data_dir: Path, **overrides: Any) -> tuple[VStore, Persistence]:
     config = dataclasses.replace(ServerConfig(), dir=data_dir, **overrides)
     vs = VStore(config.vstore, max_sessions=config.vstore_max_sessions, maxmemory=config.maxmemory)
     p = Persistence(config, vs)
+    p.open()
     p.recover_now()
     return vs, p
 

@@ -55,7 +55,8 @@ def connect(tmp_path: Path) -> tuple[Connection, FakeTransport]:
     state.persistence.close()
     state.persistence = None
     state.loading = False
-    conn = Connection(PionServer(state))
+    server = PionServer(state)
+    conn = Connection(state, server.table, server.sink, 1, server.connections)
     transport = FakeTransport()
     conn.connection_made(transport)  # type: ignore[arg-type]
     return conn, transport

@@ -8,17 +8,28 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
 import redis
 
-from pion.commands.base import Command
+from pion.commands import build_table
+from pion.commands.state import Command
+from pion.config import ServerConfig
 from pion.server.run import ServerThread
 
 
-def raw(port: int, data: bytes, *, read_until_close: bool = True, timeout: float = 10) -> bytes:
-    """Send bytes on a fresh socket and collect what comes back until close/timeout."""
+def raw(
+    port: int,
+    data: bytes,
+    *,
+    read_until_close: bool = True,
+    timeout: float = 10,
+    expect: bytes | None = None,
+) -> bytes:
+    """Send bytes on a fresh socket and collect what comes back until close/timeout
+    (or, with ``expect``, until what came back ends with it)."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(data)
         chunks = []
@@ -28,7 +39,10 @@ def raw(port: int, data: bytes, *, read_until_close: bool = True, timeout: float
                 if not chunk:
                     break
                 chunks.append(chunk)
-                if not read_until_close:
+                if expect is not None:
+                    if b"".join(chunks).endswith(expect):
+                        break
+                elif not read_until_close:
                     break
         except TimeoutError:
             pass
@@ -210,21 +224,44 @@ def test_200_concurrent_clients(server: ServerThread) -> None:
     assert not errors
 
 
-def test_internal_error_is_contained(server: ServerThread, client: redis.Redis) -> None:
+def test_internal_error_is_contained(tmp_path: Path) -> None:
     def boom(ctx: object, args: object) -> None:
         raise ZeroDivisionError("bug")
 
-    from pion.commands import COMMAND_TABLE
-
-    COMMAND_TABLE["TEST.BOOM"] = Command("TEST.BOOM", boom, 1)
+    table = build_table([Command("TEST.BOOM", boom, 1)])
+    srv = ServerThread(ServerConfig(port=0, dir=tmp_path), table=table).start()
     try:
-        other = redis.Redis(port=server.port)
+        client = redis.Redis(port=srv.port)
+        other = redis.Redis(port=srv.port)
         with pytest.raises(redis.ResponseError, match="internal error"):
             client.execute_command("TEST.BOOM")
         assert client.ping() and other.ping()
         assert client.info("stats")["total_internal_errors"] == 1
     finally:
-        del COMMAND_TABLE["TEST.BOOM"]
+        srv.stop()
+
+
+def test_unencodable_reply_is_contained(tmp_path: Path) -> None:
+    """A handler returning what the encoder cannot encode: the pipeline's earlier
+    replies stay, the bad one is -ERR internal error, the connection lives on."""
+
+    def odd(ctx: object, args: object) -> object:
+        return [1, object()]  # half-encodable: the array header goes out first
+
+    table = build_table([Command("TEST.ODD", odd, 1)])  # type: ignore[list-item]
+    srv = ServerThread(ServerConfig(port=0, dir=tmp_path), table=table).start()
+    try:
+        reply = raw(
+            srv.port,
+            b"*1\r\n$4\r\nPING\r\n*1\r\n$8\r\nTEST.ODD\r\n*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n",
+            read_until_close=False,
+            expect=b"$2\r\nhi\r\n",
+        )
+        assert reply == b"+PONG\r\n-ERR internal error\r\n$2\r\nhi\r\n"
+        client = redis.Redis(port=srv.port)
+        assert client.info("stats")["total_internal_errors"] == 1
+    finally:
+        srv.stop()
 
 
 def test_auth(server_factory: Callable[..., ServerThread]) -> None:

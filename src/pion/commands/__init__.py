@@ -1,24 +1,40 @@
 """The command table: one row per command (name -> handler, arity, flags), assembled
 from one module per command family. Dispatch, the WAL's write flag and ``COMMAND``
 all read this table.
+
+The table is built once and frozen; the server carries it on every handler's
+:class:`~pion.commands.state.Context`, so ``COMMAND`` describes exactly the table that
+dispatches. Tests that need an extra command build their own table with
+:func:`build_table` instead of patching a global.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from types import MappingProxyType
+
 from pion.commands import generic, persist, prefix, vstore
-from pion.commands.base import Command
+from pion.commands.state import Command, CommandTable
 
-__all__ = ["COMMAND_TABLE"]
+__all__ = ["COMMAND_TABLE", "build_table"]
+
+_FAMILIES: tuple[Iterable[Command], ...] = (
+    generic.COMMANDS,
+    vstore.COMMANDS,
+    prefix.COMMANDS,
+    persist.COMMANDS,
+)
 
 
-def _build() -> dict[str, Command]:
+def build_table(extra: Iterable[Command] = ()) -> CommandTable:
+    """Every family's commands (plus ``extra``), keyed by upper-case name, frozen."""
     table: dict[str, Command] = {}
-    for module in (generic, vstore, prefix, persist):
-        for cmd in module.COMMANDS:
+    for family in (*_FAMILIES, extra):
+        for cmd in family:
             if cmd.name in table:
-                raise RuntimeError(f"command {cmd.name} registered twice")
+                raise ValueError(f"command {cmd.name} registered twice")
             table[cmd.name] = cmd
-    return table
+    return MappingProxyType(table)
 
 
-COMMAND_TABLE: dict[str, Command] = _build()
+COMMAND_TABLE: CommandTable = build_table()

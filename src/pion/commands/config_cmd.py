@@ -13,7 +13,8 @@ import fnmatch
 import logging
 from collections.abc import Callable, Sequence
 
-from pion.commands.base import Args, Context
+from pion.commands.args import Args
+from pion.commands.state import Context
 from pion.errors import PionError
 from pion.resp.reply import Reply, Simple
 
@@ -84,8 +85,7 @@ def _set(ctx: Context, name: str, value: str) -> None:
 
 def config(ctx: Context, args: Sequence[bytes]) -> Reply:
     cur = Args(args, "CONFIG")
-    sub = cur.peek_keyword() or ""
-    cur.bytes()
+    sub = cur.keyword()
     if sub == "GET" and len(cur) >= 1:
         getters = _getters(ctx)
         found: dict[str | bytes, Reply] = {}

@@ -15,8 +15,9 @@ from collections.abc import Sequence
 
 from pion import __version__
 from pion.commands import config_cmd
-from pion.commands.base import Args, Command, Context, parse_int
+from pion.commands.args import Args, parse_int
 from pion.commands.info import info_command
+from pion.commands.state import Command, Context
 from pion.errors import NoAuthError, NoProtoError, PionError, WrongPassError
 from pion.resp.reply import NO_REPLY, Reply, Simple
 
@@ -32,13 +33,14 @@ _HELLO_NOAUTH = (
 
 
 def _ping(ctx: Context, args: Sequence[bytes]) -> Reply:
-    if len(args) > 1:
+    cur = Args(args, "PING")
+    if len(cur) > 1:
         raise PionError("wrong number of arguments for 'ping' command")
-    return args[0] if args else Simple("PONG")
+    return Simple("PONG") if cur.done() else cur.arg("message")
 
 
 def _echo(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return args[0]
+    return Args(args, "ECHO").arg("message")
 
 
 def _check_password(ctx: Context, user: bytes, password: bytes) -> None:
@@ -56,10 +58,12 @@ def _check_password(ctx: Context, user: bytes, password: bytes) -> None:
 
 
 def _auth(ctx: Context, args: Sequence[bytes]) -> Reply:
-    if len(args) == 1:
-        _check_password(ctx, b"default", args[0])
-    elif len(args) == 2:
-        _check_password(ctx, args[0], args[1])
+    cur = Args(args, "AUTH")
+    if len(cur) == 1:
+        _check_password(ctx, b"default", cur.arg("password"))
+    elif len(cur) == 2:
+        user = cur.arg("username")
+        _check_password(ctx, user, cur.arg("password"))
     else:
         raise PionError("syntax error")
     return Simple("OK")
@@ -70,7 +74,7 @@ def _hello(ctx: Context, args: Sequence[bytes]) -> Reply:
     proto = ctx.client.proto
     if not cur.done():
         try:
-            proto = parse_int(cur.bytes())
+            proto = parse_int(cur.arg())
         except PionError:
             raise PionError("Protocol version is not an integer or out of range") from None
         if proto not in (2, 3):
@@ -78,14 +82,13 @@ def _hello(ctx: Context, args: Sequence[bytes]) -> Reply:
     name: str | None = None
     authed_now = False
     while not cur.done():
-        opt = cur.peek_keyword()
-        cur.bytes()
+        opt = cur.keyword()
         if opt == "AUTH" and len(cur) >= 2:
-            user, password = cur.bytes(), cur.bytes()
+            user, password = cur.arg("username"), cur.arg("password")
             _check_password(ctx, user, password)
             authed_now = True
         elif opt == "SETNAME" and len(cur) >= 1:
-            name = _valid_name(cur.bytes())
+            name = _valid_name(cur.arg())
         else:
             raise PionError(f"Syntax error in HELLO option '{opt or '?'}'")
     needs_auth = ctx.state.config.requirepass is not None
@@ -106,7 +109,7 @@ def _hello(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 
 def _select(ctx: Context, args: Sequence[bytes]) -> Reply:
-    db = parse_int(args[0])
+    db = Args(args, "SELECT").integer("index")
     if db != 0:
         raise PionError("DB index is out of range")
     return Simple("OK")
@@ -129,18 +132,16 @@ def _client_line(ctx: Context, client_id: int) -> str:
 
 def _client(ctx: Context, args: Sequence[bytes]) -> Reply:
     cur = Args(args, "CLIENT")
-    sub = cur.peek_keyword() or ""
-    cur.bytes()
+    sub = cur.keyword()
     if sub == "SETNAME" and len(cur) == 1:
-        ctx.client.name = _valid_name(cur.bytes())
+        ctx.client.name = _valid_name(cur.arg())
         return Simple("OK")
     if sub == "GETNAME" and cur.done():
         return ctx.client.name.encode() if ctx.client.name else None
     if sub == "ID" and cur.done():
         return ctx.client.id
     if sub == "SETINFO" and len(cur) == 2:
-        attr = (cur.peek_keyword() or "").upper()
-        cur.bytes()
+        attr = cur.keyword()
         value = cur.text("value")
         if any(c in value for c in " \r\n"):
             raise PionError(f"{attr} cannot contain spaces, newlines or special characters.")
@@ -158,8 +159,7 @@ def _client(ctx: Context, args: Sequence[bytes]) -> Reply:
     if sub == "KILL" and len(cur) >= 1:
         return _client_kill(ctx, cur)
     if sub in ("NO-EVICT", "NO-TOUCH") and len(cur) == 1:
-        flag = cur.peek_keyword()
-        cur.bytes()
+        flag = cur.keyword()
         if flag not in ("ON", "OFF"):
             raise PionError("syntax error")
         return Simple("OK")
@@ -183,11 +183,10 @@ def _client_kill(ctx: Context, cur: Args) -> Reply:
         raise PionError("No such client")
     killed = 0
     while not cur.done():
-        opt = cur.peek_keyword()
-        cur.bytes()
-        value = cur.bytes()
+        opt = cur.keyword()
+        value = cur.arg(opt.lower())
         if opt == "ID":
-            target = parse_int(value)
+            target = parse_int(value, "client id")
             killed += int(kill(target)) if target in ctx.state.clients else 0
         elif opt == "ADDR":
             for cid, c in list(ctx.state.clients.items()):
@@ -214,8 +213,9 @@ def _quit(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 def _shutdown(ctx: Context, args: Sequence[bytes]) -> Reply:
     save = False
-    for raw in args:
-        word = raw.decode("utf-8", "replace").upper()
+    cur = Args(args, "SHUTDOWN")
+    while not cur.done():
+        word = cur.keyword()
         if word == "SAVE":
             save = True
         elif word not in ("NOSAVE", "NOW", "FORCE"):
@@ -233,29 +233,26 @@ def _info(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 
 def _command(ctx: Context, args: Sequence[bytes]) -> Reply:
-    from pion.commands import COMMAND_TABLE  # the table is built after this module
-
+    table = ctx.table
     cur = Args(args, "COMMAND")
     sub = cur.peek_keyword()
     if sub is None:
-        return [_command_info(c) for c in COMMAND_TABLE.values()]
-    cur.bytes()
+        return [_command_info(c) for c in table.values()]
+    cur.arg()
     if sub == "COUNT":
-        return len(COMMAND_TABLE)
+        return len(table)
     if sub == "INFO":
         names = [a.decode("utf-8", "replace").upper() for a in cur.rest()]
         if not names:
-            return [_command_info(c) for c in COMMAND_TABLE.values()]
-        return [_command_info(COMMAND_TABLE[n]) if n in COMMAND_TABLE else None for n in names]
+            return [_command_info(c) for c in table.values()]
+        return [_command_info(table[n]) if n in table else None for n in names]
     if sub == "DOCS":
-        names = [a.decode("utf-8", "replace").upper() for a in cur.rest()] or list(COMMAND_TABLE)
+        names = [a.decode("utf-8", "replace").upper() for a in cur.rest()] or list(table)
         return {
-            n.lower(): {"summary": COMMAND_TABLE[n].summary, "group": "pion"}
-            for n in names
-            if n in COMMAND_TABLE
+            n.lower(): {"summary": table[n].summary, "group": "pion"} for n in names if n in table
         }
     if sub == "LIST":
-        return [n.lower().encode() for n in COMMAND_TABLE]
+        return [n.lower().encode() for n in table]
     raise PionError(f"unknown subcommand '{sub.lower()}'. Try COMMAND HELP.")
 
 

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from pion import __version__
-from pion.commands.base import Context
+from pion.commands.state import Context
 from pion.resp.reply import Reply, Verbatim
 
 __all__ = ["info_command", "rss_bytes"]

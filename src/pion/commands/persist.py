@@ -9,14 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pion.commands.base import Args, Command, Context
+from pion.commands.args import Args
+from pion.commands.state import Command, Context
 from pion.errors import MisconfError, PionError
+from pion.persistence.durability import NO_WAL
 from pion.resp.reply import Reply, Simple
 
 __all__ = ["COMMANDS", "check_save_path"]
 
 _OK = Simple("OK")
 _SAVE = "KV.PREFIX.SAVE"
+_COMMIT = "KV.PREFIX.COMMIT"
 # A path is a name inside the data directory, not a way out of it (DESIGN section 9).
 _MAX_PATH = 1024
 
@@ -49,7 +52,7 @@ def check_save_path(raw: bytes) -> str:
 
 def _save(ctx: Context, args: Sequence[bytes]) -> Reply:
     cur = Args(args, _SAVE)
-    path = None if cur.done() else check_save_path(cur.bytes("path"))
+    path = None if cur.done() else check_save_path(cur.arg("path"))
     cur.expect_done()
     persistence = ctx.state.persistence
     if persistence is None:
@@ -57,27 +60,24 @@ def _save(ctx: Context, args: Sequence[bytes]) -> Reply:
     try:
         persistence.save(path)
     except PionError as exc:
-        raise PionError(f"{_SAVE}: {exc.message}") from None
+        raise exc.prefixed(f"{_SAVE}: ") from None
     return _OK
 
 
 def _commit(ctx: Context, args: Sequence[bytes]) -> Reply:
     persistence = ctx.state.persistence
-    if persistence is None or not persistence.info().get("wal_enabled"):
-        raise PionError(
-            "KV.PREFIX.COMMIT: the write-ahead log is disabled (--no-wal); "
-            "use KV.PREFIX.SAVE for a snapshot"
-        )
-    refusal = persistence.write_refusal()
-    if refusal is not None:
-        raise MisconfError(refusal)
-    # sync() fsyncs the log up to its last record whatever the appendfsync policy,
-    # and raises MisconfError (answered -MISCONF) if the fsync fails.
-    persistence.sync()
+    if persistence is None:
+        raise PionError(f"{_COMMIT}: {NO_WAL}")
+    try:
+        persistence.commit()
+    except MisconfError:
+        raise  # -MISCONF <why>, as every refused write answers
+    except PionError as exc:
+        raise exc.prefixed(f"{_COMMIT}: ") from None
     return _OK
 
 
 COMMANDS: list[Command] = [
     Command(_SAVE, _save, -1, frozenset({"admin"}), "Write an atomic snapshot"),
-    Command("KV.PREFIX.COMMIT", _commit, 1, frozenset(), "Wait until every write is durable"),
+    Command(_COMMIT, _commit, 1, frozenset(), "Wait until every write is durable"),
 ]

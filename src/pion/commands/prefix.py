@@ -13,7 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from pion.codecs import FORMAT_NAMES
-from pion.commands.base import Args, Command, Context
+from pion.commands.args import Args
+from pion.commands.state import Command, Context
 from pion.errors import PionError
 from pion.resp.reply import Reply, Simple
 
@@ -30,7 +31,7 @@ _BLOCKS_HEADER = struct.Struct("<II")
 
 
 def _ns(cur: Args, cmd: str) -> bytes:
-    ns = cur.bytes("ns_key")
+    ns = cur.arg("ns_key")
     if not 1 <= len(ns) <= MAX_NS_LEN:
         raise PionError(f"{cmd}: ns_key length must be 1..{MAX_NS_LEN}")
     return ns
@@ -38,15 +39,15 @@ def _ns(cur: Args, cmd: str) -> bytes:
 
 def _hash_blob(cur: Args, cmd: str, count_error: str) -> np.ndarray:
     """``<count> <blob>`` of little-endian u64; both checked before any allocation."""
-    count = cur.int("hash_count", 0, MAX_HASH_COUNT, f"{cmd}: {count_error}")
-    blob = cur.bytes("hash_blob")
+    count = cur.integer("hash_count", 0, MAX_HASH_COUNT, f"{cmd}: {count_error}")
+    blob = cur.arg("hash_blob")
     if len(blob) != count * 8:
         raise PionError(f"{cmd}: hash_blob length mismatch ({len(blob)} != {count * 8})")
     return np.frombuffer(blob, dtype="<u8")
 
 
 def _prefill_ms(cur: Args, cmd: str) -> int:
-    return cur.int(
+    return cur.integer(
         "PREFILL_MS", 0, MAX_PREFILL_MS, f"{cmd}: PREFILL_MS out of range (0..{MAX_PREFILL_MS})"
     )
 
@@ -55,19 +56,18 @@ def _register(ctx: Context, args: Sequence[bytes]) -> Reply:
     cmd = "KV.PREFIX.REGISTER"
     cur = Args(args, cmd)
     ns = _ns(cur, cmd)
-    kv_dim = cur.int("kv_dim", 1, MAX_KV_DIM, f"{cmd}: kv_dim out of range (1..{MAX_KV_DIM})")
-    vquant = cur.bytes("vquant").decode("utf-8", "replace")
+    kv_dim = cur.integer("kv_dim", 1, MAX_KV_DIM, f"{cmd}: kv_dim out of range (1..{MAX_KV_DIM})")
+    vquant = cur.arg("vquant").decode("utf-8", "replace")
     if vquant not in FORMAT_NAMES:
         raise PionError(f"{cmd}: unknown vquant '{vquant}' (want {'|'.join(FORMAT_NAMES)})")
     blocks: tuple[int, np.ndarray] | None = None
     prefill_ms = 0
     while not cur.done():
-        opt = cur.peek_keyword()
-        cur.bytes()
+        opt = cur.keyword()
         if opt == "BLOCKS":
             if len(cur) < 3:
                 raise PionError(f"{cmd}: BLOCKS requires: block_size hash_count hash_blob")
-            bs = cur.int(
+            bs = cur.integer(
                 "block_size",
                 1,
                 MAX_BLOCK_SIZE,
@@ -92,12 +92,11 @@ def _lookup(ctx: Context, args: Sequence[bytes]) -> Reply:
     tokens: int | None = None
     prefill_ms: int | None = None
     while not cur.done():
-        opt = cur.peek_keyword()
-        cur.bytes()
+        opt = cur.keyword()
         if cur.done():
             raise PionError(f"{cmd}: {opt or 'option'} requires a value")
         if opt == "TOKENS":
-            tokens = cur.int(
+            tokens = cur.integer(
                 "TOKENS", 0, MAX_TOKENS, f"{cmd}: TOKENS out of range (0..{MAX_TOKENS})"
             )
         elif opt == "PREFILL_MS":

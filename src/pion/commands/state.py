@@ -1,25 +1,39 @@
-"""The server's shared state, handed to every command handler through its Context.
+"""What every handler is handed: the worker's shared state, the calling client, and the
+command table that dispatches (the row type, :class:`Command`, lives here too).
 
-One instance per worker process. It is a plain synchronous data structure owned by the
-event loop thread: handlers mutate it without awaiting, so nobody sees it half-updated.
+One :class:`ServerState` per worker process. It is a plain synchronous data structure
+owned by the event loop thread: handlers mutate it without awaiting, so nobody sees it
+half-updated.
+
+A handler is a plain synchronous function ``handler(ctx, args) -> Reply``. ``args`` are
+the command's arguments *without* its name. A handler validates everything before it
+changes any state, and reports failures by raising a :class:`pion.errors.PionError`;
+the dispatcher turns those into RESP errors.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from pion.config import ServerConfig
 from pion.prefix.receipt import Receipt
 from pion.prefix.registry import PrefixRegistry
+from pion.resp.reply import Reply
 from pion.vstore import VStore
 
-if TYPE_CHECKING:
-    from pion.commands.base import ClientState
-
-__all__ = ["Durability", "ServerCounters", "ServerState"]
+__all__ = [
+    "ClientState",
+    "Command",
+    "CommandTable",
+    "Context",
+    "Durability",
+    "Handler",
+    "ServerCounters",
+    "ServerState",
+]
 
 
 class Durability(Protocol):
@@ -37,6 +51,10 @@ class Durability(Protocol):
 
     def sync(self) -> None:
         """fsync what was appended; raises on failure (the caller withholds replies)."""
+
+    def commit(self) -> None:
+        """KV.PREFIX.COMMIT: return once everything acknowledged is on stable storage;
+        PionError under --no-wal, MisconfError while the log is failing."""
 
     def close(self) -> None:
         """Flush and fsync the log and release files (graceful shutdown)."""
@@ -94,3 +112,61 @@ class ServerState:
 
     def uptime(self) -> int:
         return int(time.monotonic() - self.started_monotonic)
+
+
+@dataclass
+class ClientState:
+    """Per-connection state the commands may read or change."""
+
+    id: int
+    addr: str = ""
+    laddr: str = ""
+    proto: int = 2
+    authenticated: bool = False
+    name: str = ""
+    lib_name: str = ""
+    lib_ver: str = ""
+    created: float = 0.0
+    last_command: str = ""
+    closing: bool = False  # set by QUIT / CLIENT KILL: close after the reply
+
+
+@dataclass(frozen=True)
+class Command:
+    """One row of the command table.
+
+    ``arity`` follows Redis: it counts the command name; a positive number is an exact
+    count, a negative one a minimum (``-2`` = the name and at least one argument).
+    Flags: ``write`` (changes state; refused while persistence is failing),
+    ``readonly``, ``admin``, ``noauth`` (allowed before AUTH), ``loading`` (allowed
+    while recovery runs), ``fast``.
+    """
+
+    name: str
+    handler: Handler
+    arity: int
+    flags: frozenset[str] = field(default_factory=frozenset)
+    summary: str = ""
+
+    def arity_ok(self, nargs: int) -> bool:
+        """``nargs`` excludes the command name."""
+        total = nargs + 1
+        return total == self.arity if self.arity >= 0 else total >= -self.arity
+
+
+# The table that dispatches: upper-case name -> row. Built once and frozen
+# (``pion.commands.build_table``); COMMAND describes this same object.
+CommandTable = Mapping[str, Command]
+
+
+@dataclass
+class Context:
+    """What a handler sees: the server's shared state, the calling client and the
+    command table it was dispatched from."""
+
+    state: ServerState
+    client: ClientState
+    table: CommandTable
+
+
+Handler = Callable[[Context, Sequence[bytes]], Reply]

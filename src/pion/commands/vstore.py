@@ -26,7 +26,8 @@ import numpy as np
 import numpy.typing as npt
 
 from pion.codecs import FORMAT_NAMES
-from pion.commands.base import Args, Command, Context, parse_int
+from pion.commands.args import Args, parse_int
+from pion.commands.state import Command, Context
 from pion.errors import PionError
 from pion.resp.reply import Reply, Simple
 
@@ -61,13 +62,13 @@ def v_create(ctx: Context, argv: Sequence[bytes]) -> Reply:
     """``V.CREATE sid dim [VQUANT fmt]`` | ``V.CREATE sid [default_dim] SCHEMA N spec...``"""
     max_dim = ctx.state.config.vstore.max_dim
     a = Args(argv, "V.CREATE")
-    sid = a.bytes("session_id")
+    sid = a.arg("session_id")
     if a.peek_keyword() == "SCHEMA":
-        a.bytes()
+        a.arg()
         return _create_schema(ctx, a, sid, 0)
-    dim = parse_int(a.bytes("value_dim"))
+    dim = a.integer("value_dim")
     if a.peek_keyword() == "SCHEMA":
-        a.bytes()
+        a.arg()
         if not 0 <= dim <= max_dim:
             raise PionError(f"V.CREATE SCHEMA: default_dim must be 0-{max_dim}")
         return _create_schema(ctx, a, sid, dim)
@@ -75,12 +76,12 @@ def v_create(ctx: Context, argv: Sequence[bytes]) -> Reply:
         raise PionError(f"invalid value_dim (must be 1-{max_dim})")
     fmt = DEFAULT_FORMAT
     while not a.done():
-        option = a.bytes()
+        option = a.arg()
         if option.upper() != b"VQUANT":
             raise PionError(f"V.CREATE: unknown option '{_show(option)}' (expected VQUANT <fmt>)")
         if a.done():
             raise PionError(f"V.CREATE: VQUANT requires a format (want {_WANT})")
-        raw = a.bytes()
+        raw = a.arg()
         named = _format_name(raw)
         if named is None:
             raise PionError(f"V.CREATE: unknown VQUANT format '{_show(raw)}' (want {_WANT})")
@@ -92,7 +93,7 @@ def _create_schema(ctx: Context, a: Args, sid: bytes, default_dim: int) -> Reply
     limits = ctx.state.config.vstore
     if a.done():
         raise PionError("V.CREATE SCHEMA requires N (layer count)")
-    n = parse_int(a.bytes("N"))
+    n = a.integer("N")
     if not 1 <= n <= limits.max_schema_layers:
         raise PionError(
             f"V.CREATE SCHEMA: N must be 1-{limits.max_schema_layers} "
@@ -140,17 +141,17 @@ def v_storebatch(ctx: Context, argv: Sequence[bytes]) -> Reply:
     """``V.STOREBATCH sid layer start count blob [FMT F16]`` -> ``+OK``"""
     max_rows = ctx.state.config.vstore.max_rows
     a = Args(argv, "V.STOREBATCH")
-    sid = a.bytes("session_id")
-    layer = parse_int(a.bytes("layer_id"))
-    start = parse_int(a.bytes("start_id"))
-    count = parse_int(a.bytes("count"))
-    blob = a.bytes("values_blob")
+    sid = a.arg("session_id")
+    layer = a.integer("layer_id")
+    start = a.integer("start_id")
+    count = a.integer("count")
+    blob = a.arg("values_blob")
     f16 = False
     if not a.done():
         if len(a) != 2 or a.peek_keyword() != "FMT":
             raise PionError("V.STOREBATCH: unknown option (expected FMT F16)")
-        a.bytes()
-        width = a.bytes().upper()
+        a.arg()
+        width = a.arg().upper()
         if width not in (b"F16", b"F32"):
             raise PionError("V.STOREBATCH: unknown option (expected FMT F16)")
         f16 = width == b"F16"
@@ -181,14 +182,14 @@ def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply:
     limits = ctx.state.config.vstore
     vs = ctx.state.vstore
     a = Args(argv, "V.FETCH")
-    sid = a.bytes("session_id")
+    sid = a.arg("session_id")
     if a.peek_keyword() == "BATCH":
-        a.bytes()
-        start = parse_int(a.bytes("start"))
-        end = parse_int(a.bytes("end"))
+        a.arg()
+        start = a.integer("start")
+        end = a.integer("end")
         num_layers = None
         if not a.done() and a.peek_keyword() != "FMT":
-            num_layers = parse_int(a.bytes("num_layers"))
+            num_layers = a.integer("num_layers")
         native = _fetch_options(a)
         if start < 0 or end <= start:
             raise PionError("V.FETCH BATCH invalid range: end must exceed start (>=0)")
@@ -198,23 +199,22 @@ def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply:
         if layers is None:
             raise PionError("V.FETCH BATCH: session has no stored layers")
         return [None if rows is None else _bulk(rows) for rows in layers]
-    layer = parse_int(a.bytes("layer_id"))
+    layer = a.integer("layer_id")
     if a.peek_keyword() == "RANGE":
-        a.bytes()
-        start = parse_int(a.bytes("start"))
-        end = parse_int(a.bytes("end"))
+        a.arg()
+        start = a.integer("start")
+        end = a.integer("end")
         native = _fetch_options(a)
         if start < 0 or end <= start:
             raise PionError("invalid RANGE: end must exceed start (>=0)")
         rows = vs.fetch_range(sid, layer, start, end, native=native)
         return None if rows is None else _bulk(rows)
-    # Annotated: inside Args, `bytes` in rest()'s annotation names its own method.
-    raw_ids: Sequence[bytes] = a.rest()
+    raw_ids = a.rest()
     if len(raw_ids) > limits.max_fetch_ids:
         raise PionError(f"V.FETCH: too many ids ({len(raw_ids)} > {limits.max_fetch_ids})")
     if any(raw.upper() == b"FMT" for raw in raw_ids):
         raise PionError(_NATIVE_ERROR)
-    ids = [parse_int(raw) for raw in raw_ids]
+    ids = [parse_int(raw, "id") for raw in raw_ids]
     found = vs.fetch_ids(sid, layer, ids)
     return None if found is None else _bulk(found)
 
@@ -223,9 +223,9 @@ def _fetch_options(a: Args) -> bool:
     """The trailing ``[FMT NATIVE|F32]``; True for NATIVE."""
     native = False
     while not a.done():
-        option = a.bytes().upper()
+        option = a.arg().upper()
         if option == b"FMT" and not a.done():
-            value = a.bytes().upper()
+            value = a.arg().upper()
             if value in (b"NATIVE", b"F32"):
                 native = value == b"NATIVE"
                 continue
@@ -248,7 +248,7 @@ def v_info(ctx: Context, argv: Sequence[bytes]) -> Reply:
             f"total_fetches:{vs.total_fetches}",
         ]
         return "".join(f"{line}\r\n" for line in lines).encode()
-    sid = a.bytes("session_id")
+    sid = a.arg("session_id")
     a.expect_done()
     info = vs.describe(sid)
     hetero = info.heterogeneous

@@ -35,7 +35,7 @@ from pion.persistence.snapshot import write_snapshot
 from pion.persistence.wal import WriteAheadLog
 from pion.vstore import Mutation, VStore
 
-__all__ = ["Persistence", "lock_path", "snapshot_path", "wal_path"]
+__all__ = ["NO_WAL", "Persistence", "lock_path", "snapshot_path", "wal_path"]
 
 log = logging.getLogger("pion.persistence")
 
@@ -44,6 +44,8 @@ _MAX_BACKOFF_S = 30.0
 # Room a re-established snapshot needs beyond the stored bytes: headers, records and
 # the new log's header, with slack for the file system's own blocks.
 _SAVE_MARGIN = 1 << 20
+# Why KV.PREFIX.COMMIT cannot be served under --no-wal.
+NO_WAL = "the write-ahead log is disabled (--no-wal); use KV.PREFIX.SAVE for a snapshot"
 
 
 def snapshot_path(data_dir: Path, worker: int) -> Path:
@@ -62,7 +64,7 @@ class Persistence:
     """Durability for one worker; see the module docstring."""
 
     def __init__(self, config: ServerConfig, store: VStore) -> None:
-        faults.install_from_env()
+        """Describe the worker's files; nothing is touched until :meth:`open`."""
         self.dir = Path(config.dir)
         self.worker = config.worker_id
         self.policy = config.appendfsync
@@ -70,8 +72,7 @@ class Persistence:
         self.store = store
         self.snapshot_path = snapshot_path(self.dir, self.worker)
         self.wal_path = wal_path(self.dir, self.worker)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = _lock(lock_path(self.dir, self.worker))
+        self._lock_fd = -1
         self.wal = (
             WriteAheadLog(self.wal_path, self.worker, self.policy) if config.wal_enabled else None
         )
@@ -89,6 +90,14 @@ class Persistence:
         self._tick_handle: asyncio.TimerHandle | None = None
 
     # -- start -----------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Take the data directory: create it and lock it, so a second server on the
+        same files is refused here, before anything is read. The test-only fault hook
+        (``PION_TEST_FAULT``, see :mod:`pion.persistence.faults`) is read here too."""
+        faults.install_from_env()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock(lock_path(self.dir, self.worker))
 
     async def recover(self) -> None:
         """Load the snapshot and replay the log (yielding to the loop), then open the
@@ -193,7 +202,7 @@ class Persistence:
         """KV.PREFIX.COMMIT: everything acknowledged so far is on stable storage when
         this returns; raises PionError under --no-wal, MisconfError when failing."""
         if self.wal is None:
-            raise PionError("the write-ahead log is disabled (--no-wal); use KV.PREFIX.SAVE")
+            raise PionError(NO_WAL)
         if self.wal.failure is not None:
             raise MisconfError(self.wal.refusal())
         self.wal.sync()
@@ -260,7 +269,9 @@ class Persistence:
             if self.wal is not None:
                 self.wal.close()
         finally:
-            os.close(self._lock_fd)
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
+                self._lock_fd = -1
 
     def info(self) -> dict[str, int | str]:
         wal = self.wal

@@ -1,11 +1,14 @@
 """One client connection: bytes in through the sans-IO decoder, commands through the
-dispatcher, reply chunks out through ``transport.writelines``.
+dispatcher, reply chunks out through the server's :class:`ReplySink`.
 
 Replies leave strictly in request order: every command of a read is dispatched in turn
-on the event loop thread, and their chunks are written (or queued behind a group commit)
-as one batch. When the peer stops reading and the transport's buffer passes its high
-water mark, we stop reading too, so a deep pipeline of large replies cannot make the
-server buffer without bound.
+on the event loop thread, and their chunks are handed to the sink (which writes them or
+queues them behind a group commit) as one batch. When the peer stops reading and the
+transport's buffer passes its high water mark, we stop reading too, so a deep pipeline
+of large replies cannot make the server buffer without bound.
+
+A connection's collaborators are explicit: the worker's state, the command table, the
+reply sink and the registry of live connections (for CLIENT KILL and shutdown).
 """
 
 from __future__ import annotations
@@ -14,32 +17,44 @@ import asyncio
 import logging
 import socket
 import time
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
-from pion.commands.base import ClientState, Context
+from pion.commands.state import ClientState, CommandTable, Context, ServerState
 from pion.errors import ProtocolError
 from pion.resp.decoder import RequestDecoder
-from pion.resp.encoder import Chunks, encode_error, encode_reply
-from pion.server.dispatch import dispatch
-
-if TYPE_CHECKING:
-    from pion.server.app import PionServer
+from pion.resp.encoder import Chunks, encode_error
+from pion.server.dispatch import execute
+from pion.server.replies import ReplySink
 
 __all__ = ["Connection"]
 
 log = logging.getLogger("pion.server")
 
+# Let the write buffer hold a few large replies before we stop reading.
+_WRITE_HIGH_WATER = 64 * 1024 * 1024
+# Inside a deep pipeline, hand replies to the sink every so many chunks so writes start
+# early and back-pressure (pause_writing) can kick in.
+_FLUSH_CHUNKS = 4096
+
 
 class Connection(asyncio.Protocol):
-    def __init__(self, server: PionServer) -> None:
-        self._server = server
-        self._state = server.state
-        self._decoder = RequestDecoder(server.state.config.protocol)
+    def __init__(
+        self,
+        state: ServerState,
+        table: CommandTable,
+        sink: ReplySink,
+        client_id: int,
+        registry: dict[int, Connection],
+    ) -> None:
+        self._state = state
+        self._sink = sink
+        self._registry = registry
+        self._decoder = RequestDecoder(state.config.protocol)
         self._transport: asyncio.Transport | None = None
         self._paused = False
         self._closed = False
-        self.client = ClientState(id=server.next_client_id(), created=time.time())
-        self._ctx = Context(state=server.state, client=self.client)
+        self.client = ClientState(id=client_id, created=time.time())
+        self._ctx = Context(state=state, client=self.client, table=table)
 
     # -- asyncio callbacks ------------------------------------------------------
 
@@ -52,16 +67,15 @@ class Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.client.addr = _fmt_addr(transport.get_extra_info("peername"))
         self.client.laddr = _fmt_addr(transport.get_extra_info("sockname"))
-        # Let the write buffer hold a few large replies before we stop reading.
-        transport.set_write_buffer_limits(high=64 * 1024 * 1024)
+        transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
         self._state.counters.total_connections_received += 1
         self._state.clients[self.client.id] = self.client
-        self._server.connections[self.client.id] = self
+        self._registry[self.client.id] = self
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self._state.clients.pop(self.client.id, None)
-        self._server.connections.pop(self.client.id, None)
+        self._registry.pop(self.client.id, None)
 
     def data_received(self, data: bytes) -> None:
         self._decoder.feed(data)
@@ -94,15 +108,12 @@ class Connection(asyncio.Protocol):
                 break
             if not argv:
                 continue
-            reply = dispatch(self._ctx, argv, self._server.table)
-            encode_reply(reply, self.client.proto, out)
+            execute(self._ctx, argv, out)
             if self.client.closing:
                 close_after = True
                 break
-            # Flush every so often inside a deep pipeline so writes start early and
-            # back-pressure (pause_writing) can kick in.
-            if len(out) >= 4096:
-                self._server.send(self, out)
+            if len(out) >= _FLUSH_CHUNKS:
+                self._sink.send(self, out)
                 out = []
         if proto_error is not None:
             self._state.counters.protocol_errors += 1
@@ -110,11 +121,11 @@ class Connection(asyncio.Protocol):
             out.append(encode_error(proto_error.resp_line()))
             close_after = True
         if out:
-            self._server.send(self, out)
+            self._sink.send(self, out)
         if close_after:
-            self._server.close_after_send(self)
+            self._sink.close_after_send(self)
 
-    # -- used by the server -----------------------------------------------------
+    # -- used by the sink and the server ----------------------------------------
 
     def write(self, chunks: Chunks) -> None:
         if self._transport is not None and not self._transport.is_closing():

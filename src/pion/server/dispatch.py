@@ -1,23 +1,28 @@
-"""The one place where a request becomes a reply and exceptions become RESP errors.
+"""The one place where a request becomes reply bytes and exceptions become RESP errors.
 
 Checks run in Redis's order: unknown command, authentication, arity, loading, then
 whether persistence still accepts writes. A :class:`PionError` from a handler is the
-client's error; any other exception is a Pion bug, logged once with its traceback and
-answered ``-ERR internal error`` so the connection and its neighbours live on.
+client's error, answered with its own RESP code. Any other exception, raised by the
+handler *or by encoding what it returned*, is a Pion bug: logged once with its
+traceback, counted in ``internal_errors`` and answered ``-ERR internal error``, so the
+connection, the replies before it in the pipeline and its neighbours live on.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-from pion.commands.base import Command, Context
+from pion.commands.state import Context
 from pion.errors import LoadingError, MisconfError, NoAuthError, PionError
+from pion.resp.encoder import Chunks, encode_error, encode_reply
 from pion.resp.reply import ErrorReply, Reply
 
-__all__ = ["dispatch"]
+__all__ = ["dispatch", "execute"]
 
 log = logging.getLogger("pion.server")
+
+_INTERNAL_ERROR = "ERR internal error"
 
 # Command names as sent (any case) -> upper-case. Bounded, so a client sending random
 # names cannot grow it without limit; past the bound names are just decoded each time.
@@ -31,7 +36,13 @@ def _unknown(argv: Sequence[bytes]) -> ErrorReply:
     return ErrorReply(f"ERR unknown command '{name}', with args beginning with: {shown}")
 
 
-def dispatch(ctx: Context, argv: Sequence[bytes], table: Mapping[str, Command]) -> Reply:
+def _internal_error(ctx: Context, name: str, what: str) -> ErrorReply:
+    ctx.state.counters.internal_errors += 1
+    log.exception("internal error %s %s", what, name)
+    return ErrorReply(_INTERNAL_ERROR)
+
+
+def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply:
     """Run one command; always returns a reply value (errors as :class:`ErrorReply`)."""
     state = ctx.state
     state.counters.total_commands_processed += 1
@@ -44,7 +55,7 @@ def dispatch(ctx: Context, argv: Sequence[bytes], table: Mapping[str, Command]) 
             return _unknown(argv)
         if len(_NAMES) < _NAME_CACHE_SIZE:
             _NAMES[raw] = name
-    cmd = table.get(name)
+    cmd = ctx.table.get(name)
     if cmd is None:
         return _unknown(argv)
     ctx.client.last_command = cmd.name
@@ -67,6 +78,20 @@ def dispatch(ctx: Context, argv: Sequence[bytes], table: Mapping[str, Command]) 
     except PionError as exc:
         return ErrorReply(exc.resp_line())
     except Exception:
-        state.counters.internal_errors += 1
-        log.exception("internal error in %s", name)
-        return ErrorReply("ERR internal error")
+        return _internal_error(ctx, name, "in")
+
+
+def execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> None:
+    """Dispatch one command and append its encoded reply to ``out``.
+
+    Encoding is inside the boundary too: if the reply cannot be encoded, whatever it
+    had appended is taken back and ``-ERR internal error`` goes out in its place, so
+    the replies before it in ``out`` are kept and the framing stays intact."""
+    reply = dispatch(ctx, argv)
+    mark = len(out)
+    try:
+        encode_reply(reply, ctx.client.proto, out)
+    except Exception:
+        del out[mark:]
+        name = argv[0].decode("utf-8", "replace")[:64]
+        out.append(encode_error(str(_internal_error(ctx, name, "encoding the reply of"))))

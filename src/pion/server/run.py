@@ -19,7 +19,8 @@ import threading
 from collections.abc import Callable
 from types import ModuleType
 
-from pion.commands.state import ServerState
+from pion.commands import COMMAND_TABLE
+from pion.commands.state import CommandTable, ServerState
 from pion.config import ServerConfig
 from pion.errors import PionError
 from pion.persistence import Persistence, RecoveryAborted
@@ -47,7 +48,9 @@ def build_state(config: ServerConfig) -> ServerState:
         maxmemory=config.maxmemory,
     )
     state = ServerState(config=config, vstore=vstore, receipt=Receipt(worker_id=config.worker_id))
-    state.persistence = Persistence(config, vstore)
+    persistence = Persistence(config, vstore)
+    persistence.open()
+    state.persistence = persistence
     state.loading = True
     return state
 
@@ -87,13 +90,14 @@ async def serve(
     on_ready: Callable[[PionServer], None] | None = None,
     *,
     on_listening: Callable[[PionServer], None] | None = None,
+    table: CommandTable = COMMAND_TABLE,
 ) -> None:
     """Serve on already-bound sockets until shutdown is requested.
 
     The sockets accept connections at once; while the data directory is recovered,
     commands answer ``-LOADING``. ``on_ready`` runs once recovery is done. A failed
     recovery (``RecoveryError``) closes everything and propagates: startup stops."""
-    server = PionServer(state)
+    server = PionServer(state, table)
     await server.start(sockets)
     if on_listening is not None:
         on_listening(server)
@@ -161,8 +165,14 @@ def run(config: ServerConfig) -> int:
 class ServerThread:
     """A server on its own event loop in a daemon thread (tests, embedding)."""
 
-    def __init__(self, config: ServerConfig, state: ServerState | None = None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        state: ServerState | None = None,
+        table: CommandTable = COMMAND_TABLE,
+    ) -> None:
         self.config = config
+        self.table = table
         self.state = state if state is not None else build_state(config)
         self._sock = bind_socket(config.bind, config.port)
         self.host = config.bind
@@ -190,7 +200,7 @@ class ServerThread:
             self._ready.set()
 
         try:
-            loop.run_until_complete(serve(self.state, [self._sock], ready))
+            loop.run_until_complete(serve(self.state, [self._sock], ready, table=self.table))
         except BaseException as exc:  # handed to start(): recovery refused to load
             self._error = exc
             self._ready.set()

@@ -1,0 +1,84 @@
+"""Where reply chunks go after a command ran: straight to the connection's transport,
+or held behind a group commit.
+
+Group commit (``--appendfsync always``): a reply to a write may leave only once the
+write-ahead log record behind it is on stable storage. Replies produced while records
+are unsynced are queued; one callback at the end of the loop iteration fsyncs once for
+all of them and then writes them out, in order. If the fsync fails the queued replies
+are withheld and their connections dropped: the client never saw an acknowledgement.
+Once anything is queued, later replies queue behind it, so order holds across
+connections too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+from pion.commands.state import Durability
+from pion.resp.encoder import Chunks
+
+__all__ = ["ReplySink", "ReplyTarget"]
+
+log = logging.getLogger("pion.server")
+
+
+class ReplyTarget(Protocol):
+    """What the sink needs of a connection."""
+
+    def write(self, chunks: Chunks) -> None: ...
+
+    def close(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+class ReplySink:
+    """One per server; every connection hands its replies here."""
+
+    def __init__(self, persistence: Durability | None) -> None:
+        self._persistence = persistence
+        self._pending: list[tuple[ReplyTarget, Chunks]] = []
+        self._close_after: list[ReplyTarget] = []
+        self._scheduled = False
+
+    def send(self, target: ReplyTarget, chunks: Chunks) -> None:
+        """Write ``chunks`` now, or queue them until the log is synced."""
+        persistence = self._persistence
+        if self._pending or (persistence is not None and persistence.needs_sync()):
+            self._pending.append((target, chunks))
+            if not self._scheduled:
+                self._scheduled = True
+                asyncio.get_running_loop().call_soon(self.commit)
+        else:
+            target.write(chunks)
+
+    def close_after_send(self, target: ReplyTarget) -> None:
+        """Close ``target`` once what was sent to it so far has left."""
+        if self._scheduled:
+            self._close_after.append(target)
+        else:
+            target.close()
+
+    def commit(self) -> None:
+        """fsync once for every queued reply, then release them in order. Safe to call
+        when nothing is queued (shutdown does)."""
+        self._scheduled = False
+        pending, self._pending = self._pending, []
+        closing, self._close_after = self._close_after, []
+        persistence = self._persistence
+        try:
+            if persistence is not None and persistence.needs_sync():
+                persistence.sync()
+        except Exception:
+            log.exception(
+                "fsync of the write-ahead log failed; withholding %d replies", len(pending)
+            )
+            for target, _ in pending:
+                target.abort()
+            return
+        for target, chunks in pending:
+            target.write(chunks)
+        for target in closing:
+            target.close()
