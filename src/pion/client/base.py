@@ -53,6 +53,7 @@ from pion.client import plans
 from pion.client.errors import PionWrongWorker, error_from_redis
 from pion.client.plans import Arrays, Plan, Warmed
 from pion.client.wire import Command, make_namespace
+from pion.wire import affinity_port
 
 __all__ = [
     "DEFAULT_PORT",
@@ -299,8 +300,7 @@ class BasePromptCache(ABC, Generic[C]):
             if not self.follow_redirects:
                 raise
             self.redirects_followed += 1
-            # DESIGN section 8: worker N listens on its affinity port, port + 2 + N.
-            return (yield from _addressed(self.port + 2 + moved.worker, make()))
+            return (yield from _addressed(affinity_port(self.port, moved.worker), make()))
 
     def _count_rehydrate(self) -> None:
         self.cold_rehydrates_observed += 1
