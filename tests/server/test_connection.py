@@ -56,7 +56,9 @@ def connect(tmp_path: Path) -> tuple[Connection, FakeTransport]:
     state.persistence = None
     state.loading = False
     server = PionServer(state)
-    conn = Connection(state, server.table, server.sink, 1, server.connections)
+    conn = Connection(
+        state, server.table, server.sink, 1, server.connections, memory=server.client_memory
+    )
     transport = FakeTransport()
     conn.connection_made(transport)  # type: ignore[arg-type]
     return conn, transport

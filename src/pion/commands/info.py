@@ -45,17 +45,24 @@ def _server(ctx: Context) -> list[str]:
 
 
 def _clients(ctx: Context) -> list[str]:
-    return [f"connected_clients:{len(ctx.state.clients)}"]
+    return [
+        f"connected_clients:{len(ctx.state.clients)}",
+        f"maxclients:{ctx.state.config.maxclients}",
+    ]
 
 
 def _memory(ctx: Context) -> list[str]:
     vs = ctx.state.vstore
+    measure = ctx.state.client_memory
     return [
         f"used_memory_rss:{rss_bytes()}",
         f"peak_memory_rss:{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}",
         f"vstore_bytes:{vs.vstore_bytes}",
         f"vstore_bytes_allocated:{vs.bytes_allocated}",
         f"maxmemory:{ctx.state.config.maxmemory}",
+        # Redis's name: every client's query buffer and unsent replies, measured now.
+        f"mem_clients_normal:{measure() if measure is not None else 0}",
+        f"maxmemory_clients:{ctx.state.config.maxmemory_clients}",
         f"vstore_max_sessions:{ctx.state.config.vstore_max_sessions}",
     ]
 
@@ -76,6 +83,7 @@ def _stats(ctx: Context) -> list[str]:
         f"total_connections_received:{c.total_connections_received}",
         f"total_commands_processed:{c.total_commands_processed}",
         f"rejected_connections:{c.rejected_connections}",
+        f"evicted_clients:{c.evicted_clients}",
         f"total_protocol_errors:{c.protocol_errors}",
         f"total_internal_errors:{c.internal_errors}",
         f"vstore_total_fetches:{vs.total_fetches}",
