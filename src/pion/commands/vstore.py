@@ -31,7 +31,7 @@ from pion.commands.state import Command, Context
 from pion.errors import PionError
 from pion.resp.reply import Reply, Simple
 
-__all__ = ["COMMANDS", "DEFAULT_FORMAT"]
+__all__ = ["COMMANDS", "DEFAULT_FORMAT", "format_name"]
 
 # Pion's V.CREATE default when VQUANT is absent (VFMT_INT8): same request, same format.
 DEFAULT_FORMAT = "int8"
@@ -44,9 +44,11 @@ def _show(raw: bytes) -> str:
     return raw[:64].decode("utf-8", "replace")
 
 
-def _format_name(raw: bytes) -> str | None:
-    """The format named by ``raw`` (case-insensitive, as Pion), or None."""
-    name = raw.decode("ascii", "replace").lower()
+def format_name(raw: bytes) -> str | None:
+    """The format named by ``raw``, or None: lenient about ASCII case, strict about
+    the set, as Pion's V.CREATE and KV.PREFIX.REGISTER both are (one function for
+    both, so they cannot drift apart)."""
+    name = raw.lower().decode("ascii", "replace")
     return name if name in FORMAT_NAMES else None
 
 
@@ -82,7 +84,7 @@ def v_create(ctx: Context, argv: Sequence[bytes]) -> Reply:
         if a.done():
             raise PionError(f"V.CREATE: VQUANT requires a format (want {_WANT})")
         raw = a.arg()
-        named = _format_name(raw)
+        named = format_name(raw)
         if named is None:
             raise PionError(f"V.CREATE: unknown VQUANT format '{_show(raw)}' (want {_WANT})")
         fmt = named
@@ -116,7 +118,7 @@ def _parse_spec(index: int, raw: bytes, default_dim: int, max_dim: int) -> tuple
         key, eq, value = segment.partition(b"=")
         key = key.lower()
         if eq and key == b"fmt":
-            named = _format_name(value)
+            named = format_name(value)
             if named is None:
                 raise PionError(f"{where} unknown fmt '{_show(value)}' (want {_WANT})")
             fmt = named
