@@ -15,10 +15,11 @@ import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from server_process import MiB, command, read_reply_line, running_server, store_fetchable
+
+from support import MiB, encode_command, read_reply_line, running_server, store_fetchable
 
 ROWS, DIM = 256, 8192
-FETCH = command("V.FETCH", "big", 0, "RANGE", 0, ROWS)
+FETCH = encode_command("V.FETCH", "big", 0, "RANGE", 0, ROWS)
 
 
 def _hog(port: int, fetches: int) -> socket.socket:

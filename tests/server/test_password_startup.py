@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import redis
-from server_process import command, read_reply_line, running_server
+
+from support import encode_command, read_reply_line, running_server
 
 
 def _start(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
@@ -71,11 +72,11 @@ def test_password_from_the_environment(tmp_path: Path) -> None:
     env = {"PION_REQUIREPASS": "from-env"}
     with running_server(tmp_path, "--no-wal", env=env) as srv:
         with srv.connect() as s:
-            s.sendall(command("PING"))
+            s.sendall(encode_command("PING"))
             assert read_reply_line(s).startswith(b"-NOAUTH")
-            s.sendall(command("AUTH", ""))
+            s.sendall(encode_command("AUTH", ""))
             assert read_reply_line(s).startswith(b"-WRONGPASS")
-            s.sendall(command("AUTH", "from-env"))
+            s.sendall(encode_command("AUTH", "from-env"))
             assert read_reply_line(s) == b"+OK\r\n"
         with redis.Redis(port=srv.port, password="from-env") as r:
             assert r.ping()
@@ -94,5 +95,5 @@ def test_password_file_first_line(tmp_path: Path) -> None:
 
 def test_auth_empty_on_a_server_without_password(tmp_path: Path) -> None:
     with running_server(tmp_path, "--no-wal") as srv, srv.connect() as s:
-        s.sendall(command("AUTH", ""))
+        s.sendall(encode_command("AUTH", ""))
         assert b"without any password configured" in read_reply_line(s)

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from server_process import MiB, ServerProcess, command, running_server, store_fetchable
+
+from support import MiB, ServerProcess, encode_command, running_server, store_fetchable
 
 # One fetch reply: 256 rows of 8192 fp32 values = 8 MiB.
 ROWS, DIM = 256, 8192
 REPLY = ROWS * DIM * 4
-FETCH = command("V.FETCH", "big", 0, "RANGE", 0, ROWS)
+FETCH = encode_command("V.FETCH", "big", 0, "RANGE", 0, ROWS)
 
 
 def _non_reader(srv: ServerProcess) -> socket.socket:
@@ -131,7 +132,7 @@ def test_backlogged_pipeline_with_writes_completes_in_order(tmp_path: Path, fsyn
         values = store_fetchable(r, "big", ROWS, DIM)
         r.execute_command("V.CREATE", "small", 4, "VQUANT", "fp16")
         row = np.arange(4, dtype="<f4").tobytes()
-        store = command("V.STOREBATCH", "small", 0, 0, 1, row)
+        store = encode_command("V.STOREBATCH", "small", 0, 0, 1, row)
         base = srv.rss()
         n = 60
         sock = _non_reader(srv)

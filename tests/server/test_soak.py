@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import redis
-from server_process import MiB, ServerProcess, command, running_server, store_fetchable
+
+from support import MiB, ServerProcess, encode_command, running_server, store_fetchable
 
 PASSWORD = "soak-pass"
 SOAK_SECONDS = 20.0
@@ -35,7 +36,7 @@ REPLY_BOUND_S = 10.0
 # each oversized AUTH header up to 512 MiB.
 RSS_BOUND = 600 * MiB
 ROWS, DIM = 256, 8192
-FETCH = command("V.FETCH", "big", 0, "RANGE", 0, ROWS)
+FETCH = encode_command("V.FETCH", "big", 0, "RANGE", 0, ROWS)
 
 
 class Soak:
@@ -124,7 +125,7 @@ def _half_sent(soak: Soak) -> Callable[[random.Random], None]:
     def attempt(rng: random.Random) -> None:
         with soak.connect() as s:
             if rng.random() < 0.5:
-                s.sendall(command("AUTH", PASSWORD))
+                s.sendall(encode_command("AUTH", PASSWORD))
                 s.recv(100)
                 s.sendall(b"*3\r\n$12\r\nV.STOREBATCH\r\n$100000\r\n" + b"y" * 5000)
             else:
@@ -141,7 +142,7 @@ def _fetch_hog(soak: Soak) -> Callable[[random.Random], None]:
         with s:
             s.settimeout(REPLY_BOUND_S)
             s.connect(("127.0.0.1", soak.srv.port))
-            s.sendall(command("AUTH", PASSWORD) + FETCH * 40)
+            s.sendall(encode_command("AUTH", PASSWORD) + FETCH * 40)
             soak.stop.wait(rng.uniform(1.0, 3.0))  # never reads
 
     return attempt

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from server_process import MiB, command, read_reply_line, running_server
+from support import MiB, encode_command, read_reply_line, running_server
 
 _HUGE_AUTH = b"*2\r\n$4\r\nAUTH\r\n$536870912\r\n"
 
@@ -67,9 +67,9 @@ def test_unauthenticated_multibulk_over_ten_is_refused(tmp_path: Path) -> None:
         # Ten arguments and a 16 KB bulk are still allowed before AUTH (and answered
         # -NOAUTH / -WRONGPASS as usual).
         with srv.connect() as s:
-            s.sendall(command("PING", *["a"] * 9))
+            s.sendall(encode_command("PING", *["a"] * 9))
             assert read_reply_line(s).startswith(b"-NOAUTH")
-            s.sendall(command("AUTH", b"p" * 16384))
+            s.sendall(encode_command("AUTH", b"p" * 16384))
             assert read_reply_line(s).startswith(b"-WRONGPASS")
 
 
@@ -78,7 +78,7 @@ def test_auth_then_big_command_in_one_packet(tmp_path: Path) -> None:
     with running_server(tmp_path, "--no-wal", password="s3cret") as srv:
         big = b"z" * (1 * MiB)
         with srv.connect() as s:
-            s.sendall(command("AUTH", "s3cret") + command("ECHO", big))
+            s.sendall(encode_command("AUTH", "s3cret") + encode_command("ECHO", big))
             got = b""
             want = b"+OK\r\n$%d\r\n%s\r\n" % (len(big), big)
             while len(got) < len(want):
@@ -91,10 +91,10 @@ def test_auth_then_big_command_in_one_packet(tmp_path: Path) -> None:
 def test_no_password_means_no_budget(tmp_path: Path) -> None:
     """Without a password every connection is authenticated: the full limits apply."""
     with running_server(tmp_path, "--no-wal") as srv, srv.connect() as s:
-        s.sendall(command("PING", *["a"] * 20))
+        s.sendall(encode_command("PING", *["a"] * 20))
         assert read_reply_line(s) == b"-ERR wrong number of arguments for 'ping' command\r\n"
         big = b"w" * MiB
-        s.sendall(command("ECHO", big))
+        s.sendall(encode_command("ECHO", big))
         want = b"$%d\r\n%s\r\n" % (len(big), big)
         got = b""
         while len(got) < len(want):
