@@ -135,6 +135,12 @@ class Codec(abc.ABC):
     name: ClassVar[str]
     format_id: ClassVar[int]
 
+    @property
+    def rope(self) -> int:
+        """The layout parameter of a parametrized format (``bf16_rope_fp8_body``'s
+        bf16 prefix length); 0 for every format without one."""
+        return 0
+
     @abc.abstractmethod
     def row_bytes(self, dim: int) -> int:
         """Bytes per stored row for a row of ``dim`` values."""
