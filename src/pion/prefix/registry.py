@@ -68,19 +68,15 @@ class PrefixRegistry:
         if not self.is_registered(ns):
             self.receipt.credit_miss()
             return False
-        own_tokens, k_bytes = vs.usage(k_sid(ns))
-        _, v_bytes = vs.usage(v_sid(ns))
+        own_tokens, _ = vs.usage(k_sid(ns))
+        vs.touch(v_sid(ns))
         if tokens is not None:
             credit_tokens, credit_ms = tokens, prefill_ms or 0
         else:
             credit_tokens = own_tokens
             credit_ms = prefill_ms if prefill_ms is not None else self._prefill_ms.get(ns, 0)
-        # Bytes served: the namespace's stored bytes, scaled to the credited tokens
-        # when the caller names a different count.
-        ns_bytes = k_bytes + v_bytes
-        if own_tokens > 0 and credit_tokens != own_tokens:
-            ns_bytes = ns_bytes * credit_tokens // own_tokens
-        self.receipt.credit_hit(credit_tokens, credit_ms, ns_bytes)
+        # No bytes here: kvprefix_bytes_served counts what V.FETCH delivers.
+        self.receipt.credit_hit(credit_tokens, credit_ms)
         return True
 
     def drop(self, ns: bytes) -> bool:
