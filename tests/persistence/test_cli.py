@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from click.testing import CliRunner
-from persistence_helpers import canonical, open_store, small_workload
 
 from pion.persistence import snapshot_path, wal_path
 from pion.persistence.cli import check_wal_command
+from support import durable_state, open_store, small_workload
 
 
 def _log(tmp_path: Path) -> tuple[Path, bytes]:
@@ -54,7 +54,7 @@ def test_corruption_reports_what_fix_discards(tmp_path: Path) -> None:
     assert fixed.exit_code == 0
     assert path.stat().st_size == 32
     vs, p = open_store(tmp_path / "d")  # starts, empty
-    assert canonical(vs)[-1] == ("totals", 0, 0, 0)
+    assert durable_state(vs)[-1] == ("totals", 0, 0, 0)
     p.close()
 
 

@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
-from persistence_helpers import canonical, f16_rows, fresh_store, no_retry, open_store, rows
 
 from pion.persistence import RecoveryError, snapshot_path, wal_path
 from pion.persistence.recovery import WAL_HEADER_SIZE, recover_sync
 from pion.vstore import VStore
+from support import durable_state as canonical
+from support import f16_rows, fresh_store, no_retry, open_store, rows
 
 Spawn = Callable[..., Any]
 DIM = 16

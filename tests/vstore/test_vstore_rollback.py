@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from vstore_helpers import FailingJournal, RecordingJournal, make_store, rows, state_of
 
 from pion.codecs import FORMAT_NAMES, get_codec
 from pion.errors import MisconfError, PionError, SessionNotFoundError
@@ -21,6 +20,8 @@ from pion.vstore import (
     VStore,
 )
 from pion.vstore.layer import Layer
+from support import FailingJournal, RecordingJournal, make_store, rows
+from support import durable_state as state_of
 
 
 def tokens(vs: VStore, sid: bytes) -> dict[int, int]:

@@ -21,7 +21,6 @@ from pion.resp.reply import Reply, Simple
 __all__ = ["COMMANDS"]
 
 MAX_NS_LEN = 200
-MAX_KV_DIM = 8192
 MAX_BLOCK_SIZE = 8192
 MAX_HASH_COUNT = 1_048_576
 MAX_PREFILL_MS = 86_400_000  # one day
@@ -56,7 +55,8 @@ def _register(ctx: Context, args: Sequence[bytes]) -> Reply:
     cmd = "KV.PREFIX.REGISTER"
     cur = Args(args, cmd)
     ns = _ns(cur, cmd)
-    kv_dim = cur.integer("kv_dim", 1, MAX_KV_DIM, f"{cmd}: kv_dim out of range (1..{MAX_KV_DIM})")
+    max_dim = ctx.state.config.vstore.max_dim
+    kv_dim = cur.integer("kv_dim", 1, max_dim, f"{cmd}: kv_dim out of range (1..{max_dim})")
     vquant = cur.arg("vquant").decode("utf-8", "replace")
     if vquant not in FORMAT_NAMES:
         # A SCHEMA-only format cannot be a whole namespace's: say where it does belong.

@@ -21,16 +21,17 @@ import numpy.typing as npt
 
 from pion.prefix.receipt import Receipt
 from pion.vstore import BlockTable, VStore
+from pion.wire import namespace_for, namespace_sids
 
 __all__ = ["PrefixRegistry", "k_sid", "v_sid"]
 
 
 def k_sid(ns: bytes) -> bytes:
-    return ns + b"_pk"
+    return namespace_sids(ns)[0]
 
 
 def v_sid(ns: bytes) -> bytes:
-    return ns + b"_pv"
+    return namespace_sids(ns)[1]
 
 
 class PrefixRegistry:
@@ -97,8 +98,9 @@ class PrefixRegistry:
         """Namespaces with both halves held."""
         out = []
         for sid in self.vstore.sids():
-            if sid.endswith(b"_pk") and v_sid(sid[:-3]) in self.vstore:
-                out.append(sid[:-3])
+            ns = namespace_for(sid)
+            if ns is not None and sid == k_sid(ns) and v_sid(ns) in self.vstore:
+                out.append(ns)
         return out
 
     def total_prefix_tokens(self) -> int:
