@@ -11,7 +11,7 @@ Per storage format:
   prompt), greedy agreement over ``NEW_TOKENS`` generated tokens, and whether the
   next token (argmax) held on every prompt;
 * speed, at ``--timing-prefix`` tokens (2048): median prefill time (the same-run
-  baseline, DESIGN section 12) against median restore time (LOOKUP + fetch + building
+  baseline) against median restore time (LOOKUP + fetch + building
   the ``DynamicCache``), and their ratio.
 
 The eighth format, ``bf16_rope_fp8_body``, exists only per layer (SCHEMA), so its row

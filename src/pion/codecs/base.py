@@ -50,7 +50,7 @@ __all__ = [
     "unpack4",
 ]
 
-# DESIGN section 4.2: a layer's dim is 1..8192 (V.CREATE / SCHEMA refuse anything else).
+# Pion's bound: a layer's dim is 1..8192 (V.CREATE / SCHEMA refuse anything else).
 MAX_DIM = 8192
 # Largest finite IEEE binary16 value.
 FP16_MAX = 65504.0

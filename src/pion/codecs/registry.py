@@ -55,7 +55,7 @@ __all__ = [
     "get_codec",
 ]
 
-# The order clients see in error texts ("want int8|turbo4|...", DESIGN section 4.3).
+# The order clients see in error texts ("want int8|turbo4|...", as Pion words them).
 FORMAT_NAMES: tuple[str, ...] = ("int8", "turbo4", "turbo3", "turbo2", "fp16", "fp8", "mlx4g32")
 
 _ALL: tuple[Codec, ...] = (

@@ -1,6 +1,6 @@
 """The value receipt: what a worker's prefix hits are worth (``PION.STATS``).
 
-Crediting a ``KV.PREFIX.LOOKUP`` hit (DESIGN section 4.4):
+Crediting a ``KV.PREFIX.LOOKUP`` hit (docs/protocol.md, "Value receipt"):
 
 * tokens = the K side's layer-0 high-water mark (0 on a cross-worker directory hit),
   time = the PREFILL_MS registered with the prefix;

@@ -7,7 +7,7 @@ What lives where, and why:
 * layouts, rows and block tables live in the V-store, so the WAL and snapshots cover
   them and eviction/drop remove them with the sessions;
 * PREFILL_MS lives here, in memory only: it describes the registering process's cold
-  prefill, and is deliberately not persisted (DESIGN section 4.3);
+  prefill, and is deliberately not persisted (docs/persistence.md);
 * crediting a hit goes to the :class:`~pion.prefix.receipt.Receipt`.
 
 The registry never validates wire arguments; ``pion.commands.prefix`` does that before
@@ -64,7 +64,7 @@ class PrefixRegistry:
         self._prune()
 
     def lookup(self, ns: bytes, tokens: int | None, prefill_ms: int | None) -> bool:
-        """HIT iff both halves exist; credits the receipt (DESIGN section 4.4)."""
+        """HIT iff both halves exist; credits the receipt (see ``receipt.py``)."""
         vs = self.vstore
         if not self.is_registered(ns):
             self.receipt.credit_miss()
