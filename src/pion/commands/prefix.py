@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pion.codecs import FORMAT_NAMES
+from pion.codecs import FORMAT_NAMES, SCHEMA_ONLY_FORMATS
 from pion.commands.args import Args
 from pion.commands.state import Command, Context
 from pion.commands.vstore import format_name
@@ -62,7 +62,10 @@ def _register(ctx: Context, args: Sequence[bytes]) -> Reply:
     vquant = format_name(raw_vquant)
     if vquant is None:
         shown = raw_vquant[:64].decode("utf-8", "replace")
-        raise PionError(f"{cmd}: unknown vquant '{shown}' (want {'|'.join(FORMAT_NAMES)})")
+        # A SCHEMA-only format cannot be a whole namespace's: say where it does belong.
+        schema_only = format_name(raw_vquant, SCHEMA_ONLY_FORMATS) is not None
+        hint = "; it is per layer: V.CREATE ... SCHEMA" if schema_only else ""
+        raise PionError(f"{cmd}: unknown vquant '{shown}' (want {'|'.join(FORMAT_NAMES)}){hint}")
     blocks: tuple[int, np.ndarray] | None = None
     prefill_ms = 0
     while not cur.done():
