@@ -21,7 +21,7 @@ AppendFsync = Literal["always", "everysec", "no"]
 
 @dataclass(frozen=True)
 class VStoreLimits:
-    """Per-command bounds of the V-store (DESIGN section 4.2)."""
+    """Per-command bounds of the V-store (docs/protocol.md, "Protocol limits")."""
 
     max_layers: int = 80  # layers 0..79, as in Pion
     max_rows: int = 200_000  # rows per layer
