@@ -110,7 +110,7 @@ def _argument_flood(soak: Soak) -> Callable[[random.Random], None]:
 def _garbage(soak: Soak) -> Callable[[random.Random], None]:
     def attempt(rng: random.Random) -> None:
         with soak.connect() as s:
-            s.sendall(rng.randbytes(rng.randint(1, 200_000)))
+            s.sendall(rng.randbytes(rng.randint(1, 70_000)))
             s.settimeout(0.5)
             try:
                 while s.recv(65536):
