@@ -188,6 +188,31 @@ def test_zero_lengths_are_fine() -> None:
     assert drain(dec) == [[b"ECHO", b""]]
 
 
+@settings(max_examples=300)
+@given(st.binary(max_size=300), st.lists(st.binary(max_size=40), min_size=1, max_size=14))
+def test_unauthenticated_garbage_and_commands(data: bytes, args: list[bytes]) -> None:
+    """Before AUTH: any bytes give frames or a ProtocolError, and a well-formed
+    multibulk is returned only within the budget."""
+    dec = RequestDecoder(ProtocolLimits(max_unauth_bulk_len=32))
+    dec.authenticated = False
+    dec.feed(data)
+    try:
+        for cmd in drain(dec):
+            assert all(isinstance(a, bytes) for a in cmd)
+    except ProtocolError:
+        pass
+    dec = RequestDecoder(ProtocolLimits(max_unauth_bulk_len=32))
+    dec.authenticated = False
+    dec.feed(encode(args))
+    within = len(args) <= 10 and all(len(a) <= 32 for a in args)
+    try:
+        assert drain(dec) == [args]
+        assert within
+    except ProtocolError as exc:
+        assert not within
+        assert exc.message.startswith("unauthenticated")
+
+
 def _unauth(limits: ProtocolLimits | None = None) -> RequestDecoder:
     dec = RequestDecoder(limits)
     dec.authenticated = False
