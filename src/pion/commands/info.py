@@ -50,6 +50,7 @@ def _clients(ctx: Context) -> list[str]:
 
 def _memory(ctx: Context) -> list[str]:
     vs = ctx.state.vstore
+    tables = ctx.state.attention
     return [
         f"used_memory_rss:{rss_bytes()}",
         f"peak_memory_rss:{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}",
@@ -57,6 +58,10 @@ def _memory(ctx: Context) -> list[str]:
         f"vstore_bytes_allocated:{vs.bytes_allocated}",
         f"maxmemory:{ctx.state.config.maxmemory}",
         f"vstore_max_sessions:{ctx.state.config.vstore_max_sessions}",
+        f"sdpa_warm_bytes:{tables.bytes}",
+        f"attend_maxmemory:{tables.max_bytes}",
+        f"ssm_bytes:{ctx.state.ssm.bytes}",
+        f"ssm_maxmemory:{ctx.state.ssm.max_bytes}",
     ]
 
 
@@ -72,6 +77,7 @@ def _persistence(ctx: Context) -> list[str]:
 def _stats(ctx: Context) -> list[str]:
     c = ctx.state.counters
     vs = ctx.state.vstore
+    tables = ctx.state.attention
     return [
         f"total_connections_received:{c.total_connections_received}",
         f"total_commands_processed:{c.total_commands_processed}",
@@ -80,6 +86,12 @@ def _stats(ctx: Context) -> list[str]:
         f"total_internal_errors:{c.internal_errors}",
         f"vstore_total_fetches:{vs.total_fetches}",
         f"vstore_evictions:{vs.evictions}",
+        f"sdpa_warm:{tables.warm_count}",
+        f"sdpa_cold:{tables.cold_count}",
+        f"sdpa_demotions:{tables.demotions}",
+        f"sdpa_rehydrates:{tables.rehydrates}",
+        f"sdpa_cold_forgotten:{tables.forgotten}",
+        f"ssm_entries:{len(ctx.state.ssm)}",
     ]
 
 
