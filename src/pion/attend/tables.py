@@ -167,9 +167,10 @@ class AttentionTables:
         old = self._warm.pop(key, None)
         if old is not None:
             self.bytes -= old.nbytes
-        self._make_room(1, slot.nbytes)
+        # Out of the cold registry first, so the demotions below cannot push it out.
         if self._cold.pop(key, None) is not None:
             self.rehydrates += 1
+        self._make_room(1, slot.nbytes)
         self._warm[key] = slot
         self.bytes += slot.nbytes
 
