@@ -60,6 +60,12 @@ is a u8 id of :mod:`pion.codecs.registry` (frozen there)::
     127 END    snapshot only, last: u64 records before it, u64 sessions
     5, 6       reserved for SSM state (store, drop)
 
+Op-code ranges, one per store, frozen (``stores.py``): 1..15 the V-store (above),
+16..31 the plain keyspace (specified in ``keyspace_format.py``), 32..47 SSM and
+attention state, 127 END. Every store's records share this framing and the log's one
+sequence; each store has its own snapshot file, ``pion.<store>.<w>``, with the header
+above.
+
 A snapshot is, per session in LRU order (least recent first, so loading restores the
 order): CREATE, one or more STOREs per layer holding rows 0..tpl in pieces of at most
 SNAPSHOT_CHUNK bytes (highest rows first, so the first piece sizes the layer's buffer
@@ -103,8 +109,10 @@ __all__ = [
     "crc32c",
     "decode_mutation",
     "encode_end",
+    "encode_frame",
     "encode_record",
     "op_of",
+    "vstore_payload",
 ]
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
@@ -269,23 +277,37 @@ def _encode_payload(m: Mutation) -> tuple[bytes, memoryview | None]:
     return _sid(m.sid) + _BLOCKS.pack(m.block_size, len(hashes) // 8), hashes
 
 
-def encode_record(seq: int, m: Mutation) -> tuple[list[Buffer], int]:
-    """The buffers of one record, ready for ``os.writev``, and their total size. Bulk
-    data (STORE rows, BLOCKS hashes) is passed through as a view, not copied."""
-    fixed, bulk = _encode_payload(m)
-    length = len(fixed) + (len(bulk) if bulk is not None else 0)
+def encode_frame(seq: int, op: int, payload: Sequence[Buffer]) -> tuple[list[Buffer], int]:
+    """The buffers of one record whose payload is ``payload`` concatenated, ready for
+    ``os.writev``, and their total size. The payload buffers are passed through as
+    they are (checksummed in place), never joined or copied."""
+    length = sum(memoryview(p).nbytes for p in payload)
     if length > MAX_PAYLOAD:
         raise PionError(
             f"a single write of {length} bytes exceeds the write-ahead log's record "
             f"limit of {MAX_PAYLOAD} bytes; send it in smaller batches"
         )
-    crc = crc32c(fixed)
-    parts: list[Buffer] = [record_head(length, op_of(m), seq), fixed]
-    if bulk is not None and len(bulk):
-        crc = crc32c(bulk, crc)
-        parts.append(bulk)
+    crc = 0
+    parts: list[Buffer] = [record_head(length, op, seq)]
+    for piece in payload:
+        if memoryview(piece).nbytes:
+            crc = crc32c(piece, crc)
+            parts.append(piece)
     parts.append(_U32.pack(crc))
     return parts, RECORD_OVERHEAD + length
+
+
+def vstore_payload(m: Mutation) -> list[Buffer]:
+    """The payload of a V-store mutation's record as buffers (bulk data as a view)."""
+    fixed, bulk = _encode_payload(m)
+    return [fixed] if bulk is None or not len(bulk) else [fixed, bulk]
+
+
+def encode_record(seq: int, m: Mutation) -> tuple[list[Buffer], int]:
+    """The buffers of one V-store record, ready for ``os.writev``, and their total
+    size. Bulk data (STORE rows, BLOCKS hashes) is passed through as a view, not
+    copied."""
+    return encode_frame(seq, op_of(m), vstore_payload(m))
 
 
 def encode_end(seq: int, records: int, sessions: int) -> bytes:
