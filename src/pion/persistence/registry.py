@@ -14,6 +14,7 @@ from types import MappingProxyType
 
 from pion.persistence.format import OP_CREATE, Buffer, FormatError, decode_mutation
 from pion.persistence.format import OPS as VSTORE_OPS
+from pion.persistence.ssm_durable import SSM_OPS, SSM_UNIT_OPS, describe_ssm
 from pion.vstore import DropSession
 
 __all__ = ["FAMILIES", "KNOWN_OPS", "UNIT_OPS", "RecordFamily", "describe", "family_of"]
@@ -40,6 +41,7 @@ def _describe_vstore(op: int, payload: Buffer) -> str:
 
 FAMILIES: tuple[RecordFamily, ...] = (
     RecordFamily("vstore", VSTORE_OPS, frozenset({OP_CREATE}), _describe_vstore),
+    RecordFamily("ssm", SSM_OPS, SSM_UNIT_OPS, describe_ssm),
 )
 
 

@@ -24,6 +24,7 @@ from pion.commands.state import CommandTable, ServerState
 from pion.config import ServerConfig
 from pion.errors import PionError
 from pion.persistence import Persistence, RecoveryAborted
+from pion.persistence.ssm_durable import SsmDurable
 from pion.prefix.receipt import Receipt
 from pion.server.app import PionServer
 from pion.server.binary import BinaryLane
@@ -57,7 +58,7 @@ def build_state(config: ServerConfig) -> ServerState:
         maxmemory=config.maxmemory,
     )
     state = ServerState(config=config, vstore=vstore, receipt=Receipt(worker_id=config.worker_id))
-    persistence = Persistence(config, vstore)
+    persistence = Persistence(config, vstore, SsmDurable(state.ssm))
     persistence.open()
     state.persistence = persistence
     state.loading = True
