@@ -44,8 +44,9 @@ F32 = npt.NDArray[np.float32]
 
 @dataclass(slots=True)
 class Slot:
-    """One WARM ``(sid, layer)``: K and V ``[H, N, D]`` fp32 (possibly read-only views
-    of the request's blobs)."""
+    """One WARM ``(sid, layer)``: K and V ``[H, N, D]`` fp32, possibly read-only views
+    (of the request's blobs after a STORE; token-major ``[N, H, D]`` buffers seen
+    head-first after a WARM)."""
 
     k: F32
     v: F32
