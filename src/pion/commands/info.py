@@ -60,6 +60,8 @@ def _memory(ctx: Context) -> list[str]:
         f"vstore_max_sessions:{ctx.state.config.vstore_max_sessions}",
         f"sdpa_warm_bytes:{tables.bytes}",
         f"attend_maxmemory:{tables.max_bytes}",
+        f"attend_slots:{tables.warm_slots}",
+        f"attend_cold_slots:{tables.cold_slots}",
         f"ssm_bytes:{ctx.state.ssm.bytes}",
         f"ssm_maxmemory:{ctx.state.ssm.max_bytes}",
     ]
