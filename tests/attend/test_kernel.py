@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from attend_reference import reference, reference_blocks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attend_reference import reference, reference_blocks
 from pion.attend.kernel import Attention, attend, merge, select_blocks
 
 RNG = np.random.default_rng(11)
@@ -212,3 +212,16 @@ def test_random_shapes_match_reference(
     hm = np.arange(h_q) // ratio
     got = attend(q, k, v, head_map=hm, window=window, k_suf=ks, v_suf=vs, score_bytes=score_bytes)
     _check(got, reference(q, k, v, hm, window=window, k_suf=ks, v_suf=vs))
+
+
+@pytest.mark.parametrize("selector", ["block_mean", "quest"])
+def test_sparse_selection_in_bounded_runs_of_blocks(selector: str) -> None:
+    """Tiny blocks over a long prefix: summaries come a few blocks at a time."""
+    q, k = _normal(8, 16), _normal(2, 999, 16)
+    hm = np.arange(8) // 4
+    whole = select_blocks(q, k, head_map=hm, block=3, top=40, selector=selector)
+    runs = select_blocks(q, k, head_map=hm, block=3, top=40, selector=selector, score_bytes=1)
+    np.testing.assert_array_equal(whole, runs)
+    np.testing.assert_array_equal(
+        whole, reference_blocks(q, k, hm, block=3, top=40, selector=selector)
+    )

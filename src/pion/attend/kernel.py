@@ -224,6 +224,7 @@ def select_blocks(
     block: int,
     top: int,
     selector: Selector = "block_mean",
+    score_bytes: int = MAX_SCORE_BYTES,
 ) -> Index:
     """The prefix tokens a sparse query attends to, shared by every query head.
 
@@ -232,28 +233,40 @@ def select_blocks(
     sqrt(D)``; the summary is the block's mean key (``block_mean``) or, for ``quest``,
     the per-dimension key min/max, scored as ``sum_d max(q_d min_d, q_d max_d)``. The
     ``top`` best blocks (ties to the earlier block) are kept, and the last block always
-    is (recent tokens). ``q`` is ``[H_q, D]`` (M = 1). Returns sorted token indices."""
+    is (recent tokens). ``q`` is ``[H_q, D]`` (M = 1). Returns sorted token indices.
+
+    Summaries are computed a run of blocks at a time, so the temporaries stay within
+    ``score_bytes`` however long the prefix and however small the blocks."""
     h_q, d = q.shape
     h_kv, n, _ = k.shape
     if block < 1 or top < 1:
         raise ValueError("block and top must be >= 1")
+    if selector not in ("block_mean", "quest"):
+        raise ValueError(f"unknown selector {selector!r}")
     block = min(block, n)  # a block past the prefix is the whole prefix
     hm = np.arange(h_q, dtype=np.intp) // (h_q // h_kv) if head_map is None else head_map
     n_blocks = -(-n // block)
-    starts = np.arange(n_blocks, dtype=np.intp) * block
     qs = q * np.float32(1.0 / np.sqrt(d))
-    if selector == "block_mean":
-        counts = np.minimum(block, n - starts).astype(np.float32)
-        means = np.add.reduceat(k, starts, axis=1) / counts[None, :, None]
-        per_head = np.einsum("hd,hbd->hb", qs, means[hm])
-    elif selector == "quest":
-        lo = np.minimum.reduceat(k, starts, axis=1)[hm]
-        hi = np.maximum.reduceat(k, starts, axis=1)[hm]
-        qb = qs[:, None, :]
-        per_head = np.maximum(qb * lo, qb * hi).sum(axis=-1)
-    else:
-        raise ValueError(f"unknown selector {selector!r}")
-    scores = per_head.mean(axis=0)
+    # Block-mean is linear in q: the query heads of one kv-head add up first.
+    q_group = np.zeros((h_kv, d), dtype=np.float32)
+    np.add.at(q_group, hm, qs)
+    scores = np.empty(n_blocks, dtype=np.float32)
+    per_block = 3 * h_q * d * 4 if selector == "quest" else 2 * h_kv * d * 4
+    step = max(1, score_bytes // per_block)
+    for b0 in range(0, n_blocks, step):
+        b1 = min(n_blocks, b0 + step)
+        seg = k[:, b0 * block : min(n, b1 * block)]
+        starts = np.arange(b1 - b0, dtype=np.intp) * block
+        if selector == "block_mean":
+            counts = np.minimum(block, seg.shape[1] - starts).astype(np.float32)
+            means = np.add.reduceat(seg, starts, axis=1) / counts[None, :, None]
+            scores[b0:b1] = np.einsum("gd,gbd->b", q_group, means)
+        else:
+            lo = np.minimum.reduceat(seg, starts, axis=1)[hm]
+            hi = np.maximum.reduceat(seg, starts, axis=1)[hm]
+            qb = qs[:, None, :]
+            scores[b0:b1] = np.maximum(qb * lo, qb * hi).sum(axis=(0, 2))
+    scores /= h_q
     chosen = np.zeros(n_blocks, dtype=bool)
     chosen[np.argsort(-scores, kind="stable")[: min(top, n_blocks)]] = True
     chosen[-1] = True
