@@ -115,9 +115,10 @@ def bind_sockets(config: ServerConfig) -> tuple[socket.socket, socket.socket | N
         except OSError as exc:
             if config.port != 0:
                 sock.close()
-                raise PionError(
+                raise OSError(
+                    exc.errno,
                     f"cannot listen on {config.bind}:{port + 1} for the binary lane "
-                    f"({exc.strerror or exc}); set --binary-port, or --no-binary-lane"
+                    f"({exc.strerror or exc}); set --binary-port, or --no-binary-lane",
                 ) from None
         sock.close()
     raise PionError("no free port pair for the RESP port and its binary lane (port + 1)")
@@ -244,8 +245,15 @@ class ServerThread:
     ) -> None:
         self.config = config
         self.table = table
-        self.state = state if state is not None else build_state(config)
+        # Sockets first: a port in use must not leave the data directory locked.
         self._sock, self._binary = bind_sockets(config)
+        try:
+            self.state = state if state is not None else build_state(config)
+        except BaseException:
+            for sock in (self._sock, self._binary):
+                if sock is not None:
+                    sock.close()
+            raise
         self.host = config.bind
         self.port: int = self._sock.getsockname()[1]
         # The binary lane's port (0 when it is off).
