@@ -221,3 +221,45 @@ def test_a_missing_slot_is_err_with_pions_text(client: redis.Redis) -> None:
     assert err(client, "ATTEND.PREFIX.QUERY", "x", 0, H, D, 1, blob(Q0)) == (
         "ATTEND.PREFIX.QUERY failed (session not found, or unsupported D)"
     )
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ATTEND.PREFIX.STORE",
+        "ATTEND.PREFIX.LOOKUP",
+        "ATTEND.PREFIX.QUERY",
+        "ATTEND.PREFIX.QUERY_FUSED",
+        "ATTEND.PREFIX.QUERY_SPARSE_AUTO",
+        "ATTEND.PREFIX.QUERY_SPARSE_AUTO_FUSED",
+        "ATTEND.PREFIX.DROP",
+        "KV.PREFIX.WARM",
+        "SSM.PREFIX.STORE",
+        "SSM.PREFIX.FETCH",
+        "SSM.PREFIX.DROP",
+    ],
+)
+def test_random_arguments_never_reach_the_internal_error_path(
+    client: redis.Redis, name: str
+) -> None:
+    """Hostile argument lists (numbers around every bound, random blobs, float-sized
+    blobs full of garbage) get replies or errors, never `-ERR internal error`."""
+    rng = np.random.default_rng(len(name))
+    store(client, "good", 0, K0, V0)
+    client.execute_command("KV.PREFIX.REGISTER", "good", H * D, "fp16")
+    numbers = [-1, 0, 1, 2, 3, 4, 8, 16, 255, 256, 257, 65535, 65536, 2**31, 2**63 - 1]
+    for _ in range(60):
+        args: list[Any] = [rng.choice(["good", "good_attn", "x"]), int(rng.choice([0, 1]))]
+        for _ in range(int(rng.integers(0, 13))):
+            pick = rng.integers(0, 3)
+            if pick == 0:
+                args.append(int(rng.choice(numbers)))
+            elif pick == 1:
+                args.append(rng.bytes(int(rng.choice([0, 1, 4, 64, 128, 640]))))
+            else:
+                args.append(blob(rng.standard_normal(int(rng.choice([8, 16, 32, 80]))) * 1e30))
+        try:
+            client.execute_command(name, *args)
+        except redis.ResponseError as exc:
+            assert "internal error" not in str(exc), (name, args)
+    assert client.info("stats")["total_internal_errors"] == 0

@@ -267,3 +267,34 @@ def test_lane_can_be_off_or_elsewhere(server_factory: Callable[..., ServerThread
         assert moved.binary_port == free and lane.call(OP_PING) == (STATUS_OK, b"")
     finally:
         lane.close()
+
+
+def test_random_frames_never_break_the_lane(lane_server: Callable[..., Any]) -> None:
+    """Well-framed garbage (random opcodes, random bodies, bodies that are almost a
+    valid QUERY_FUSED) is answered frame by frame; the lane and the server live on."""
+    server, lane, _ = lane_server()
+    rng = np.random.default_rng(99)
+    e = np.zeros((H_KV, 0, D), np.float32)
+    valid = fused(b"s", rand(H_Q, 1, D), e, e, np.arange(H_Q) // 4)
+    for i in range(200):
+        kind = i % 4
+        if kind == 0:
+            opcode, body = int(rng.integers(0, 256)), rng.bytes(int(rng.integers(0, 300)))
+        elif kind == 1:  # a valid body with random bytes flipped
+            raw = bytearray(valid)
+            for pos in rng.integers(0, len(raw), 3):
+                raw[pos] = int(rng.integers(0, 256))
+            opcode, body = OP_QUERY_FUSED, bytes(raw)
+        elif kind == 2:  # a valid body cut or extended
+            cut = int(rng.integers(0, len(valid) + 8))
+            opcode, body = OP_QUERY_FUSED, (valid + rng.bytes(8))[:cut]
+        else:
+            opcode, body = OP_QUERY_FUSED, valid
+        if opcode == OP_AUTH:
+            continue
+        status, reply = lane.call(opcode, body)
+        assert status in (STATUS_OK, STATUS_MISS, STATUS_ERROR, STATUS_COLDMISS)
+        if kind == 3:
+            assert status == STATUS_OK and len(reply) == H_Q * D * 4
+    assert lane.call(OP_PING) == (STATUS_OK, b"")
+    assert redis.Redis(port=server.port).info("stats")["total_internal_errors"] == 0
