@@ -7,11 +7,9 @@ Order and rules:
 2. Each store's snapshot, if any, is loaded (``stores.py``: one file per store). It was
    renamed into place complete, so any damage is corruption and stops startup. Its
    header gives that store's ``covered``. A store whose file is missing while another
-   store's is present starts empty and takes the whole log: it counts as covered up to
-   the record before the log's first (``start - 1``). Two ways lead there, both
-   logged as a warning: a data directory written before that store existed (the log
-   holds none of its records), or a crash inside the first SAVE between two stores'
-   renames (the log was not reset yet and still holds all of its records).
+   store's is present starts empty and counts as covered up to the newest present
+   file: a data directory written before that store existed (SAVE writes every
+   store's file, so this is the only way one can be missing), logged as a warning.
 3. The log is replayed from its header's ``start``, each record into the store that
    owns its op code. A record with ``seq <=`` its store's ``covered`` is already in
    that store's snapshot (a crash hit between the renames of SAVE and the log's reset)
@@ -155,14 +153,8 @@ def _load_snapshot(
 
 
 def _replay_log(
-    owners: dict[int, DurableStore],
-    path: Path,
-    worker: int,
-    res: RecoveryResult,
-    missing: Sequence[str] = (),
+    owners: dict[int, DurableStore], path: Path, worker: int, res: RecoveryResult
 ) -> Iterator[None]:
-    """Replay the log; the stores in ``missing`` (no snapshot beside the others') take
-    every record the log holds."""
     covered = {name: res.covered_by.get(name, 0) for name in {s.name for s in owners.values()}}
     oldest = min(covered.values(), default=0)
     newest = max(covered.values(), default=0)
@@ -188,9 +180,6 @@ def _replay_log(
             ) from None
         if header.worker != worker:
             raise RecoveryError(f"{path} belongs to worker {header.worker}, not {worker}")
-        for name in missing:
-            covered[name] = res.covered_by[name] = header.start - 1
-        oldest = min(covered.values(), default=0)
         if header.start > oldest + 1:
             raise RecoveryError(
                 f"{path} starts at record {header.start} but the snapshot covers only up "
@@ -281,19 +270,19 @@ def _steps(
         else:
             missing.append(store.name)
     if missing and res.covered_by:
+        newest = max(res.covered_by.values())
         for name in missing:
             log.warning(
-                "no snapshot of the %s beside the other stores': starting it empty and "
-                "replaying the whole log into it (a data directory written before it "
-                "existed, or a crash inside the first SAVE)",
+                "no snapshot of the %s beside the other stores' (covering record %d): "
+                "starting it empty, as in a data directory written before it existed",
                 name,
+                newest,
             )
-    else:
-        missing = []
+            res.covered_by[name] = newest
     for store, _ in stores:
         if isinstance(store, VStoreDurable):
             res.snapshot_sessions = res.snapshot_units.get(store.name, 0)
-    yield from _replay_log(_owners(stores), wal, worker, res, missing)
+    yield from _replay_log(_owners(stores), wal, worker, res)
 
 
 def _vstore_only(store: VStore, snapshot: Path) -> list[StoreFile]:
