@@ -162,7 +162,7 @@ class Persistence:
         for store in self.stores:
             store.attach(self)
         self.loading = False
-        units = ", ".join(f"{n} {s}" for s, n in res.snapshot_units.items()) or "nothing"
+        units = ", ".join(f"{n} in the {s}" for s, n in res.snapshot_units.items()) or "nothing"
         log.info(
             "recovered %s from the snapshots (%d bytes) and replayed %d log records in %.3f s",
             units,

@@ -6,10 +6,14 @@ Order and rules:
    files were never touched before their rename).
 2. Each store's snapshot, if any, is loaded (``stores.py``: one file per store). It was
    renamed into place complete, so any damage is corruption and stops startup. Its
-   header gives that store's ``covered``. A store whose file is missing while another
-   store's is present starts empty and counts as covered up to the newest present
-   file: a data directory written before that store existed (SAVE writes every
-   store's file, so this is the only way one can be missing), logged as a warning.
+   header gives that store's ``covered``. A store whose file is missing starts empty.
+   If the log starts at record 1 it was never reset, so it holds that store's whole
+   history (the first SAVE crashed between two renames, or never ran): the store
+   replays all of it. If the log starts later, a SAVE completed and wrote every
+   store's file; so when the V-store's file (which every Pion data directory has) is
+   there and another store's is not, that store did not exist then (a directory
+   written before it): it counts as covered like the V-store's, with a warning. A
+   missing V-store file with a reset log is a lost snapshot and stops startup.
 3. The log is replayed from its header's ``start``, each record into the store that
    owns its op code. A record with ``seq <=`` its store's ``covered`` is already in
    that store's snapshot (a crash hit between the renames of SAVE and the log's reset)
@@ -60,6 +64,8 @@ __all__ = [
 log = logging.getLogger("pion.persistence")
 
 WAL_HEADER_SIZE = WAL_HEADER.size + 4
+# The store whose snapshot every Pion data directory has had since the first release.
+ANCHOR_STORE = "vstore"
 _SLICE_S = 0.02
 _READ_BUFFER = 1 << 20
 
@@ -152,32 +158,56 @@ def _load_snapshot(
     res.snapshot_units[store.name] = store.units()
 
 
+def _cover_missing(missing: list[str], log_start: int, res: RecoveryResult) -> None:
+    """Step 2's rule for stores without a snapshot file (see the module docstring)."""
+    anchor = res.covered_by.get(ANCHOR_STORE)
+    for name in missing:
+        if log_start > 1 and anchor is not None and name != ANCHOR_STORE:
+            log.warning(
+                "no snapshot of the %s beside the V-store's (covering record %d) and the "
+                "log was reset since: starting it empty, as in a data directory written "
+                "before it existed",
+                name,
+                anchor,
+            )
+            res.covered_by[name] = anchor
+        else:
+            res.covered_by[name] = 0
+
+
 def _replay_log(
-    owners: dict[int, DurableStore], path: Path, worker: int, res: RecoveryResult
+    owners: dict[int, DurableStore],
+    path: Path,
+    worker: int,
+    res: RecoveryResult,
+    missing: list[str],
 ) -> Iterator[None]:
+    size = path.stat().st_size if path.exists() else 0
+    if path.exists() and size < WAL_HEADER_SIZE:
+        # The header is written to a temp file, fsynced and renamed into place, so a
+        # short one was never a log we appended to.
+        log.warning("%s: %d bytes, shorter than a log header; starting a new log", path, size)
+    header: WalHeader | None = None
+    if size >= WAL_HEADER_SIZE:
+        with open(path, "rb") as f:
+            try:
+                header = WalHeader.decode(f.read(WAL_HEADER_SIZE))
+            except FormatError as exc:
+                raise RecoveryError(
+                    f"{path}: {exc.message} at offset 0. Startup stopped. The header "
+                    f"cannot be repaired (`pion check-wal {path}` shows what follows it): "
+                    "restore the log from a backup, or move it away to start from the "
+                    "snapshot alone (losing the writes logged since)."
+                ) from None
+    _cover_missing(missing, header.start if header is not None else 1, res)
     covered = {name: res.covered_by.get(name, 0) for name in {s.name for s in owners.values()}}
     oldest = min(covered.values(), default=0)
     newest = max(covered.values(), default=0)
     res.covered = newest
     res.last_seq = newest
-    if not path.exists():
-        return
-    size = path.stat().st_size
-    if size < WAL_HEADER_SIZE:
-        # The header is written to a temp file, fsynced and renamed into place, so a
-        # short one was never a log we appended to.
-        log.warning("%s: %d bytes, shorter than a log header; starting a new log", path, size)
+    if header is None:
         return
     with open(path, "rb", buffering=_READ_BUFFER) as f:
-        try:
-            header = WalHeader.decode(f.read(WAL_HEADER_SIZE))
-        except FormatError as exc:
-            raise RecoveryError(
-                f"{path}: {exc.message} at offset 0. Startup stopped. The header cannot "
-                f"be repaired (`pion check-wal {path}` shows what follows it): restore "
-                "the log from a backup, or move it away to start from the snapshot alone "
-                "(losing the writes logged since)."
-            ) from None
         if header.worker != worker:
             raise RecoveryError(f"{path} belongs to worker {header.worker}, not {worker}")
         if header.start > oldest + 1:
@@ -269,20 +299,10 @@ def _steps(
             yield from _load_snapshot(store, path, worker, res)
         else:
             missing.append(store.name)
-    if missing and res.covered_by:
-        newest = max(res.covered_by.values())
-        for name in missing:
-            log.warning(
-                "no snapshot of the %s beside the other stores' (covering record %d): "
-                "starting it empty, as in a data directory written before it existed",
-                name,
-                newest,
-            )
-            res.covered_by[name] = newest
     for store, _ in stores:
         if isinstance(store, VStoreDurable):
             res.snapshot_sessions = res.snapshot_units.get(store.name, 0)
-    yield from _replay_log(_owners(stores), wal, worker, res)
+    yield from _replay_log(_owners(stores), wal, worker, res, missing)
 
 
 def _vstore_only(store: VStore, snapshot: Path) -> list[StoreFile]:
