@@ -1,5 +1,5 @@
 """A float64 reference for the attention tier: one query row at a time, no tricks, the
-semantics of DESIGN 4.5 written out directly. The tests compare the kernel and the
+semantics of docs/attention.md written out directly. The tests compare the kernel and the
 server against it."""
 
 from __future__ import annotations

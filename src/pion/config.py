@@ -31,7 +31,7 @@ class ProtocolLimits:
     max_inline_len: int = 64 * 1024
     # Redis accepts up to 1024*1024*1024 elements; we cap a command at 1M arguments.
     max_array_len: int = 1024 * 1024
-    # The binary lane's frame body (DESIGN 4.6): the same bound as one RESP bulk, so
+    # The binary lane's frame body (docs/attention.md): the same bound as one RESP bulk, so
     # the fast lane can never be made to buffer more than the RESP port.
     max_binary_body: int = 512 * MB
 
@@ -63,14 +63,14 @@ class ServerConfig:
     wal_enabled: bool = True
     save_interval: float = 0.0  # seconds between automatic snapshots; 0 = off
     worker_id: int = 0
-    # Attention tier (DESIGN 4.5). fa_window: the default sliding window of a query
+    # Attention tier (docs/attention.md). fa_window: the default sliding window of a query
     # that sends none (0 = full attention, N = the last N prefix tokens).
     fa_window: int = 0
     attend_warm_slots: int = 256  # WARM table slots (Pion's SDPA_SLOTS)
     attend_cold_slots: int = 1024  # COLD registry entries (Pion's SDPA_COLD_SLOTS)
     attend_maxmemory: int = 0  # bytes of K/V in WARM slots; 0 = no byte budget
     ssm_maxmemory: int = 0  # bytes of SSM.PREFIX blobs; 0 = no budget
-    # The binary lane (DESIGN 4.6): None = the RESP port + 1, as Pion's client assumes.
+    # The binary lane (docs/attention.md): None = the RESP port + 1, as Pion's client assumes.
     binary_lane: bool = True
     binary_port: int | None = None
     protocol: ProtocolLimits = field(default_factory=ProtocolLimits)

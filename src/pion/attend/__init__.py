@@ -1,5 +1,5 @@
 """The attention tier (Stage 2): the client sends queries, the server attends over the
-K/V of a cached prefix it holds (DESIGN 4.5).
+K/V of a cached prefix it holds (docs/attention.md).
 
 Reading order: ``kernel.py`` (numpy SDPA with an online softmax, the sparse block
 selector, the LSE merge), ``tables.py`` (the WARM table and COLD registry: which

@@ -9,11 +9,11 @@ One function, :func:`attend`, serves every query form of the attention tier:
 - the sparse variants: the prefix restricted to a shared token subset ``keys``
   (picked by :func:`select_blocks`), plus the suffix for the fused form.
 
-Semantics (DESIGN 4.5): scores are ``q . k / sqrt(D)``; ``window > 0`` keeps only the
-last ``window`` prefix tokens (the suffix is never windowed); the prefix is fully
-visible to every query row. The log-sum-exp of each row's scaled scores comes back
-with the output, so a caller can merge this attention with attention computed
-elsewhere (:func:`merge`).
+Semantics (docs/attention.md, "The queries"): scores are ``q . k / sqrt(D)``;
+``window > 0`` keeps only the last ``window`` prefix tokens (the suffix is never
+windowed); the prefix is fully visible to every query row. The log-sum-exp of each
+row's scaled scores comes back with the output, so a caller can merge this attention
+with attention computed elsewhere (:func:`merge`).
 
 How it is computed. Query heads are grouped by the kv-head they read, so one batched
 matmul per key block serves a whole GQA group without copying K or V per query head

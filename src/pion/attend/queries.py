@@ -5,7 +5,7 @@ Every function here checks everything it is given (ranges, blob sizes against th
 declared shape, finiteness, the slot's state and shape) before it reads or changes a
 slot, and reports a failure as a :class:`~pion.errors.PionError` whose text is the
 wire's. ``cmd`` is the command name the errors carry. Blobs are little-endian fp32
-arrays without a header (DESIGN 3), viewed in place, never copied.
+arrays without a header (docs/protocol.md, wire conventions), viewed in place, never copied.
 
 Errors that clients match on: ``-COLDMISS session evicted to cold tier (call
 KV.PREFIX.WARM)`` for a COLD slot; ``<cmd> failed (session not found, or unsupported
@@ -41,7 +41,7 @@ __all__ = [
     "store",
 ]
 
-# head_map entries are u8 (DESIGN 4.5), so at most 256 kv-heads; query heads share the
+# head_map entries are u8 on the wire, so at most 256 kv-heads; query heads share the
 # bound (the largest published models have 128).
 MAX_HEADS = 256
 # The V-store's largest row (kv_dim 8192): any layer it holds can be warmed with H=1.

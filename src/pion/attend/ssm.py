@@ -1,4 +1,4 @@
-"""Opaque per-layer state of recurrent and hybrid models: ``SSM.PREFIX.*`` (DESIGN 4.5).
+"""Opaque per-layer state of recurrent and hybrid models: ``SSM.PREFIX.*`` (docs/attention.md).
 
 A recurrent layer (Mamba, RWKV, a GatedDeltaNet slot of a hybrid) has no per-token
 K/V to reuse, only a fixed-size state after the prefix. Clients serialise it however

@@ -1,5 +1,5 @@
 """The attention tier's slot tables: which ``(sid, layer)`` K/V are WARM, COLD or
-MISSING (DESIGN 4.5).
+MISSING (docs/attention.md).
 
 ==========  ===================================  ==================================
 state       where it lives                       what a query gets

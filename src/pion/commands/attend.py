@@ -1,4 +1,5 @@
-"""The attention tier over RESP (DESIGN 4.5): ``ATTEND.PREFIX.*`` and ``KV.PREFIX.WARM``.
+"""The attention tier over RESP: ``ATTEND.PREFIX.*`` and ``KV.PREFIX.WARM``
+(docs/protocol.md, "Attention tier").
 
 Handlers parse their arguments with :class:`~pion.commands.args.Args` in the order of
 the wire reference and hand them to :mod:`pion.attend.queries`, which validates

@@ -164,7 +164,7 @@ def _info(ctx: Context, args: Sequence[bytes]) -> Reply:
         ("directory_enabled", 0),
         ("my_worker_id", state.config.worker_id),
         ("directory_entries", 0),
-        # The attention tier's slot tables (DESIGN 4.5).
+        # The attention tier's slot tables (docs/attention.md).
         ("sdpa_warm", state.attention.warm_count),
         ("sdpa_cold", state.attention.cold_count),
         ("sdpa_demotions", state.attention.demotions),

@@ -1,4 +1,4 @@
-"""The binary lane on port+1 (DESIGN 4.6): Stage-2 queries without RESP framing.
+"""The binary lane on port+1 (docs/attention.md): Stage-2 queries without RESP framing.
 
 Pion's client opens it lazily for ``attend_query_fused``, checks it with a PING and
 falls back to RESP for good on any failure, so the lane is narrow on purpose: PING,

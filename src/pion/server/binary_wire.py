@@ -1,4 +1,4 @@
-"""The binary lane's wire format (DESIGN 4.6), sans-IO: frames in, frames out.
+"""The binary lane's wire format (docs/protocol.md, "Binary lane"), sans-IO: frames in, frames out.
 
 Every frame, both directions, is a 7-byte header and a body::
 

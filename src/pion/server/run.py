@@ -138,7 +138,7 @@ async def serve(
     The sockets accept connections at once; while the data directory is recovered,
     commands answer ``-LOADING``. ``on_ready`` runs once recovery is done. A failed
     recovery (``RecoveryError``) closes everything and propagates: startup stops.
-    ``binary_sockets`` serve the binary lane (DESIGN 4.6) until the same shutdown."""
+    ``binary_sockets`` serve the binary lane (docs/attention.md) until the same shutdown."""
     lane = BinaryLane(state)
     try:
         await _serve(
