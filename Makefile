@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 1974
 DATA   ?= ./data
 
-.PHONY: serve test lint typecheck pytest bench install dev clean llama-server system-deps
+.PHONY: serve test lint typecheck pytest compat bench install dev clean llama-server system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || { echo "run: sudo apt-get install -y python3-venv" >&2; exit 1; }
@@ -41,7 +41,11 @@ pytest: dev system-deps llama-server
 
 ## Install what the tests need (Debian packages, llama-server, pinned Python deps),
 ## then lint, type-check and run the whole test suite.
-test: lint typecheck pytest
+test: lint typecheck pytest compat
+
+## The server core's tests on the other Python versions pyproject.toml declares.
+compat: system-deps
+	scripts/test-other-pythons
 
 ## Benchmarks: tables on stdout, JSON under bench/results/.
 bench: dev
@@ -56,4 +60,4 @@ llama-server: system-deps
 	scripts/build-llama-server >/dev/null
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-3.* .mypy_cache .ruff_cache .pytest_cache

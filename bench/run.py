@@ -24,6 +24,8 @@ BENCHES = [
     "fidelity",
     "real_model",
     "llama_prefix",
+    "client_memory",
+    "attend",
 ]
 
 
