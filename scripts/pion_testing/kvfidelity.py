@@ -47,10 +47,12 @@ import numpy.typing as npt
 
 __all__ = [
     "FORMATS",
+    "ROPE",
     "Variant",
     "k_only",
     "mixed",
     "namespace",
+    "row_bytes",
     "run_job",
     "run_worker",
     "store_variant",
@@ -58,8 +60,13 @@ __all__ = [
     "v_only",
 ]
 
-# Every storage format, from most to least faithful (the order of the tables).
-FORMATS = ("fp16", "int8", "fp8", "mlx4g32", "turbo4", "turbo3", "turbo2")
+# Every storage format, from most to least faithful (the order of the tables), then the
+# SCHEMA-only one: per layer, with a ``rope=`` parameter (ROPE below).
+FORMATS = ("fp16", "int8", "fp8", "mlx4g32", "turbo4", "turbo3", "turbo2", "bf16_rope_fp8_body")
+# bf16_rope_fp8_body keeps a row's first ``rope`` values in bf16. It is made for keys
+# with a decoupled rotary slice (MLA); SmolLM2 rotates every dim of every head, so
+# there is no such slice: rope=64 keeps the first of the three K/V heads in bf16.
+ROPE = 64
 # The other half of a K-only or V-only variant: stored bit-near-exact, so the variant's
 # error is the tested half's alone.
 EXACT = "fp16"
@@ -78,7 +85,22 @@ class Variant:
     @property
     def tag(self) -> str:
         """The storage part of the namespace."""
-        return self.k_fmt if self.k_fmt == self.v_fmt else f"k={self.k_fmt},v={self.v_fmt}"
+        k, v = _spec(self.k_fmt), _spec(self.v_fmt)
+        return k if k == v else f"k={k},v={v}"
+
+
+def _spec(fmt: str) -> str:
+    """A format as a SCHEMA spec names it (with its parameter, if it has one)."""
+    from pion.codecs.registry import SCHEMA_ONLY_FORMATS
+
+    return f"{fmt},rope={ROPE}" if fmt in SCHEMA_ONLY_FORMATS else fmt
+
+
+def row_bytes(fmt: str, kv_dim: int) -> int:
+    """Stored bytes of one row of ``kv_dim`` values in ``fmt``."""
+    from pion.codecs.registry import SCHEMA_ONLY_FORMATS, get_codec
+
+    return get_codec(fmt, ROPE if fmt in SCHEMA_ONLY_FORMATS else 0).row_bytes(kv_dim)
 
 
 def uniform(fmt: str, new_tokens: int = 64) -> Variant:
@@ -121,26 +143,33 @@ def store_variant(
     them (from an earlier call) the same register + store of those arrays, no prefill.
     ``raw`` is a redis-py client on the same server, for the halves' ``V.CREATE``."""
     from pion.client.wire import session_ids
+    from pion.codecs.registry import SCHEMA_ONLY_FORMATS
     from pion.integrations.transformers import cache_to_arrays, kv_layout, store_prefix
 
     ns = namespace(model, prefix_ids, variant)
     pc.drop(ns)
     n_layers, kv_heads, head_dim = kv_layout(model)
     kv_dim = kv_heads * head_dim
-    if variant.k_fmt != variant.v_fmt:
-        k_sid, v_sid = session_ids(ns)
-        raw.execute_command("V.CREATE", k_sid, kv_dim, "VQUANT", variant.k_fmt)
-        raw.execute_command("V.CREATE", v_sid, kv_dim, "VQUANT", variant.v_fmt)
+    schema_only = {variant.k_fmt, variant.v_fmt} & set(SCHEMA_ONLY_FORMATS)
+    if variant.k_fmt != variant.v_fmt or schema_only:
+        for sid, fmt in zip(session_ids(ns), (variant.k_fmt, variant.v_fmt), strict=True):
+            if fmt in SCHEMA_ONLY_FORMATS:  # per layer only: every layer the same spec
+                spec = f"fmt={fmt},dim={kv_dim},rope={ROPE}"
+                raw.execute_command("V.CREATE", sid, 0, "SCHEMA", n_layers, *[spec] * n_layers)
+            else:
+                raw.execute_command("V.CREATE", sid, kv_dim, "VQUANT", fmt)
+    # REGISTER keeps halves that exist; its own format only shapes halves it creates.
+    vquant = "fp8" if variant.k_fmt in SCHEMA_ONLY_FORMATS else variant.k_fmt
     if arrays is None:
         t0 = time.perf_counter()
-        cache = store_prefix(pc, ns, model, prefix_ids, variant.k_fmt)
+        cache = store_prefix(pc, ns, model, prefix_ids, vquant)
         # The whole call, prefill (most of it), conversion and store: what a reuse of
         # these arrays registers as PREFILL_MS (only the server's receipt reads it).
         took_ms = (time.perf_counter() - t0) * 1000
         keys, values = cache_to_arrays(cache, n_layers)
         return keys, values, took_ms
     keys, values, prefill_ms = arrays
-    pc.register(ns, kv_dim, variant.k_fmt, prefill_ms=prefill_ms)
+    pc.register(ns, kv_dim, vquant, prefill_ms=prefill_ms)
     pc.store(ns, keys, values)
     return keys, values, prefill_ms
 
