@@ -22,7 +22,7 @@ from .conftest import StartServer
 
 pytestmark = [pytest.mark.llama, pytest.mark.real]
 
-# Rules in the Pi-shaped system prompt: about 1,900 tokens with SmolLM2's tokenizer,
+# Rules in the Pi-shaped system prompt: about 1,650 tokens with SmolLM2's tokenizer,
 # enough to make reuse visible, small enough for one llama-server thread.
 N_RULES = 40
 ANSWER_TOKENS = 12
