@@ -58,6 +58,20 @@ def state_of(vs: VStore) -> list[tuple[Any, ...]]:
     return out
 
 
+def check_layers(vs: VStore) -> None:
+    """The layer invariants of ``layer.py``: runs sorted with disjoint extents, live
+    rows inside their extent, zero bytes outside them, and held/tpl as the runs say."""
+    for s in vs._sessions.values():
+        for lay in s.layers.values():
+            top = 0
+            for r in lay.runs:
+                assert top <= r.base <= r.lo < r.hi <= r.top, (r.base, r.lo, r.hi, r.top)
+                assert not r.buf[: r.lo - r.base].any() and not r.buf[r.hi - r.base :].any()
+                top = r.top
+            assert lay.held == sum(r.hi - r.lo for r in lay.runs)
+            assert lay.tpl == max((r.hi for r in lay.runs), default=0)
+
+
 def make_store(**kw: Any) -> VStore:
     limits = kw.pop("limits", VStoreLimits())
     return VStore(limits, **kw)

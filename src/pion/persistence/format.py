@@ -61,9 +61,10 @@ is a u8 id of :mod:`pion.codecs.registry` (frozen there)::
     5, 6       reserved for SSM state (store, drop)
 
 A snapshot is, per session in LRU order (least recent first, so loading restores the
-order): CREATE, one or more STOREs per layer holding rows 0..tpl in pieces of at most
-SNAPSHOT_CHUNK bytes (highest rows first, so the first piece sizes the layer's buffer
-exactly), then BLOCKS when the session has a table; then END and end of file.
+order): CREATE, one or more STOREs per layer holding the layer's held runs of rows
+(holes, rows never written, are not written), each run in pieces of at most
+SNAPSHOT_CHUNK bytes, highest rows first, then BLOCKS when the session has a table;
+then END and end of file.
 
 Records hold no Python objects; this module turns them into the store's mutations
 (:mod:`pion.vstore.mutations`) and back. Reading them from files is ``reader.py``.
@@ -105,6 +106,7 @@ __all__ = [
     "encode_end",
     "encode_record",
     "op_of",
+    "store_span",
 ]
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
@@ -368,3 +370,20 @@ def decode_mutation(op: int, payload: Buffer) -> Mutation:
         raise FormatError(f"unknown op code {op}")
     cur.done()
     return m
+
+
+# The most bytes of a STORE payload that hold its fixed fields (sid, layer, rows).
+STORE_PREFIX: Final = _SID.size + MAX_SID_LEN + _STORE.size
+
+
+def store_span(prefix: Buffer) -> tuple[bytes, int, int, int] | None:
+    """``(sid, layer, start, count)`` from the first bytes (up to :data:`STORE_PREFIX`)
+    of a STORE payload, or None when they do not parse. Reads no rows and checks no
+    CRC: for sizing hints only (``snapshot.run_hints``)."""
+    try:
+        cur = _Cursor(memoryview(prefix).cast("B"))
+        sid = cur.sid()
+        layer, start, count, _, _, _ = cur.unpack(_STORE)
+    except FormatError:
+        return None
+    return sid, layer, start, count

@@ -37,8 +37,8 @@ from pion.persistence import faults
 from pion.persistence.format import WAL_HEADER, FormatError, SnapshotHeader, WalHeader
 from pion.persistence.format import decode_mutation as _decode
 from pion.persistence.reader import LogDamage, read_records
-from pion.persistence.snapshot import SNAPSHOT_HEADER_SIZE, iter_snapshot
-from pion.vstore import VStore
+from pion.persistence.snapshot import SNAPSHOT_HEADER_SIZE, iter_snapshot, run_hints
+from pion.vstore import StoreRows, VStore
 
 __all__ = ["RecoveryAborted", "RecoveryError", "RecoveryResult", "recover_async", "recover_sync"]
 
@@ -99,9 +99,15 @@ def _load_snapshot(store: VStore, path: Path, worker: int, res: RecoveryResult) 
             raise RecoveryError(f"{path}: {exc.message} (offset 0)") from None
         if header.worker != worker:
             raise RecoveryError(f"{path} belongs to worker {header.worker}, not {worker}")
+        hints = run_hints(f, size)
         try:
             for offset, m in iter_snapshot(f, size):
                 try:
+                    if isinstance(m, StoreRows):
+                        end = m.start + m.count
+                        first = hints.pop((m.sid, m.layer, end), None)
+                        if first is not None:
+                            store.reserve(m.sid, m.layer, first, end)
                     store.apply(m)
                 except PionError as exc:
                     raise RecoveryError(

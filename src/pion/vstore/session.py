@@ -14,7 +14,7 @@ from pion.config import VStoreLimits
 from pion.errors import CodecError, PionError
 from pion.vstore.layer import Layer
 from pion.vstore.mutations import CreateSession
-from pion.vstore.views import BlockTable, LayerInfo, SessionInfo
+from pion.vstore.views import BlockTable, LayerInfo, SessionInfo, namespace_of
 
 __all__ = ["MAX_SID_LEN", "FloatRows", "Session", "bytes_of", "encode_rows", "validate_create"]
 
@@ -33,10 +33,21 @@ class Session:
     """A sid's layers. Uniform (``schema`` None): layers of ``default_dim`` and
     ``default_fmt`` appear on first store. SCHEMA: exactly ``len(schema)`` layers."""
 
-    __slots__ = ("blocks", "clock", "default_dim", "default_fmt", "layers", "schema", "sid", "slot")
+    __slots__ = (
+        "blocks",
+        "clock",
+        "default_dim",
+        "default_fmt",
+        "group",
+        "layers",
+        "schema",
+        "sid",
+        "slot",
+    )
 
     def __init__(self, m: CreateSession, slot: int) -> None:
         self.sid = m.sid
+        self.group = namespace_of(m.sid)  # its eviction group (DESIGN section 7)
         self.slot = slot
         self.default_dim = m.default_dim
         self.schema = m.schema
@@ -60,11 +71,14 @@ class Session:
 
     @property
     def rows(self) -> int:
+        """Sum of the layers' ``tpl`` (Pion's ``total_tokens``; holes included)."""
         return sum(layer.tpl for layer in self.layers.values())
 
     def info(self) -> SessionInfo:
         layers = tuple(
-            LayerInfo(i, lay.dim, lay.codec.name, lay.codec.format_id, lay.row_bytes, lay.tpl)
+            LayerInfo(
+                i, lay.dim, lay.codec.name, lay.codec.format_id, lay.row_bytes, lay.tpl, lay.held
+            )
             for i, lay in sorted(self.layers.items())
         )
         return SessionInfo(
