@@ -170,7 +170,29 @@ def test_torn_tail_is_cut_with_a_log_line(spawn_server: Spawn, tmp_path: Path) -
     assert b"layer_0_tokens:2" in srv2.client().execute_command("V.INFO", "s")
     assert log.stat().st_size == good
     assert srv2.stop() == 0
-    assert "torn tail at offset" in srv2.stderr_text()
+    err = srv2.stderr_text()
+    assert f"torn write at offset {good}" in err and "incomplete final record" in err
+    assert "never acknowledged" in err
+
+
+def test_a_damaged_complete_last_record_stops_startup(spawn_server: Spawn, tmp_path: Path) -> None:
+    """Issue 10: a complete final record whose checksum fails was fsynced (under always,
+    acknowledged), so it is refused like any other corruption, not cut as torn."""
+    srv = spawn_server("--appendfsync", "always")
+    r = srv.client()
+    r.execute_command("V.CREATE", "s", 8, "VQUANT", "int8")
+    r.execute_command("V.STOREBATCH", "s", 0, 0, 2, rows(2, 8).tobytes())
+    srv.kill()
+    log = wal_path(tmp_path / "data", 0)
+    raw = bytearray(log.read_bytes())
+    raw[-10] ^= 0x01  # the last record's payload: acknowledged, now damaged
+    log.write_bytes(bytes(raw))
+    with pytest.raises(RuntimeError) as info:
+        spawn_server()
+    text = str(info.value)
+    assert str(log) in text and "payload checksum mismatch in the last record" in text
+    assert "the record is complete" in text and f"pion check-wal --fix {log}" in text
+    assert log.read_bytes() == bytes(raw)  # nothing was cut
 
 
 def test_corruption_stops_startup_until_repaired(spawn_server: Spawn, tmp_path: Path) -> None:

@@ -10,9 +10,11 @@ Order and rules:
    already in the snapshot (a crash hit between the snapshot's rename and the log's
    reset) and are skipped, never applied twice. A log starting after ``covered + 1``
    has lost records and stops startup.
-4. A torn tail (see ``reader.py``) is cut off with a warning: those bytes were never
-   acknowledged as durable. Corruption before the tail stops startup with a message
-   naming the file, the offset and ``pion check-wal --fix``.
+4. A torn write (an incomplete last record, see ``reader.py``) is cut off with a
+   warning: it was never wholly fsynced, so never acknowledged under ``always``.
+   Corruption (a complete record that fails its checksum, last or not, or damage
+   followed by a valid record) stops startup with a message naming the file, the
+   offset and ``pion check-wal --fix``.
 
 Where it runs: on the event loop, in slices. The server listens while recovery runs and
 answers ``-LOADING`` (``ServerState.loading``); :func:`recover_async` hands the loop
@@ -178,16 +180,26 @@ def _replay_log(store: VStore, path: Path, worker: int, res: RecoveryResult) -> 
         except LogDamage as exc:
             d = exc.damage
             if not d.torn:
-                follows = ""
                 if d.next_valid >= 0:
-                    follows = f"; a valid record follows at offset {d.next_valid}"
+                    where = (
+                        "before the end of the log (a valid record follows at offset "
+                        f"{d.next_valid})"
+                    )
+                else:
+                    where = (
+                        "at the end of the log; the record is complete, so it was written "
+                        "whole and may have been fsynced and acknowledged: this is damage, "
+                        "not a write cut short by a crash"
+                    )
                 raise RecoveryError(
-                    f"{path}: corrupt record at offset {d.offset} ({d.reason}), before "
-                    f"the end of the log{follows}. {_repair_hint(path, d.offset)}"
+                    f"{path}: corrupt record at offset {d.offset} ({d.reason}), {where}. "
+                    f"{_repair_hint(path, d.offset)}"
                 ) from None
             log.warning(
-                "%s: torn tail at offset %d (%s): cutting %d bytes that were never "
-                "acknowledged as durable",
+                "%s: torn write at offset %d (%s): cutting the %d bytes a crash left of "
+                "the last record. It was never wholly fsynced, so under appendfsync "
+                "always it was never acknowledged (under everysec or no it may have been, "
+                "and is lost as those policies allow)",
                 path,
                 d.offset,
                 d.reason,
