@@ -16,6 +16,12 @@ Where Pion is silent or lax, we choose (and the tests pin):
   session's layer count), ``$-1`` for a layer absent or empty; the error
   ``session has no stored layers`` when the session holds no rows at all.
 - The legacy id list answers ``$-1`` when no id names a held row.
+- ``RANGE``/``BATCH`` replies pad rows never written (past a layer's ``tpl``, or in a
+  hole) with zeros, as Pion does, but a reply may carry at most as many bytes of such
+  zeros as of held rows (or 1 MiB, whichever is larger; ``pion.vstore.store``): a
+  range far past the stored rows is an error naming both sizes, never a huge reply of
+  zeros. Writes past a layer's end are accepted, as Pion accepts them; the hole costs
+  nothing (``pion.vstore.layer``).
 """
 
 from __future__ import annotations
