@@ -24,15 +24,22 @@ rows arrive highest first (snapshot loading), so loading copies nothing.
 
 Reads hand out numpy views of a buffer (the fp16 ``FMT NATIVE`` path replies without
 copying). A view may still be queued on a socket when a later command overwrites the
-same rows, so writes are copy-on-write: if anything besides the run references its
-buffer, the run moves to a fresh copy first and the reader keeps the old bytes.
+same rows, so writes are copy-on-write: a run keeps a weak reference to every view it
+handed out, and while any of them is alive a write first moves the run to a fresh
+copy, so the reader keeps the old bytes. Correctness rests on object lifetime (a weak
+reference dies only once nothing holds the view), not on reference-count values, so it
+holds on every Python; an interpreter that frees late only costs extra copies. The
+lease is on the view object itself (numpy points a derived view's ``base`` at the
+buffer, not at the view it came from), so the view a read returns must be what the
+reply holds (``V.FETCH`` hands it to the encoder as it is).
 
 Not here: sessions, LRU, accounting, the journal and limits (``pion.vstore.store``).
 """
 
 from __future__ import annotations
 
-import sys
+import weakref
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -52,21 +59,33 @@ DECODE_CHUNK_BYTES = 16 << 20
 
 U8Array = npt.NDArray[np.uint8]
 
-# References to a run's buffer when nobody else holds it: the slot itself and the
-# argument of sys.getrefcount.
-_UNSHARED_REFS = 2
+View = npt.NDArray[np.generic]
+ViewT = TypeVar("ViewT", bound=npt.NDArray[Any])
 
 
 class Run:
     """Rows ``base .. base + len(buf)`` of a layer in one buffer; ``lo .. hi`` live."""
 
-    __slots__ = ("base", "buf", "hi", "lo")
+    __slots__ = ("base", "buf", "hi", "lo", "readers")
 
     def __init__(self, base: int, buf: U8Array, lo: int, hi: int) -> None:
         self.base = base
         self.buf = buf
         self.lo = lo
         self.hi = hi
+        # Views of ``buf`` handed to readers (see the module docstring).
+        self.readers: list[weakref.ref[View]] = []
+
+    def lend(self, view: ViewT) -> ViewT:
+        """Hand ``view`` (of this run's buffer) to a reader: read-only, and leased."""
+        view.flags.writeable = False
+        self.readers = [r for r in self.readers if r() is not None]
+        self.readers.append(weakref.ref(view))
+        return view
+
+    def lent(self) -> bool:
+        """True while a view handed out earlier is still alive somewhere."""
+        return any(r() is not None for r in self.readers)
 
     @property
     def top(self) -> int:
@@ -154,12 +173,7 @@ class Layer:
             first, last = runs[i], runs[j - 1]
             lo, hi = min(start, first.lo), max(end, last.hi)
             before = sum(r.hi - r.lo for r in runs[i:j])
-            if (
-                i + 1 == j
-                and first.base <= start
-                and end <= first.top
-                and sys.getrefcount(first.buf) <= _UNSHARED_REFS
-            ):
+            if i + 1 == j and first.base <= start and end <= first.top and not first.lent():
                 first.rows(start, end)[:] = rows
                 first.lo, first.hi = lo, hi
             else:
@@ -223,9 +237,7 @@ class Layer:
         for r in self.runs:
             if r.lo == r.hi:
                 continue  # reserved, nothing written yet
-            view = r.rows(r.lo, r.hi)
-            view.flags.writeable = False
-            out.append((r.lo, view))
+            out.append((r.lo, r.lend(r.rows(r.lo, r.hi))))
         return out
 
     def read(self, start: int, end: int, native: bool) -> npt.NDArray[np.generic]:
@@ -236,9 +248,7 @@ class Layer:
         if whole is not None:
             if f16:
                 # Slack and rows past tpl are zero bytes = +0.0 in fp16: a view is the answer.
-                view = whole.rows(start, end).view("<f2")
-                view.flags.writeable = False
-                return view
+                return whole.lend(whole.rows(start, end).view("<f2"))
             if self.is_fp16 or end - start <= self._step():
                 return self.codec.decode(whole.rows(start, end), self.dim)
         # Zeros by calloc: the rows no run holds are never touched (not resident).
