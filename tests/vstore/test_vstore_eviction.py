@@ -1,4 +1,4 @@
-"""Eviction (DESIGN section 7): LRU over max_sessions by namespace, and the byte budget."""
+"""Eviction: LRU over max_sessions by namespace, and the byte budget."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""V-store commands: ``V.CREATE``, ``V.STOREBATCH``, ``V.FETCH``, ``V.INFO`` (DESIGN 4.2).
+"""V-store commands: ``V.CREATE``, ``V.STOREBATCH``, ``V.FETCH``, ``V.INFO``
+(docs/protocol.md, "V-store").
 
 Handlers parse and bound every argument with the ``Args`` cursor before touching the
 store, then call :class:`pion.vstore.VStore`. Sizes are declared, never inferred: a

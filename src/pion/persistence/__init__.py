@@ -7,7 +7,7 @@ Reading order: ``format.py`` (the byte-level specification of both files),
 MISCONF and the way back), ``cli.py`` (``pion check-wal``). ``files.py`` and
 ``faults.py`` are the checked file operations and the test-only fault hook.
 
-Depends on ``vstore`` and ``codecs`` only (DESIGN section 1).
+Depends on ``vstore`` and ``codecs`` only.
 """
 
 from __future__ import annotations

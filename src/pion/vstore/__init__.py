@@ -1,4 +1,4 @@
-"""The V-store: sessions -> layers -> rows of K/V in a stored format (DESIGN 4.2, 7).
+"""The V-store: sessions -> layers -> rows of K/V in a stored format.
 
 ``VStore`` is the store; ``mutations`` are the records every change is made of and
 ``Journal`` the hook through which they reach the WAL. Reading order: ``store.py``

@@ -1,4 +1,4 @@
-"""The LRU order of eviction groups, O(1) per touch and per victim (DESIGN section 7).
+"""The LRU order of eviction groups, O(1) per touch and per victim.
 
 A group is a namespace's two halves (``<ns>_pk``/``<ns>_pv``) or a lone sid (see
 ``views.namespace_of``); its age is that of its most recently used member, so touching

@@ -47,7 +47,7 @@ class Session:
 
     def __init__(self, m: CreateSession, slot: int) -> None:
         self.sid = m.sid
-        self.group = namespace_of(m.sid)  # its eviction group (DESIGN section 7)
+        self.group = namespace_of(m.sid)  # its eviction group (views.namespace_of)
         self.slot = slot
         self.default_dim = m.default_dim
         self.schema = m.schema

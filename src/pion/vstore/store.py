@@ -22,7 +22,7 @@ Definitions (also what ``V.INFO`` and ``KV.PREFIX.INFO`` report):
   BATCH fetch counts its layers); ``evictions``: sessions evicted (a namespace counts
   its halves). Both count from process start.
 
-Eviction (DESIGN section 7). The unit is the namespace: a ``<ns>_pk``/``<ns>_pv`` sid
+Eviction. The unit is the namespace: a ``<ns>_pk``/``<ns>_pv`` sid
 takes its other half with it (``views.namespace_of``); a namespace's age is that of its
 most recently used half. Creating a session beyond ``max_sessions`` evicts the least
 recently used namespace(s); a write that would take ``vstore_bytes`` past
@@ -39,7 +39,7 @@ a huge reply of zeros. Replies are also bounded by :data:`MAX_REPLY_BYTES`.
 Mutations follow one order: validate everything -> encode -> ``journal.append`` ->
 apply (see ``journal.py``); :meth:`VStore.apply` replays a record without journaling.
 The surface is kept narrow on purpose (create, store, fetch, drop, enumerate, blocks)
-so the WAL and a cluster tier plug in behind it (DESIGN section 13).
+so the WAL and a cluster tier plug in behind it.
 """
 
 from __future__ import annotations

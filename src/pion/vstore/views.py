@@ -17,7 +17,7 @@ _HALVES = (b"_pk", b"_pv")
 
 
 def namespace_of(sid: bytes) -> tuple[bytes, ...]:
-    """The eviction group of ``sid`` (DESIGN section 7): a ``<ns>_pk``/``<ns>_pv`` sid
+    """The eviction group of ``sid``: a ``<ns>_pk``/``<ns>_pv`` sid
     belongs to namespace ``ns`` with both halves; any other sid stands alone. Returned
     as the sids of the group, whether or not they exist."""
     if sid.endswith(_HALVES):
