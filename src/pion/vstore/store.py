@@ -14,10 +14,10 @@ Definitions (also what ``V.INFO`` and ``KV.PREFIX.INFO`` report):
   stored format. It is what ``--maxmemory`` budgets and what a snapshot writes.
 - ``bytes_allocated`` = sum of run buffer capacities: at most ``GROWTH`` (1.25) times
   ``vstore_bytes`` for rows written in ascending order (the slack of a run grown by
-  appends), at most ``GROWTH_DOWN`` (2) times after writes below a run; the slack is
-  never touched, so it is not resident.
+  appends), at most 1.5 times when runs also grew downward; the slack is never
+  touched, so it is not resident.
 - ``total_tokens`` = sum of ``tpl`` over every layer of every session (as Pion counts
-  it: rows held, all layers).
+  it: the high-water marks, holes included).
 - ``total_fetches``: one per layer read requested (a RANGE or id-list fetch counts 1, a
   BATCH fetch counts its layers); ``evictions``: sessions evicted (a namespace counts
   its halves). Both count from process start.
