@@ -20,6 +20,9 @@ from pion.errors import PionError
 
 __all__ = ["main", "server_main"]
 
+# Every default a flag shows is ServerConfig's: one source for each.
+_DEFAULTS = ServerConfig()
+
 
 def _memory(ctx: click.Context, param: click.Parameter, value: str | None) -> int:
     if value is None:
@@ -34,21 +37,21 @@ def _server_options(fn: Any) -> Any:
     options = [
         click.option(
             "--port",
-            default=1974,
+            default=_DEFAULTS.port,
             show_default=True,
             type=click.IntRange(0, 65535),
             help="RESP port (0 picks a free one).",
         ),
         click.option(
             "--bind",
-            default="127.0.0.1",
+            default=_DEFAULTS.bind,
             show_default=True,
             help="Address to listen on; non-loopback needs --requirepass.",
         ),
         click.option(
             "--dir",
             "data_dir",
-            default="./data",
+            default=str(_DEFAULTS.dir),
             show_default=True,
             type=click.Path(file_okay=False, path_type=Path),
             help="Data directory (snapshots, write-ahead log).",
@@ -65,7 +68,7 @@ def _server_options(fn: Any) -> Any:
         ),
         click.option(
             "--vstore-max-sessions",
-            default=256,
+            default=_DEFAULTS.vstore_max_sessions,
             show_default=True,
             type=click.IntRange(1, 1_000_000),
             help="V-store sessions before LRU namespaces are evicted.",
@@ -78,7 +81,7 @@ def _server_options(fn: Any) -> Any:
         ),
         click.option(
             "--appendfsync",
-            default="everysec",
+            default=_DEFAULTS.appendfsync,
             show_default=True,
             type=click.Choice(["always", "everysec", "no"]),
             help="When the write-ahead log is fsynced.",
@@ -86,14 +89,14 @@ def _server_options(fn: Any) -> Any:
         click.option("--no-wal", is_flag=True, help="Disable the write-ahead log."),
         click.option(
             "--save-interval",
-            default=0.0,
+            default=_DEFAULTS.save_interval,
             show_default=True,
             type=click.FloatRange(0),
             help="Seconds between automatic snapshots (0 = off).",
         ),
         click.option(
             "--log-level",
-            default="info",
+            default=_DEFAULTS.log_level,
             show_default=True,
             type=click.Choice(["debug", "info", "notice", "warning", "error"]),
         ),

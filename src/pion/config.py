@@ -11,26 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from pion.codecs.base import MAX_DIM
+from pion.resp.limits import ProtocolLimits
+
 __all__ = ["AppendFsync", "ProtocolLimits", "ServerConfig", "VStoreLimits"]
 
 AppendFsync = Literal["always", "everysec", "no"]
-
-MB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class ProtocolLimits:
-    """Bounds on what one client may make the server buffer (DESIGN section 3)."""
-
-    # Redis's proto-max-bulk-len default.
-    max_bulk_len: int = 512 * MB
-    # Redis's client-query-buffer-limit default; here it bounds the declared size
-    # of one pending command, checked as each header arrives.
-    max_query_buffer: int = 1024 * MB
-    # Redis's PROTO_INLINE_MAX_SIZE.
-    max_inline_len: int = 64 * 1024
-    # Redis accepts up to 1024*1024*1024 elements; we cap a command at 1M arguments.
-    max_array_len: int = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -39,7 +25,7 @@ class VStoreLimits:
 
     max_layers: int = 80  # layers 0..79, as in Pion
     max_rows: int = 200_000  # rows per layer
-    max_dim: int = 8192
+    max_dim: int = MAX_DIM  # what every codec supports
     max_schema_layers: int = 59  # Pion's RESP3 inline-array limit: 5 + N <= 64
     max_fetch_ids: int = 1024  # legacy V.FETCH id list
 

@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from vstore_helpers import RecordingJournal, make_store, rows
 
 from pion.errors import OOMError, PionError
 from pion.vstore import DropSession, StoreRows, VStore, namespace_of
+from support import RecordingJournal, make_store, rows
 
 
 def test_namespace_of() -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from vstore_helpers import RecordingJournal, check_layers, make_store, rows
 
 import pion.vstore.store as store_module
 from pion.config import VStoreLimits
 from pion.errors import OOMError, PionError
 from pion.vstore import MAX_RUNS, MAX_ZERO_FILL_BYTES, StoreRows
+from support import RecordingJournal, check_layers, make_store, rows
 
 
 def test_a_row_far_past_the_end_costs_one_row() -> None:

@@ -25,11 +25,12 @@ from pion.persistence.format import (
     SnapshotHeader,
     WalHeader,
     decode_mutation,
+    op_of,
 )
 from pion.persistence.reader import Damage, LogDamage, read_records
 from pion.persistence.recovery import WAL_HEADER_SIZE
 from pion.persistence.snapshot import SNAPSHOT_HEADER_SIZE, iter_snapshot
-from pion.vstore import CreateSession, DropSession, SetBlocks, StoreRows
+from pion.vstore import DropSession, Mutation
 
 __all__ = ["CheckReport", "check_file", "fix_file"]
 
@@ -55,16 +56,10 @@ class CheckReport:
         return self.damage is None and self.fatal is None
 
 
-def _name(m: object) -> str:
-    if isinstance(m, CreateSession):
-        return OPS[1]
-    if isinstance(m, StoreRows):
-        return OPS[2]
+def _name(m: Mutation) -> str:
     if isinstance(m, DropSession):
-        return f"{OPS[3]}({m.reason})"
-    if isinstance(m, SetBlocks):
-        return OPS[4]
-    return "?"
+        return f"{OPS[op_of(m)]}({m.reason})"
+    return OPS[op_of(m)]
 
 
 def check_file(path: Path) -> CheckReport:

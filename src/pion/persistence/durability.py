@@ -144,6 +144,8 @@ class Persistence:
             self.wal.start_background()
         self.store.journal = self
         self.loading = False
+        # Pion's wording, which operators' log greps look for.
+        log.info("WAL replayed: %d records", res.replayed)
         log.info(
             "recovered %d sessions from the snapshot (%d bytes) and replayed %d log records "
             "in %.3f s",

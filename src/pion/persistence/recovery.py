@@ -9,7 +9,13 @@ Order and rules:
 3. The log is replayed from its header's ``start``. Records with ``seq <= covered`` are
    already in the snapshot (a crash hit between the snapshot's rename and the log's
    reset) and are skipped, never applied twice. A log starting after ``covered + 1``
-   has lost records and stops startup.
+   has lost records and stops startup, with one exception: the snapshot file is
+   missing and the log holds no records. That is the reset recipe (delete the
+   snapshot after a SAVE emptied the log): nothing acknowledged depends on the missing
+   file, so the server starts empty, with a warning naming it. A log whose records do
+   need the missing snapshot still stops startup, naming both files and the fix (a
+   complete first record that fails its checksum counts as a record: it may have been
+   acknowledged).
 4. A torn write (an incomplete last record, see ``reader.py``) is cut off with a
    warning: it was never wholly fsynced, so never acknowledged under ``always``.
    Corruption (a complete record that fails its checksum, last or not, or damage
@@ -33,6 +39,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from pion.errors import PionError
 from pion.persistence import faults
@@ -74,6 +81,8 @@ class RecoveryResult:
     # shorter than a header, or holding only records the snapshot covers).
     wal_action: str = "reset"
     seconds: float = 0.0
+    # The snapshot path when there was no snapshot file (the log must then not need one).
+    snapshot_missing: Path | None = None
 
 
 def _repair_hint(path: Path, offset: int) -> str:
@@ -152,6 +161,26 @@ def _replay_log(store: VStore, path: Path, worker: int, res: RecoveryResult) -> 
             ) from None
         if header.worker != worker:
             raise RecoveryError(f"{path} belongs to worker {header.worker}, not {worker}")
+        if header.start > covered + 1 and res.snapshot_missing is not None:
+            if not _holds_records(f, size, header.start):
+                log.warning(
+                    "%s is missing and %s holds no records (it starts at record %d): "
+                    "starting with an empty V-store and a new log. If the snapshot was "
+                    "not removed on purpose, stop the server and put it back before "
+                    "any write.",
+                    res.snapshot_missing,
+                    path,
+                    header.start,
+                )
+                return
+            missing = res.snapshot_missing
+            raise RecoveryError(
+                f"{path} starts at record {header.start}: its records need the snapshot "
+                f"{missing} (which held records 1..{header.start - 1}), and that file is "
+                f"missing. Startup stopped so that no acknowledged write is dropped "
+                f"silently. Put {missing.name} back from a backup; or, to start empty on "
+                f"purpose, move both {missing.name} and {path.name} out of {path.parent}."
+            )
         if header.start > covered + 1:
             raise RecoveryError(
                 f"{path} starts at record {header.start} but the snapshot covers only up "
@@ -216,6 +245,17 @@ def _replay_log(store: VStore, path: Path, worker: int, res: RecoveryResult) -> 
     res.wal_action = "continue" if continues else "reset"
 
 
+def _holds_records(f: BinaryIO, size: int, start: int) -> bool:
+    """Whether the log holds a record. A torn first record is none: a crash cut it, so
+    it was never acknowledged."""
+    try:
+        for _ in read_records(f, WAL_HEADER_SIZE, size, start):
+            return True
+    except LogDamage as exc:
+        return not exc.damage.torn
+    return False
+
+
 def _truncate(path: Path, size: int) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
@@ -231,6 +271,8 @@ def _steps(
     _remove_leftovers((snapshot, wal))
     if snapshot.exists():
         yield from _load_snapshot(store, snapshot, worker, res)
+    else:
+        res.snapshot_missing = snapshot
     yield from _replay_log(store, wal, worker, res)
 
 

@@ -16,8 +16,8 @@ request``); the caller sends ``-ERR Protocol error: <text>`` and closes.
 
 from __future__ import annotations
 
-from pion.config import ProtocolLimits
 from pion.errors import ProtocolError
+from pion.resp.limits import ProtocolLimits
 
 __all__ = ["RequestDecoder", "split_inline"]
 

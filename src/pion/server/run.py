@@ -173,8 +173,14 @@ class ServerThread:
     ) -> None:
         self.config = config
         self.table = table
-        self.state = state if state is not None else build_state(config)
+        # Bind before taking the data directory: a port that is taken must not leave
+        # the directory locked by a server that never started.
         self._sock = bind_socket(config.bind, config.port)
+        try:
+            self.state = state if state is not None else build_state(config)
+        except BaseException:
+            self._sock.close()
+            raise
         self.host = config.bind
         self.port: int = self._sock.getsockname()[1]
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -11,7 +11,18 @@ from __future__ import annotations
 
 from pion.vstore.journal import Journal
 from pion.vstore.layer import GROWTH
-from pion.vstore.mutations import CreateSession, DropSession, Mutation, SetBlocks, StoreRows
+from pion.vstore.mutations import (
+    CreateSession,
+    DropSession,
+    Mutation,
+    ReleaseSnapshot,
+    RestoreSnapshot,
+    SetBlocks,
+    SnapshotIds,
+    StoreRows,
+    TakeSnapshot,
+)
+from pion.vstore.rollback import MAX_SNAPSHOTS_PER_SESSION
 from pion.vstore.session import MAX_SID_LEN
 from pion.vstore.store import MAX_REPLY_BYTES, MAX_RUNS, MAX_ZERO_FILL_BYTES, VStore
 from pion.vstore.views import BlockTable, LayerInfo, SessionInfo, namespace_of
@@ -21,6 +32,7 @@ __all__ = [
     "MAX_REPLY_BYTES",
     "MAX_RUNS",
     "MAX_SID_LEN",
+    "MAX_SNAPSHOTS_PER_SESSION",
     "MAX_ZERO_FILL_BYTES",
     "BlockTable",
     "CreateSession",
@@ -28,9 +40,13 @@ __all__ = [
     "Journal",
     "LayerInfo",
     "Mutation",
+    "ReleaseSnapshot",
+    "RestoreSnapshot",
     "SessionInfo",
     "SetBlocks",
+    "SnapshotIds",
     "StoreRows",
+    "TakeSnapshot",
     "VStore",
     "namespace_of",
 ]

@@ -22,6 +22,15 @@ Growing copies live rows only: the zero-filled slack (``np.zeros`` is calloc) is
 touched, so it is not resident. :meth:`Layer.reserve` sizes a run exactly before its
 rows arrive highest first (snapshot loading), so loading copies nothing.
 
+Truncation (``V.RESTORE``, :meth:`Layer.truncate`) cuts the layer back to a length:
+runs entirely at or above it go whole, and the run that straddles it keeps its rows
+below, the rows cut becoming zero bytes again (the invariant above). A cut that leaves
+the straddling run's buffer at most twice its live rows zeroes them in place and keeps
+the extent, so a speculative decoder's append/rollback cycle never copies; a larger one
+moves the live rows to a buffer of :data:`GROWTH` times them. Holes below the length
+stay holes. Rows are self-contained in every format (each carries its own scales,
+biases or norms), so the rows kept decode exactly as before.
+
 Reads hand out numpy views of a buffer (the fp16 ``FMT NATIVE`` path replies without
 copying). A view may still be queued on a socket when a later command overwrites the
 same rows, so writes are copy-on-write: a run keeps a weak reference to every view it
@@ -225,9 +234,49 @@ class Layer:
                 if r.hi == r.lo:
                     continue  # reserved, never written
                 exact = r.base == r.lo and r.top == r.hi
-                trimmed.append(r if exact else Run(r.lo, r.rows(r.lo, r.hi).copy(), r.lo, r.hi))
+                trimmed.append(r if exact else self._reallocate(r, r.lo, r.hi))
             self.runs = trimmed
         return released
+
+    def truncate(self, length: int) -> int:
+        """Cut the layer back to ``length`` rows (V.RESTORE, see the module docstring);
+        returns the live rows removed. Never grows it. A buffer a reader may still hold
+        is never written: it is replaced, as a write does."""
+        if length >= self.tpl:
+            return 0
+        kept: list[Run] = []
+        removed = 0
+        for r in self.runs:
+            if r.hi <= length:
+                kept.append(r)
+            elif r.lo >= length:
+                removed += r.hi - r.lo  # wholly above the cut: it goes
+            else:
+                removed += r.hi - length
+                kept.append(self._cut(r, length))
+        self.runs = kept
+        self.held -= removed
+        self.tpl = max((r.hi for r in kept), default=0)
+        return removed
+
+    def _cut(self, r: Run, length: int) -> Run:
+        """Run ``r`` with its live rows from ``length`` up cut (``r.lo < length < r.hi``)."""
+        live = length - r.lo
+        if r.top - r.base > 2 * live:
+            top = min(r.top, r.lo + int(live * GROWTH))
+            return self._reallocate(Run(r.base, r.buf, r.lo, length), r.lo, top)
+        if r.lent():
+            return self._reallocate(Run(r.base, r.buf, r.lo, length), r.base, r.top)
+        r.rows(length, r.hi)[:] = 0
+        r.hi = length
+        return r
+
+    def _reallocate(self, r: Run, base: int, top: int) -> Run:
+        """A run with ``r``'s live rows in a fresh buffer over ``base .. top`` (which
+        covers them); ``r`` and its buffer are left as they are for their readers."""
+        buf = np.zeros((top - base, self.row_bytes), dtype=np.uint8)
+        buf[r.lo - base : r.hi - base] = r.rows(r.lo, r.hi)
+        return Run(base, buf, r.lo, r.hi)
 
     # -- reading ---------------------------------------------------------------------
 

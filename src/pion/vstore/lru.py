@@ -63,6 +63,14 @@ class GroupLRU:
             self._bytes[group] += nbytes
             self._holding[group] = None
 
+    def shrank(self, group: Group, nbytes: int) -> None:
+        """A member of ``group`` now holds ``nbytes`` fewer (V.RESTORE cut its rows)."""
+        if nbytes:
+            held = self._bytes[group] - nbytes
+            self._bytes[group] = held
+            if not held:
+                self._holding.pop(group, None)
+
     def touch(self, group: Group) -> None:
         self._members.move_to_end(group)
         if group in self._holding:

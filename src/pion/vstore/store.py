@@ -14,8 +14,10 @@ Definitions (also what ``V.INFO`` and ``KV.PREFIX.INFO`` report):
   stored format. It is what ``--maxmemory`` budgets and what a snapshot writes.
 - ``bytes_allocated`` = sum of run buffer capacities: at most ``GROWTH`` (1.25) times
   ``vstore_bytes`` for rows written in ascending order (the slack of a run grown by
-  appends), at most 1.5 times when runs also grew downward; the slack is never
-  touched, so it is not resident.
+  appends), at most 1.5 times when runs also grew downward, at most 2 times after a
+  ``V.RESTORE`` (a cut of at most half a run keeps its buffer, so a drafter's
+  append/reject cycle never copies); the slack is never touched, so it is not
+  resident.
 - ``total_tokens`` = sum of ``tpl`` over every layer of every session (as Pion counts
   it: the high-water marks, holes included).
 - ``total_fetches``: one per layer read requested (a RANGE or id-list fetch counts 1, a
@@ -56,7 +58,18 @@ from pion.errors import OOMError, PionError, SessionNotFoundError
 from pion.vstore.journal import Journal
 from pion.vstore.layer import Layer
 from pion.vstore.lru import Group, GroupLRU
-from pion.vstore.mutations import CreateSession, DropSession, Mutation, SetBlocks, StoreRows
+from pion.vstore.mutations import (
+    CreateSession,
+    DropSession,
+    Mutation,
+    ReleaseSnapshot,
+    RestoreSnapshot,
+    SetBlocks,
+    SnapshotIds,
+    StoreRows,
+    TakeSnapshot,
+)
+from pion.vstore.rollback import MAX_SNAPSHOTS_PER_SESSION, cut_back, lengths_of
 from pion.vstore.session import FloatRows, Session, bytes_of, encode_rows, validate_create
 from pion.vstore.views import BlockTable, SessionInfo, namespace_of
 
@@ -102,6 +115,8 @@ class VStore:
         self.total_tokens = 0
         self.total_fetches = 0
         self.evictions = 0
+        # The last rollback snapshot id issued (V.SNAPSHOT); ids only ever grow.
+        self.last_snap_id = 0
 
     # -- limits and enumeration ------------------------------------------------------
 
@@ -167,9 +182,17 @@ class VStore:
         """A uniform session (idempotent: an existing sid keeps its layout); its slot."""
         return self._create(CreateSession(sid, dim, fmt, None))
 
-    def create_schema(self, sid: bytes, default_dim: int, schema: Sequence[tuple[str, int]]) -> int:
-        """A session of ``len(schema)`` fixed layers (idempotent); its slot."""
-        m = CreateSession(sid, default_dim, schema[0][0] if schema else "", tuple(schema))
+    def create_schema(
+        self,
+        sid: bytes,
+        default_dim: int,
+        schema: Sequence[tuple[str, int]],
+        ropes: Sequence[int] | None = None,
+    ) -> int:
+        """A session of ``len(schema)`` fixed layers (idempotent); its slot. ``ropes``:
+        each layer's rope (``bf16_rope_fp8_body``), 0 for the other formats."""
+        kept = tuple(ropes) if ropes is not None and any(ropes) else None
+        m = CreateSession(sid, default_dim, schema[0][0] if schema else "", tuple(schema), kept)
         return self._create(m)
 
     def store(self, sid: bytes, layer: int, start: int, rows: FloatRows) -> None:
@@ -218,8 +241,47 @@ class VStore:
         s.blocks = BlockTable.build(block_size, data)
         self._touch(s)
 
+    # -- rollback snapshots (V.SNAPSHOT / V.RESTORE / V.COMMIT; see rollback.py) -----
+
+    def snapshot(self, sid: bytes) -> int:
+        """Record every layer's length under a new id; returns the id."""
+        s = self._get(sid)
+        if len(s.snapshots) >= MAX_SNAPSHOTS_PER_SESSION:
+            raise PionError(
+                f"no free snapshot slot (max {MAX_SNAPSHOTS_PER_SESSION} per session; "
+                "V.COMMIT releases one)"
+            )
+        m = TakeSnapshot(sid, self.last_snap_id + 1, lengths_of(s))
+        self._journal(m)
+        self._apply_rollback(s, m)
+        return m.snap_id
+
+    def restore(self, sid: bytes, snap_id: int) -> None:
+        """Cut every layer back to snapshot ``snap_id`` of ``sid`` (never growing one)."""
+        s = self._get(sid)
+        if snap_id not in s.snapshots:
+            raise PionError(f"unknown snap_id {snap_id} for this session")
+        m = RestoreSnapshot(sid, snap_id)
+        self._journal(m)
+        self._apply_rollback(s, m)
+
+    def release(self, sid: bytes, snap_id: int) -> bool:
+        """Forget snapshot ``snap_id`` of ``sid``; False when it is not live."""
+        s = self._get(sid)
+        if snap_id not in s.snapshots:
+            self._touch(s)
+            return False
+        m = ReleaseSnapshot(sid, snap_id)
+        self._journal(m)
+        self._apply_rollback(s, m)
+        return True
+
+    def snapshot_ids(self, sid: bytes) -> list[int]:
+        """The live rollback snapshot ids of ``sid``, oldest first."""
+        return sorted(self._get(sid).snapshots)
+
     def trim(self) -> int:
-        """Shrink every buffer to its ``tpl``; returns the bytes released."""
+        """Shrink every run's buffer to its live rows; returns the bytes released."""
         return sum(lay.trim() for s in self._sessions.values() for lay in s.layers.values())
 
     # -- reads -----------------------------------------------------------------------
@@ -291,8 +353,10 @@ class VStore:
         """The mutations that rebuild the current state from an empty store, least
         recently used session first (so replay restores the LRU order). ``StoreRows``
         payloads are views of live buffers: consume each before the next write."""
+        if self.last_snap_id:
+            yield SnapshotIds(self.last_snap_id)
         for s in sorted(self._sessions.values(), key=lambda s: s.clock):
-            yield CreateSession(s.sid, s.default_dim, s.default_fmt, s.schema)
+            yield s.creation()
             for index, lay in sorted(s.layers.items()):
                 for first, rows in lay.extents():  # held runs only: holes cost nothing
                     count = int(rows.shape[0])
@@ -300,6 +364,8 @@ class VStore:
                     yield StoreRows(s.sid, index, first, count, fmt, lay.dim, bytes_of(rows))
             if s.blocks is not None:
                 yield SetBlocks(s.sid, s.blocks.block_size, bytes_of(s.blocks.hashes))
+            for snap_id, lengths in sorted(s.snapshots.items()):
+                yield TakeSnapshot(s.sid, snap_id, lengths)
 
     def reserve(self, sid: bytes, layer: int, start: int, end: int) -> None:
         """A sizing hint for loading: rows ``start .. end`` of a layer are about to
@@ -346,11 +412,15 @@ class VStore:
         elif isinstance(m, DropSession):
             if m.sid in self._sessions:
                 self._apply_drop(m.sid)
-        else:
+        elif isinstance(m, SetBlocks):
             s = self._get(m.sid)
             hashes = np.frombuffer(m.hashes, dtype="<u8")
             s.blocks = BlockTable.build(m.block_size, hashes)
             self._touch(s)
+        elif isinstance(m, SnapshotIds):
+            self.last_snap_id = max(self.last_snap_id, m.last)
+        else:
+            self._apply_rollback(self._get(m.sid), m)
 
     # -- internals -------------------------------------------------------------------
 
@@ -487,6 +557,26 @@ class VStore:
         self.vstore_bytes += held * lay.row_bytes
         self.total_tokens += tpl
         self._lru.grew(s.group, held * lay.row_bytes)
+        self._touch(s)
+
+    def _apply_rollback(
+        self, s: Session, m: TakeSnapshot | RestoreSnapshot | ReleaseSnapshot
+    ) -> None:
+        if isinstance(m, TakeSnapshot):
+            if m.snap_id < 1:
+                raise PionError(f"snapshot id {m.snap_id} is not positive")
+            s.snapshots[m.snap_id] = m.lengths
+            self.last_snap_id = max(self.last_snap_id, m.snap_id)
+        elif isinstance(m, RestoreSnapshot):
+            lengths = s.snapshots.get(m.snap_id)
+            if lengths is None:
+                raise PionError(f"unknown snap_id {m.snap_id} for this session")
+            tokens, nbytes = cut_back(s, lengths)
+            self.total_tokens -= tokens
+            self.vstore_bytes -= nbytes
+            self._lru.shrank(s.group, nbytes)
+        else:
+            s.snapshots.pop(m.snap_id, None)
         self._touch(s)
 
     def _apply_drop(self, sid: bytes) -> None:
