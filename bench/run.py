@@ -24,6 +24,7 @@ BENCHES = [
     "persistence",
     "fidelity",
     "llama_prefix",
+    "client_memory",
 ]
 
 

@@ -115,13 +115,17 @@ def _server(ctx: Context) -> list[str]:
 
 
 def _clients(ctx: Context) -> list[str]:
-    return [f"connected_clients:{len(ctx.state.clients)}"]
+    return [
+        f"connected_clients:{len(ctx.state.clients)}",
+        f"maxclients:{ctx.state.config.maxclients}",
+    ]
 
 
 def _memory(ctx: Context) -> list[str]:
     vs = ctx.state.vstore
     used, rss, peak = memory_usage()
     maxmemory = vs.maxmemory
+    measure = ctx.state.client_memory
     return [
         f"used_memory:{used}",
         f"used_memory_human:{bytes_to_human(used)}",
@@ -134,6 +138,9 @@ def _memory(ctx: Context) -> list[str]:
         f"maxmemory_policy:{MAXMEMORY_POLICY}",
         f"vstore_bytes:{vs.vstore_bytes}",
         f"vstore_bytes_allocated:{vs.bytes_allocated}",
+        # Redis's name: every client's query buffer and unsent replies, measured now.
+        f"mem_clients_normal:{measure() if measure is not None else 0}",
+        f"maxmemory_clients:{ctx.state.config.maxmemory_clients}",
         f"vstore_max_sessions:{vs.max_sessions}",
     ]
 
@@ -154,6 +161,7 @@ def _stats(ctx: Context) -> list[str]:
         f"total_connections_received:{c.total_connections_received}",
         f"total_commands_processed:{c.total_commands_processed}",
         f"rejected_connections:{c.rejected_connections}",
+        f"evicted_clients:{c.evicted_clients}",
         f"total_protocol_errors:{c.protocol_errors}",
         f"total_internal_errors:{c.internal_errors}",
         f"vstore_total_fetches:{vs.total_fetches}",

@@ -77,6 +77,7 @@ class ServerCounters:
     rejected_connections: int = 0
     protocol_errors: int = 0
     internal_errors: int = 0
+    evicted_clients: int = 0  # disconnected by the maxmemory-clients bound
 
     def reset(self) -> None:
         self.total_connections_received = 0
@@ -84,6 +85,7 @@ class ServerCounters:
         self.rejected_connections = 0
         self.protocol_errors = 0
         self.internal_errors = 0
+        self.evicted_clients = 0
 
 
 @dataclass
@@ -104,6 +106,8 @@ class ServerState:
     request_shutdown: Callable[[bool], None] | None = None
     # Installed by the server: close the connection of client id.
     kill_client: Callable[[int], bool] | None = None
+    # Installed by the server: bytes all clients' query and reply buffers hold now.
+    client_memory: Callable[[], int] | None = None
     # Built from vstore and receipt: the KV.PREFIX registry over them.
     registry: PrefixRegistry = field(init=False)
 
@@ -129,6 +133,7 @@ class ClientState:
     created: float = 0.0
     last_command: str = ""
     closing: bool = False  # set by QUIT / CLIENT KILL: close after the reply
+    no_evict: bool = False  # CLIENT NO-EVICT ON: exempt from maxmemory-clients
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from pion.commands.state import Command, Context
 from pion.errors import PionError
 from pion.resp.reply import Reply, Simple
 
-__all__ = ["COMMANDS", "DEFAULT_FORMAT"]
+__all__ = ["COMMANDS", "DEFAULT_FORMAT", "format_name"]
 
 # Pion's V.CREATE default when VQUANT is absent (VFMT_INT8): same request, same format.
 DEFAULT_FORMAT = "int8"
@@ -61,9 +61,12 @@ def _show(raw: bytes) -> str:
     return raw[:64].decode("utf-8", "replace")
 
 
-def _format_name(raw: bytes, names: tuple[str, ...] = FORMAT_NAMES) -> str | None:
-    """The format named by ``raw`` (case-insensitive, as Pion), or None."""
-    name = raw.decode("ascii", "replace").lower()
+def format_name(raw: bytes, names: tuple[str, ...] = FORMAT_NAMES) -> str | None:
+    """The format among ``names`` named by ``raw``, or None: lenient about ASCII case,
+    strict about the set, as Pion's V.CREATE and KV.PREFIX.REGISTER both are (one
+    function for both, so they cannot drift apart). Only ASCII is folded, so no
+    Unicode look-alike maps to a format."""
+    name = raw.lower().decode("ascii", "replace")
     return name if name in names else None
 
 
@@ -102,9 +105,9 @@ def v_create(ctx: Context, argv: Sequence[bytes]) -> Reply:
         if a.done():
             raise PionError(f"V.CREATE: VQUANT requires a format (want {_WANT})")
         raw = a.arg()
-        named = _format_name(raw)
+        named = format_name(raw)
         if named is None:
-            if _format_name(raw, SCHEMA_ONLY_FORMATS) is not None:
+            if format_name(raw, SCHEMA_ONLY_FORMATS) is not None:
                 raise PionError(
                     f"V.CREATE: {_show(raw).lower()} requires the SCHEMA form with a "
                     "per-layer rope=N (V.CREATE sid 0 SCHEMA N "
@@ -159,7 +162,7 @@ def _parse_spec(index: int, raw: bytes, default_dim: int, max_dim: int) -> tuple
         key, eq, value = segment.partition(b"=")
         key = key.lower()
         if eq and key == b"fmt":
-            named = _format_name(value, ALL_FORMAT_NAMES)
+            named = format_name(value, ALL_FORMAT_NAMES)
             if named is None:
                 raise PionError(f"{where} unknown fmt '{_show(value)}' (want {_WANT_SPEC})")
             fmt = named
