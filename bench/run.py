@@ -25,6 +25,7 @@ BENCHES = [
     "fidelity",
     "llama_prefix",
     "client_memory",
+    "attend",
 ]
 
 

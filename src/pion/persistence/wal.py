@@ -1,7 +1,8 @@
-"""The write-ahead log: the V-store's journal, appended before every reply.
+"""The write-ahead log: every durable store's journal, appended before every reply.
 
-Log before reply. The store calls :meth:`WriteAheadLog.append` after validating a
-mutation and before applying it; ``append`` writes the whole record to the file with
+Log before reply. A store hands each mutation's record to :meth:`WriteAheadLog.append_frame`
+(:meth:`~WriteAheadLog.append` for a V-store mutation) after validating it and before
+applying it; ``append`` writes the whole record to the file with
 one ``os.writev`` (the payload buffer is handed to the kernel as it is, never copied)
 before returning. So once a reply can leave, its record is at least in the kernel's
 page cache and survives a crash of this process whatever the fsync policy. What the
@@ -24,8 +25,10 @@ bytes, and everything written before them is intact in the page cache. The parti
 record the failed ``writev`` may have left is cut off (``ftruncate`` back to the last
 whole record, as Redis does with its AOF), and the log is *blocked*: ``blocked`` holds
 the reason and ``needed`` the size of the refused record. Appends raise
-``MisconfError``, except a client's ``DropSession``, which is tried (a drop is small,
-and dropping data is how an operator makes room for a snapshot). The file stays
+``MisconfError``, except a client's drop (a :class:`~pion.persistence.stores.Frame`
+marked ``drop``, whichever store it is for: ``KV.PREFIX.DROP``, ``SSM.PREFIX.DROP``),
+which is tried (a drop is small, and dropping data is how an operator makes room for a
+snapshot). The file stays
 trusted: fsyncs go on, and :meth:`unblock` (called once the file system has room)
 resumes appending to the same file. Nothing needs a snapshot.
 
@@ -52,8 +55,10 @@ from pathlib import Path
 from pion.config import AppendFsync
 from pion.errors import MisconfError
 from pion.persistence.files import UncertainRename, create_atomically, fdatasync, write_all
-from pion.persistence.format import WalHeader, encode_record
-from pion.vstore import DropSession, Mutation
+from pion.persistence.format import WalHeader, encode_frame
+from pion.persistence.stores import Frame
+from pion.persistence.vstore_durable import vstore_frame
+from pion.vstore import Mutation
 
 __all__ = ["WriteAheadLog"]
 
@@ -137,16 +142,21 @@ class WriteAheadLog:
     # -- the journal -----------------------------------------------------------------
 
     def append(self, m: Mutation) -> None:
-        """Write one record; raises MisconfError (and the record is not in the log) when
-        the log is failed, blocked (but for a client's drop), or the write fails."""
+        """Write one V-store record; see :meth:`append_frame`."""
+        self.append_frame(vstore_frame(m))
+
+    def append_frame(self, frame: Frame) -> None:
+        """Write one record of any store; raises MisconfError (and the record is not in
+        the log) when the log is failed, blocked (but for a client's drop), or the write
+        fails."""
         if self.failure is not None:
             raise MisconfError(self.refusal())
         if self._fd < 0:
             raise MisconfError("the write-ahead log is not open")
-        if self.blocked is not None and not (isinstance(m, DropSession) and m.reason == "drop"):
+        if self.blocked is not None and not frame.drop:
             raise MisconfError(self.refusal())
         seq = self.last_seq + 1
-        parts, size = encode_record(seq, m)
+        parts, size = encode_frame(seq, frame.op, frame.parts)
         try:
             write_all(self._fd, parts, size)
         except OSError as exc:
@@ -241,7 +251,7 @@ class WriteAheadLog:
                 f"Errors writing to the write-ahead log ({self.blocked}). Pion refuses "
                 f"writes until its file system has room for them (the refused record "
                 f"needs {self.needed} bytes; {_free_bytes(self.path)} are free) and then "
-                "resumes by itself; reads and KV.PREFIX.DROP keep working"
+                "resumes by itself; reads, SSM.PREFIX.DROP and KV.PREFIX.DROP keep working"
             )
         return (
             f"Errors writing to the write-ahead log ({self.failure}). Pion refuses "
