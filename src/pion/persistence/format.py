@@ -131,6 +131,7 @@ __all__ = [
     "SNAPSHOT_HEADER",
     "SNAP_MAGIC",
     "VERSION",
+    "VSTORE_UNIT_OPS",
     "WAL_HEADER",
     "WAL_MAGIC",
     "Buffer",
@@ -163,6 +164,8 @@ OP_VCOMMIT: Final = 7
 OP_SNAPIDS: Final = 8
 OP_CREATE_ROPES: Final = 9
 END: Final = 127
+# The V-store records that open a unit (a session) in its snapshot.
+VSTORE_UNIT_OPS: Final = frozenset({OP_CREATE, OP_CREATE_ROPES})
 OPS: Final = {
     OP_CREATE: "CREATE",
     OP_STORE: "STORE",

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from pion.persistence.format import OPS as VSTORE_OPS
-from pion.persistence.format import Buffer, FormatError, decode_mutation
-from pion.persistence.snapshot import VSTORE_UNIT_OPS
+from pion.persistence.format import VSTORE_UNIT_OPS, Buffer, FormatError, decode_mutation
 from pion.persistence.ssm_durable import SSM_OPS, SSM_UNIT_OPS, describe_ssm
 from pion.vstore import DropSession
 

@@ -45,14 +45,13 @@ from pion.persistence.files import fsync_dir, write_all
 from pion.persistence.format import (
     END,
     MAX_PAYLOAD,
-    OP_CREATE,
-    OP_CREATE_ROPES,
     OP_STORE,
     RECORD_HEAD,
     RECORD_OVERHEAD,
     SNAPSHOT_CHUNK,
     SNAPSHOT_HEADER,
     STORE_PREFIX,
+    VSTORE_UNIT_OPS,
     Buffer,
     FormatError,
     SnapshotHeader,
@@ -86,7 +85,6 @@ SNAPSHOT_HEADER_SIZE = SNAPSHOT_HEADER.size + 4
 _FLUSH_BYTES = 1 << 20
 _FLUSH_PARTS = 512  # well under IOV_MAX (1024 on Linux)
 # A V-store snapshot's unit is a session, opened by its CREATE record.
-VSTORE_UNIT_OPS = frozenset({OP_CREATE, OP_CREATE_ROPES})
 
 
 @dataclass(frozen=True, slots=True)
