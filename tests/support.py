@@ -3,7 +3,8 @@
 - V-store: :func:`make_store`, :func:`rows`, :func:`durable_state` (everything durable
   about a store, comparable with ``==``), :func:`check_layers` (the sparse-run
   invariants of ``layer.py``), recording and failing journals.
-- Persistence: :func:`open_store` (a store recovered from a real data directory),
+- Persistence: :func:`open_store` (a store recovered from a real data directory;
+  :func:`open_stores_with_ssm` with the SSM store beside it),
   :func:`small_workload`, :class:`StateRecorder`, wire helpers for real servers.
 - Real server processes: :class:`ServerProcess` / :func:`running_server` (a
   ``pion-server`` whose RSS and log a test reads), :func:`encode_command`,
@@ -34,10 +35,12 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from pion.attend.ssm import SsmStore
 from pion.config import ServerConfig, VStoreLimits
 from pion.errors import MisconfError
 from pion.llama.timings import Timings
 from pion.persistence import Persistence
+from pion.persistence.ssm_durable import SsmDurable
 from pion.vstore import Mutation, SetBlocks, StoreRows, VStore
 
 # -- V-store ---------------------------------------------------------------------------
@@ -126,6 +129,18 @@ def open_store(data_dir: Path, **overrides: Any) -> tuple[VStore, Persistence]:
     p.open()
     p.recover_now()
     return vs, p
+
+
+def open_stores_with_ssm(data_dir: Path) -> tuple[VStore, SsmStore, Persistence]:
+    """A V-store and an SSM store recovered from ``data_dir`` by one Persistence (the
+    server's arrangement), which is then their journal."""
+    config = dataclasses.replace(ServerConfig(), dir=data_dir, appendfsync="no")
+    vs = VStore(config.vstore)
+    ssm = SsmStore()
+    p = Persistence(config, vs, SsmDurable(ssm))
+    p.open()
+    p.recover_now()
+    return vs, ssm, p
 
 
 def fresh_store() -> VStore:

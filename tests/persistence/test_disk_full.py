@@ -201,3 +201,78 @@ def test_the_log_that_filled_the_disk_resumes_without_a_snapshot(
     with pytest.raises(redis.ResponseError, match="session not found"):
         r.execute_command("V.INFO", "ns_pk")
     srv.kill()
+
+
+def test_ssm_writes_are_refused_drops_go_through_and_writes_resume(
+    spawn_server: Callable[..., Any], small_disk: Path
+) -> None:
+    """The SSM store's records share the blocked log: SSM.PREFIX.STORE is refused and
+    applies nothing, SSM.PREFIX.DROP goes through (and is logged), and writes resume
+    once the file system has room again; nothing acknowledged is lost across a restart."""
+    data = small_disk / "data"
+    reserve = small_disk / "reserve"
+    reserve.write_bytes(b"\xff" * (64 << 10))
+    srv = spawn_server("--dir", str(data), "--appendfsync", "always")
+    r = srv.client(retry=no_retry())
+    keep = b"k" * 3000
+    r.execute_command("SSM.PREFIX.STORE", "keep", 0, keep)
+    r.execute_command("SSM.PREFIX.STORE", "gone", 0, b"g" * 3000)
+    r.execute_command("SSM.PREFIX.STORE", "gone", 1, b"")
+    filler = small_disk / "filler"
+    _fill(filler)
+
+    # Full: the write is refused, nothing of it is applied; reads still work.
+    refused = (
+        r"^MISCONF Errors writing to the write-ahead log "
+        r"\(write of pion\.vstore\.wal\.0 failed: No space left on device\)"
+    )
+    with pytest.raises(redis.ResponseError, match=refused) as info:
+        r.execute_command("SSM.PREFIX.STORE", "keep", 1, b"x" * 8192)
+    assert "SSM.PREFIX.DROP" in str(info.value)
+    assert r.execute_command("SSM.PREFIX.FETCH", "keep", 1) is None
+    assert r.execute_command("SSM.PREFIX.FETCH", "keep", 0) == keep
+    persistence = r.info("persistence")
+    assert persistence["wal_status"] == "err"
+    assert persistence["wal_blocked_bytes"] > 8192
+    held = r.info("memory")["ssm_bytes"]
+    assert held == 6000
+
+    # A little room (far less than the probe needs to resume): the log stays blocked,
+    # but a drop goes through, and replacing a blob is still refused.
+    reserve.unlink()
+    assert r.execute_command("SSM.PREFIX.DROP", "gone") == b"OK"
+    assert r.execute_command("SSM.PREFIX.FETCH", "gone", 0) is None
+    assert r.execute_command("SSM.PREFIX.FETCH", "gone", 1) is None
+    assert r.info("memory")["ssm_bytes"] == 3000
+    time.sleep(1.5)  # a probe: it may not resume with this little room
+    with pytest.raises(redis.ResponseError, match=r"^MISCONF "):
+        r.execute_command("SSM.PREFIX.STORE", "keep", 0, b"y" * 8192)
+    assert r.execute_command("SSM.PREFIX.FETCH", "keep", 0) == keep
+    assert r.info("persistence")["wal_status"] == "err"
+
+    # Space comes back: writes resume on the same log, without a restart or a snapshot.
+    filler.unlink()
+    later = b"l" * 8192
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            r.execute_command("SSM.PREFIX.STORE", "keep", 1, later)
+            break
+        except redis.ResponseError as exc:
+            assert "write-ahead log" in str(exc)
+            assert time.monotonic() < deadline, "writes did not resume"
+            time.sleep(0.1)
+    r.execute_command("SSM.PREFIX.STORE", "new", 3, b"n" * 100)
+    persistence = r.info("persistence")
+    assert persistence["wal_status"] == "ok" and persistence["wal_blocked_bytes"] == 0
+    assert not (data / "pion.ssm.0").exists()  # no snapshot was needed
+    srv.kill()
+
+    srv = spawn_server("--dir", str(data))
+    r = srv.client()
+    assert r.execute_command("SSM.PREFIX.FETCH", "keep", 0) == keep
+    assert r.execute_command("SSM.PREFIX.FETCH", "keep", 1) == later
+    assert r.execute_command("SSM.PREFIX.FETCH", "new", 3) == b"n" * 100
+    assert r.execute_command("SSM.PREFIX.FETCH", "gone", 0) is None
+    assert r.execute_command("SSM.PREFIX.FETCH", "gone", 1) is None
+    srv.kill()

@@ -23,7 +23,7 @@ from pion.persistence import RecoveryError, snapshot_path, wal_path
 from pion.persistence.recovery import WAL_HEADER_SIZE, recover_sync
 from pion.vstore import VStore
 from support import durable_state as canonical
-from support import f16_rows, fresh_store, no_retry, open_store, rows
+from support import f16_rows, fresh_store, no_retry, open_store, open_stores_with_ssm, rows
 
 Spawn = Callable[..., Any]
 DIM = 16
@@ -152,6 +152,39 @@ def test_reset_recipe_starts_empty_with_a_warning(
     p3.close()
 
 
+def test_reset_recipe_beside_the_ssm_store_snapshot(tmp_path: Path) -> None:
+    """SAVE also wrote pion.ssm.<w>, whose ``covered`` keeps the new log's numbering
+    past 1: the V-store starts empty, the SSM state is kept, and what is written after
+    the recipe survives the next restarts (its records do not read as needing the
+    removed file); removing the snapshot again once the log holds records refuses."""
+    data = tmp_path / "d"
+    vs, ssm, p = open_stores_with_ssm(data)
+    vs.create(b"x", 8, "int8")
+    vs.store(b"x", 0, 0, rows(3, 8))
+    ssm.store(b"x", 0, b"state")
+    p.save(None)  # both stores covered at record 3; the log holds no records
+    p.close()
+    snapshot_path(data, 0).unlink()
+    vs2, ssm2, p2 = open_stores_with_ssm(data)
+    assert len(vs2) == 0 and ssm2.get(b"x", 0) == b"state"
+    assert p2.recovered.reset_recipe and p2.recovered.replayed == 0
+    assert p2.info()["wal_seq"] == 3
+    vs2.create(b"y", 8, "int8")
+    vs2.store(b"y", 0, 0, rows(2, 8))
+    ssm2.store(b"y", 1, b"after")
+    expected = canonical(vs2)
+    p2.close()
+    for _ in range(2):
+        vs3, ssm3, p3 = open_stores_with_ssm(data)
+        assert not p3.recovered.reset_recipe and p3.recovered.replayed == 3
+        assert canonical(vs3) == expected
+        assert ssm3.get(b"x", 0) == b"state" and ssm3.get(b"y", 1) == b"after"
+        p3.close()
+    snapshot_path(data, 0).unlink()
+    with pytest.raises(RecoveryError, match="move both"):
+        open_stores_with_ssm(data)
+
+
 def test_reset_recipe_with_a_torn_first_record(tmp_path: Path) -> None:
     data = tmp_path / "d"
     vs, p = open_store(data)
@@ -272,8 +305,11 @@ def test_reset_recipe_on_a_real_server(spawn_server: Spawn, tmp_path: Path) -> N
     err = srv.stderr_text()
     assert f"{snapshot_path(data, 0)} is missing" in err
     assert "WAL replayed: 0 records" in err
-    # A log that holds records needs the snapshot: the server refuses to start.
+    # What was written after the recipe is kept.
     srv, r = _spawn(spawn_server)
+    assert r.execute_command("V.INFO").startswith(b"enabled:1\r\nsessions:1\r\n")
+    assert b"value_dim:16" in r.execute_command("V.INFO", "after")
+    # A log that holds records needs the snapshot: the server refuses to start.
     assert r.execute_command("KV.PREFIX.SAVE") == b"OK"
     r.execute_command("V.CREATE", "more", DIM)
     assert srv.stop() == 0

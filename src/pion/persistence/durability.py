@@ -170,6 +170,8 @@ class Persistence:
         ]
 
     def _finish_recovery(self, res: recovery.RecoveryResult) -> None:
+        if res.reset_recipe and res.last_seq > 0:
+            self._record_reset_recipe(res.last_seq)
         self.recovered = res
         self.snapshot_bytes = res.snapshot_bytes
         self._base_seq = res.last_seq
@@ -191,6 +193,28 @@ class Persistence:
             res.snapshot_bytes,
             res.replayed,
             res.seconds,
+        )
+
+    def _record_reset_recipe(self, covered: int) -> None:
+        """The V-store started empty without its snapshot (the reset recipe) while
+        another store's snapshot covers records up to ``covered``, so the new log starts
+        at ``covered + 1``, not 1. Without a V-store snapshot, a log starting past 1
+        whose records were written on this empty V-store would read at the next start
+        as needing the removed file; an empty V-store snapshot covering ``covered``,
+        written before the log is reset, says what the V-store held there."""
+        vstore = VStoreDurable(self.store)
+        header = SnapshotHeader(self.worker, covered)
+        try:
+            write_frames(vstore.frames(), vstore.unit_ops, self.snapshot_path, header)
+        except OSError as exc:
+            raise recovery.RecoveryError(
+                f"starting with an empty V-store: cannot write its empty snapshot "
+                f"{self.snapshot_path}: {exc.strerror or exc}"
+            ) from None
+        log.warning(
+            "wrote an empty V-store snapshot %s covering record %d (the reset recipe)",
+            self.snapshot_path,
+            covered,
         )
 
     def start(self) -> None:

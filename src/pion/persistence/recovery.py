@@ -21,7 +21,10 @@ Order and rules:
    has lost records and stops startup, with one exception: the V-store's snapshot
    file is missing and the log holds no records. That is the reset recipe (delete the
    snapshot after a SAVE emptied the log): nothing acknowledged depends on the missing
-   file, so the server starts empty, with a warning naming it. A log whose records do
+   file, so the server starts empty, with a warning naming it (``reset_recipe``; when
+   another store's snapshot keeps the new log's numbering past 1, ``Persistence``
+   first writes an empty V-store snapshot, so that the records logged from then on
+   do not read at the next start as needing the removed file). A log whose records do
    need the missing snapshot still stops startup, naming both files and the fix (a
    complete first record that fails its checksum counts as a record: it may have been
    acknowledged).
@@ -112,6 +115,8 @@ class RecoveryResult:
     seconds: float = 0.0
     # The snapshot path when there was no snapshot file (the log must then not need one).
     snapshot_missing: Path | None = None
+    # The reset recipe was taken: the V-store starts empty without its snapshot file.
+    reset_recipe: bool = False
 
 
 def _repair_hint(path: Path, offset: int) -> str:
@@ -239,6 +244,7 @@ def _replay_log(
                     path,
                     header.start,
                 )
+                res.reset_recipe = True
                 return
             lost = res.snapshot_missing
             raise RecoveryError(
