@@ -16,13 +16,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pion.config import ServerConfig
 from pion.prefix.receipt import Receipt
 from pion.prefix.registry import PrefixRegistry
 from pion.resp.reply import Reply
 from pion.vstore import VStore
+
+if TYPE_CHECKING:  # imported only where --tier is given (it pulls in redis-py)
+    from pion.tier import Tier
 
 __all__ = [
     "ClientState",
@@ -104,6 +107,8 @@ class ServerState:
     request_shutdown: Callable[[bool], None] | None = None
     # Installed by the server: close the connection of client id.
     kill_client: Callable[[int], bool] | None = None
+    # The shared second tier (--tier), started after recovery; None without one.
+    tier: Tier | None = None
     # Built from vstore and receipt: the KV.PREFIX registry over them.
     registry: PrefixRegistry = field(init=False)
 

@@ -1,0 +1,119 @@
+"""How V-store mutations reach the tier: a journal, like the WAL.
+
+:class:`FanOutJournal` hands each mutation to several journals in order (the WAL
+first: if it refuses, nothing is applied and the tier never hears of it).
+:class:`TierJournal` turns a mutation into a writer operation (``ops.op_of``) and
+queues it; under ``--tier-write sync`` it then waits for the tier while the tier is up.
+It never raises: a tier that is down or slow never fails a write the local V-store
+accepted (the contract of ``vstore.journal``: a journal that returns has accepted).
+
+:meth:`TierJournal.local_only` suppresses the tier for changes that must reach the WAL
+but not the tier: filling the local V-store *from* the tier, and retiring a local copy
+that the tier says was dropped elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pion.config import TierConfig
+from pion.tier.health import Health
+from pion.tier.ledger import Ledger
+from pion.tier.ops import Op, op_of
+from pion.tier.writer import Writer
+from pion.vstore import DropSession, Journal, Mutation
+
+__all__ = ["FanOutJournal", "TierJournal"]
+
+log = logging.getLogger("pion.tier")
+
+# At most one "queue full" / "sync timed out" warning per this many seconds.
+_WARN_EVERY_S = 10.0
+
+
+class FanOutJournal:
+    """Append to each journal in turn; the first that raises stops the rest."""
+
+    def __init__(self, *journals: Journal) -> None:
+        self.journals = journals
+
+    def append(self, mutation: Mutation) -> None:
+        for journal in self.journals:
+            journal.append(mutation)
+
+
+class TierJournal:
+    def __init__(self, writer: Writer, ledger: Ledger, health: Health, config: TierConfig):
+        self.writer = writer
+        self.ledger = ledger
+        self.health = health
+        self.sync = config.write == "sync"
+        self.sync_timeout = config.sync_timeout
+        self._local_only = 0
+        self.overflows = 0
+        self.sync_timeouts = 0
+        self._warned_at = -_WARN_EVERY_S
+
+    @contextmanager
+    def local_only(self) -> Iterator[None]:
+        self._local_only += 1
+        try:
+            yield
+        finally:
+            self._local_only -= 1
+
+    def append(self, mutation: Mutation) -> None:
+        try:
+            self._append(mutation)
+        except Exception:  # never fail a write the local tier accepted
+            log.exception("queueing a tier write of %r failed", mutation.sid)
+
+    def _append(self, m: Mutation) -> None:
+        sid = m.sid
+        if isinstance(m, DropSession):
+            self.ledger.forget(sid)  # the local copy is gone, whatever the reason
+        if self._local_only:
+            return
+        op = op_of(m)
+        if op is None:
+            return
+        if isinstance(m, DropSession):
+            # A client's drop supersedes any pending resync of the session.
+            self.ledger.clear_dirty(sid)
+            self.submit(op, force=True)
+        elif self.ledger.is_dirty(sid):
+            return  # the resync will carry the session's state as it is then
+        elif self.submit(op) is None:
+            self.overflows += 1
+            self.ledger.mark_dirty(sid)
+            self._warn(
+                "tier write queue full (%d operations, %d bytes): session %r will be "
+                "resynchronised when the tier catches up",
+                self.writer.depth,
+                self.writer.queued_bytes,
+                sid,
+            )
+
+    def submit(self, op: Op, *, force: bool = False) -> int | None:
+        """Queue ``op``; under sync, wait for it while the tier is up."""
+        seq = self.writer.offer(op, force=force)
+        if seq is None or not self.sync or not self.health.up:
+            return seq
+        # Past the timeout the reply goes out anyway; a tier that went down meanwhile
+        # is Health's to report, not a slow sync write.
+        if not self.writer.wait_done(seq, self.sync_timeout) and self.health.up:
+            self.sync_timeouts += 1
+            self._warn(
+                "a sync tier write waited %.1f s; replying anyway, it stays queued",
+                self.sync_timeout,
+            )
+        return seq
+
+    def _warn(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._warned_at >= _WARN_EVERY_S:
+            self._warned_at = now
+            log.warning(message, *args)
