@@ -87,12 +87,14 @@ class Health:
         log.warning("tier reachable again after %.1f s", outage)
 
     def failure(self, kind: Kind, error: str) -> None:
+        # One line, bounded: it goes into log lines and INFO.
+        error = " ".join(error.split())[:_MAX_ERROR_TEXT]
         with self._lock:
             if kind == "read":
                 self.read_errors += 1
             else:
                 self.write_errors += 1
-            self.last_error = error[:_MAX_ERROR_TEXT]
+            self.last_error = error
             self.consecutive_failures += 1
             now = self._clock()
             first = self.down_since is None
@@ -107,7 +109,7 @@ class Health:
             log.warning(
                 "tier unavailable (%s): serving from the local V-store, queueing writes; "
                 "retrying in %.1f s",
-                error[:_MAX_ERROR_TEXT],
+                error,
                 wait,
             )
         else:
@@ -129,7 +131,7 @@ class Health:
                 "read_errors": self.read_errors,
                 "write_errors": self.write_errors,
                 "errors": self.read_errors + self.write_errors,
-                "last_error": self.last_error.replace("\r", " ").replace("\n", " "),
+                "last_error": self.last_error,
                 "read_ops": read.count,
                 "read_latency_avg_us": read.avg_us,
                 "read_latency_max_us": read.max_us,

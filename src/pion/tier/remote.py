@@ -20,6 +20,7 @@ Ordering, and why readers can trust what they see:
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import struct
 from collections.abc import Iterable, Sequence
@@ -29,7 +30,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from pion.config import VStoreLimits
-from pion.tier.client import TierClient
+from pion.tier.client import TierClient, TierIOError, TierRejected
 from pion.tier.health import Kind
 from pion.tier.keys import CHUNK_ROWS, FORMAT_VERSION, KeyLayout, chunks_of
 from pion.tier.meta import Layout, TierFormatError, TierMeta, parse_meta
@@ -85,7 +86,10 @@ if not gen then return false end
 if ARGV[1] ~= '' and gen ~= ARGV[1] then return false end
 local fields = redis.call('HGETALL', KEYS[1])
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-redis.call('SET', KEYS[4], gen, 'EX', ARGV[2])
+-- pcall: under maxmemory with noeviction a SET is refused, and a drop must still
+-- free what it can; other nodes then see "gone" without "dropped" (LOOKUP keeps
+-- their copies until they are evicted or dropped there).
+redis.pcall('SET', KEYS[4], gen, 'EX', ARGV[2])
 return fields
 """
 
@@ -159,7 +163,14 @@ class Remote:
                 pipe.setrange(k.chunk(sid, gen, layer, c.block), offset, rows)
             pipe.execute()
 
-        self.client.call("write", write_chunks)
+        try:
+            self.client.call("write", write_chunks)
+        except TierRejected:
+            # Some chunks may have been written (a pipeline is not atomic) and no meta
+            # will ever point at them: delete them rather than leave them to eviction.
+            with contextlib.suppress(TierIOError, TierRejected):
+                self._delete(k.chunk(sid, gen, layer, c.block) for c in pieces)
+            raise
         first, last = pieces[0].block, pieces[-1].block
         args: list[bytes | str | int] = [gen, layer, start + count]
         args += [k.bit(layer, first), k.bit(layer, last)]
