@@ -4,8 +4,9 @@ with Debian's ``redis-server --cluster-enabled yes`` and ``redis-cli --cluster c
 
 Each node lives in its own temporary directory with an append-only file fsynced on
 every write, so a node killed with SIGKILL comes back with its data (what the "kill a
-cluster node, bring it back, the data is consistent" test needs). Nodes can be killed
-and restarted on the same port, with the same ``nodes.conf``.
+cluster node, bring it back, the data is consistent" test needs); ``durable=False``
+drops it (benchmarks: Redis's own fsync would be what they measure). Nodes can be
+killed and restarted on the same port, with the same ``nodes.conf``.
 
 Not shipped with the package (see ``pion_testing``).
 """
@@ -68,6 +69,7 @@ class RedisNode:
         cluster: bool = False,
         password: str | None = None,
         tls: tuple[Path, Path] | None = None,
+        durable: bool = True,
         extra: Sequence[str] = (),
     ) -> None:
         self.server, self.cli = redis_binaries()
@@ -76,13 +78,15 @@ class RedisNode:
         self.cluster = cluster
         self.password = password
         self.tls = tls
+        self.durable = durable
         self.extra = list(extra)
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
     def _argv(self) -> list[str]:
         argv = [self.server, "--bind", "127.0.0.1", "--dir", str(self.dir)]
-        argv += ["--save", "", "--appendonly", "yes", "--appendfsync", "always"]
+        argv += ["--save", ""]
+        argv += ["--appendonly", "yes", "--appendfsync", "always"] if self.durable else []
         argv += ["--protected-mode", "no", "--logfile", str(self.dir / "redis.log")]
         if self.tls is None:
             argv += ["--port", str(self.port)]
@@ -149,8 +153,8 @@ def _any_port() -> int:
 class RedisCluster3:
     """A Redis Cluster of ``n`` primaries (no replicas) on loopback."""
 
-    def __init__(self, n: int = 3) -> None:
-        self.nodes = [RedisNode(cluster=True) for _ in range(n)]
+    def __init__(self, n: int = 3, *, durable: bool = True) -> None:
+        self.nodes = [RedisNode(cluster=True, durable=durable) for _ in range(n)]
         self._slots: list[tuple[int, int, int]] = []
         try:
             _, cli = redis_binaries()

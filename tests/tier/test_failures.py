@@ -14,7 +14,7 @@ import redis
 from pion_testing.redis_nodes import RedisCluster3, RedisNode
 
 from pion.tier import KeyLayout
-from support import fetch_prefix, store_prefix, tier_info, wait_until
+from support import fetch_prefix, rows, store_prefix, tier_info, wait_until
 
 Start = Callable[..., Any]
 
@@ -176,3 +176,29 @@ def test_writes_left_queued_at_shutdown_are_pushed_after_restart(
     )
     b = tier_server(redis_node.url, "b").client()
     assert fetch_prefix(b, "stranded") == want
+
+
+def test_a_filled_session_is_a_cache_until_this_node_writes_into_it(
+    tier_server: Start, redis_node: RedisNode
+) -> None:
+    a, b = tier_server(redis_node.url, "a"), tier_server(redis_node.url, "b")
+    ra, rb = a.client(), b.client()
+    store_prefix(ra, "mine")
+    store_prefix(ra, "cache", seed=9)
+    want_cache = fetch_prefix(ra, "cache")
+    assert fetch_prefix(rb, "cache") == want_cache
+    fetch_prefix(rb, "mine")
+    rb.execute_command("V.STOREBATCH", "mine_pk", 0, 600, 10, rows(10, 64, 5).tobytes())
+    want_mine = rb.execute_command("V.FETCH", "mine_pk", "BATCH", 0, 610)
+    b.kill()
+    redis_node.kill()
+    b = tier_server(redis_node.url, "b")  # same directory, no tier
+    rb = b.client()
+    # Written here: logged whole, then the write; survives the restart without the tier.
+    assert rb.execute_command("V.FETCH", "mine_pk", "BATCH", 0, 610) == want_mine
+    # Only read here: a cache of the tier, not in this node's log.
+    with pytest.raises(redis.ResponseError, match="tier is unavailable"):
+        rb.execute_command("V.FETCH", "cache_pk", "BATCH", 0, 600)
+    redis_node.start()
+    wait_until(lambda: tier_info(rb)["tier_status"] == "ok", timeout=30, what="the tier")
+    assert fetch_prefix(rb, "cache") == want_cache

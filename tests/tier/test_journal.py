@@ -13,7 +13,7 @@ from pion.config import TierConfig, VStoreLimits
 from pion.errors import MisconfError
 from pion.tier.client import TierClient
 from pion.tier.health import Health
-from pion.tier.journal import FanOutJournal, TierJournal
+from pion.tier.journal import FanOutJournal, FillGate, TierJournal
 from pion.tier.keys import KeyLayout
 from pion.tier.ledger import Ledger
 from pion.tier.meta import Layout
@@ -21,7 +21,7 @@ from pion.tier.ops import CreateOp, DropOp, SetBlocksOp, StoreOp
 from pion.tier.remote import Remote
 from pion.tier.writer import Writer
 from pion.vstore import StoreRows
-from support import FailingJournal, RecordingJournal, make_store, rows
+from support import FailingJournal, RecordingJournal, durable_state, make_store, rows
 
 
 def _journal(**config: object) -> tuple[TierJournal, Writer]:
@@ -130,3 +130,43 @@ def test_store_rows_records_are_copied_not_aliased() -> None:
     buf[:] = b"\x00" * 16
     (op,) = _queued(writer)
     assert isinstance(op, StoreOp) and op.data == b"\x01" * 16
+
+
+def test_filled_sessions_stay_out_of_the_log_until_written_locally() -> None:
+    wal = RecordingJournal()
+    vs = make_store(max_sessions=3)
+    gate = FillGate(wal, vs)
+    vs.journal = gate
+    vs.create(b"own", 4, "fp16")
+    with gate.filling([b"f"]):
+        vs.create(b"f", 4, "int8")
+        vs.store(b"f", 0, 0, rows(3, 4, 1))
+        vs.set_blocks(b"f", 2, np.array([1, 2], dtype=np.uint64))
+    assert [(type(m).__name__, m.sid) for m in wal.records] == [("CreateSession", b"own")]
+    vs.store(b"f", 0, 3, rows(1, 4, 2))  # a local write: the whole session goes first
+    assert [(type(m).__name__, m.sid) for m in wal.records[1:]] == [
+        ("CreateSession", b"f"),
+        ("StoreRows", b"f"),
+        ("SetBlocks", b"f"),
+        ("StoreRows", b"f"),
+    ]
+    replayed = make_store()
+    for m in wal.records:
+        replayed.apply(m)
+    assert durable_state(replayed) == durable_state(vs)
+    # Volatile sessions leave without a record, dropped or evicted; logged ones do not.
+    count = len(wal.records)
+    with gate.filling([b"g", b"h"]):
+        vs.create(b"g", 4, "int8")
+        vs.create(b"h", 4, "int8")  # evicts "own"
+    vs.drop(b"g")
+    vs.create(b"i", 4, "int8")
+    vs.create(b"j", 4, "int8")  # evicts "f", logged since its local write
+    vs.create(b"k", 4, "int8")  # evicts "h", never logged
+    assert [(type(m).__name__, m.sid) for m in wal.records[count:]] == [
+        ("DropSession", b"own"),
+        ("CreateSession", b"i"),
+        ("DropSession", b"f"),
+        ("CreateSession", b"j"),
+        ("CreateSession", b"k"),
+    ]

@@ -2,29 +2,32 @@
 
 The tier holds stored-format bytes, so a fill never quantizes: each chunk becomes a
 ``VStore.store_encoded`` of the same bytes, and what the local V-store then serves is
-byte for byte what the writing node served. The local changes go through the WAL (so a
-restart keeps them and later writes replay on top) but not back to the tier
-(``TierJournal.local_only``).
+byte for byte what the writing node served. The filled sessions go neither back to the
+tier (``TierJournal.local_only``) nor into the WAL (``FillGate``: they are a cache of
+the tier until a local write makes them the node's own).
 
 Order, so a bad or incomplete copy changes nothing: read the metas, bitmaps and block
 tables and check them all (every block a layer needs must be marked written, the
 block holding its last row included); refuse a copy larger than ``--maxmemory``; only
-then create the local sessions and stream the row chunks in batches of at most
-:data:`FILL_BATCH_BYTES` (bounding the bytes held twice, as reply and as rows), checking
-each chunk before it is stored. Should a chunk be missing (evicted by the cluster)
+then create the local sessions and stream the row chunks in batches of whole layers, at
+most :data:`FILL_BATCH_BYTES` (bounding the bytes held twice, as reply and as rows),
+checking every chunk of a batch before any is stored. Adjacent chunks of a layer are
+stored as one run (``_runs``). Should a chunk be missing (evicted by the cluster)
 or the tier fail half-way, the sessions created by this fill are dropped again.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from pion.errors import OOMError, PionError
-from pion.tier.journal import TierJournal
+from pion.tier.journal import FillGate, TierJournal
 from pion.tier.keys import CHUNK_ROWS, KeyLayout
 from pion.tier.meta import TierFormatError, TierMeta
 from pion.tier.remote import Remote, RemoteBlocks, decode_blocks
@@ -86,19 +89,52 @@ def plan_fill(keys: KeyLayout, meta: TierMeta, bitmap: bytes, blocks: bytes | No
 
 
 def _batches(refs: Sequence[ChunkRef]) -> Iterator[list[ChunkRef]]:
+    """Whole layers (their chunks in block order) per batch, up to FILL_BATCH_BYTES
+    (a layer larger than that is a batch of its own)."""
     batch: list[ChunkRef] = []
     size = 0
-    for ref in refs:
-        if batch and size + ref.rows * ref.row_bytes > FILL_BATCH_BYTES:
+    for (_, _), group in itertools.groupby(refs, key=lambda r: (r.sid, r.layer)):
+        layer = list(group)
+        nbytes = sum(ref.rows * ref.row_bytes for ref in layer)
+        if batch and size + nbytes > FILL_BATCH_BYTES:
             yield batch
             batch, size = [], 0
-        batch.append(ref)
-        size += ref.rows * ref.row_bytes
+        batch += layer
+        size += nbytes
     if batch:
         yield batch
 
 
-def _rows(ref: ChunkRef, data: bytes | None) -> np.ndarray | None:
+def _runs(
+    pieces: Sequence[tuple[ChunkRef, npt.NDArray[np.uint8] | None]],
+) -> Iterator[tuple[ChunkRef, npt.NDArray[np.uint8]]]:
+    """Adjacent chunks of a layer joined into one run of rows (the first chunk's ref,
+    the rows): one store and one log record per run, and the layer's buffer is
+    allocated once instead of growing chunk by chunk. A hole (a missing block, or a
+    block not written to its end) starts a new run."""
+    run: list[npt.NDArray[np.uint8]] = []
+    head: ChunkRef | None = None
+    prev: ChunkRef | None = None
+    for ref, rows in pieces:
+        if rows is None:
+            continue
+        joins = (
+            head is not None
+            and prev is not None
+            and (prev.sid, prev.layer, prev.block + 1) == (ref.sid, ref.layer, ref.block)
+            and sum(len(r) for r in run) == (ref.block - head.block) * CHUNK_ROWS
+        )
+        if not joins:
+            if head is not None:
+                yield head, run[0] if len(run) == 1 else np.concatenate(run)
+            head, run = ref, []
+        run.append(rows)
+        prev = ref
+    if head is not None:
+        yield head, run[0] if len(run) == 1 else np.concatenate(run)
+
+
+def _rows(ref: ChunkRef, data: bytes | None) -> npt.NDArray[np.uint8] | None:
     """The chunk's rows below the high-water mark as ``[n, row_bytes]`` uint8."""
     if data is None:
         raise TierIncomplete(f"layer {ref.layer} block {ref.block} is marked written but gone")
@@ -119,7 +155,7 @@ def _rows(ref: ChunkRef, data: bytes | None) -> np.ndarray | None:
 
 
 def fill_sessions(
-    remote: Remote, vstore: VStore, journal: TierJournal, plans: Sequence[Fill]
+    remote: Remote, vstore: VStore, journal: TierJournal, gate: FillGate, plans: Sequence[Fill]
 ) -> int:
     """Create and fill the planned sessions locally; returns the row bytes filled.
     Raises (TierIOError, TierIncomplete, TierFormatError, PionError) with the local
@@ -131,7 +167,7 @@ def fill_sessions(
         )
     created: list[bytes] = []
     filled = 0
-    with journal.local_only():
+    with journal.local_only(), gate.filling([p.meta.sid for p in plans]):
         try:
             for p in plans:
                 layout = p.meta.layout
@@ -144,11 +180,10 @@ def fill_sessions(
             for batch in _batches(refs):
                 replies = remote.read_chunks([ref.name for ref in batch])
                 pieces = [(ref, _rows(ref, data)) for ref, data in zip(batch, replies, strict=True)]
-                for ref, rows in pieces:
-                    if rows is not None:
-                        start = ref.block * CHUNK_ROWS
-                        vstore.store_encoded(ref.sid, ref.layer, start, rows)
-                        filled += rows.nbytes
+                del replies
+                for head, rows in _runs(pieces):
+                    vstore.store_encoded(head.sid, head.layer, head.block * CHUNK_ROWS, rows)
+                    filled += rows.nbytes
             for p in plans:
                 if p.blocks is not None:
                     hashes = np.frombuffer(p.blocks.hashes, dtype="<u8")

@@ -1,7 +1,16 @@
-"""How V-store mutations reach the tier: a journal, like the WAL.
+"""How V-store mutations reach the tier (a journal, like the WAL), and which reach the
+WAL.
 
 :class:`FanOutJournal` hands each mutation to several journals in order (the WAL
 first: if it refuses, nothing is applied and the tier never hears of it).
+
+:class:`FillGate` stands in front of the WAL. A session filled from the tier is a
+cache of the tier's copy: it is *volatile*, not written to the local log (a restart
+forgets it and the next request fills it again; writing it would cost a node's disk
+every byte it ever read from the tier). The first local write into a volatile session
+(rows, a block table) makes it the node's own: the gate logs the whole session first,
+then the write, so replay always finds a session before its rows. Evictions and drops
+of volatile sessions are not logged (the log never knew them).
 :class:`TierJournal` turns a mutation into a writer operation (``ops.op_of``) and
 queues it; under ``--tier-write sync`` it then waits for the tier while the tier is up.
 It never raises: a tier that is down or slow never fails a write the local V-store
@@ -16,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from pion.config import TierConfig
@@ -24,9 +33,9 @@ from pion.tier.health import Health
 from pion.tier.ledger import Ledger
 from pion.tier.ops import Op, op_of
 from pion.tier.writer import Writer
-from pion.vstore import DropSession, Journal, Mutation
+from pion.vstore import CreateSession, DropSession, Journal, Mutation, VStore
 
-__all__ = ["FanOutJournal", "TierJournal"]
+__all__ = ["FanOutJournal", "FillGate", "TierJournal"]
 
 log = logging.getLogger("pion.tier")
 
@@ -43,6 +52,45 @@ class FanOutJournal:
     def append(self, mutation: Mutation) -> None:
         for journal in self.journals:
             journal.append(mutation)
+
+
+class FillGate:
+    """The WAL's side of a fill: see the module docstring."""
+
+    def __init__(self, wal: Journal, vstore: VStore) -> None:
+        self.wal = wal
+        self.vstore = vstore
+        self.volatile: set[bytes] = set()
+        self._filling = 0
+
+    @contextmanager
+    def filling(self, sids: Iterable[bytes]) -> Iterator[None]:
+        """While a fill creates and stores ``sids``: their records stay out of the log
+        (evictions the fill causes still go in)."""
+        self.volatile.update(sids)
+        self._filling += 1
+        try:
+            yield
+        finally:
+            self._filling -= 1
+
+    def append(self, mutation: Mutation) -> None:
+        sid = mutation.sid
+        if sid in self.volatile:
+            if isinstance(mutation, DropSession):
+                self.volatile.discard(sid)
+                return
+            if self._filling or isinstance(mutation, CreateSession):
+                return
+            self._materialize(sid)
+        self.wal.append(mutation)
+
+    def _materialize(self, sid: bytes) -> None:
+        """Log the session as it is now (it is about to change locally)."""
+        for record in self.vstore.dump():
+            if record.sid == sid:
+                self.wal.append(record)
+        self.volatile.discard(sid)
 
 
 class TierJournal:

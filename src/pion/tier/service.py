@@ -29,14 +29,14 @@ from pion.errors import PionError, TierError
 from pion.tier.client import TierClient, TierIOError, TierRejected
 from pion.tier.fill import TierIncomplete, fill_sessions, plan_fill
 from pion.tier.health import Health
-from pion.tier.journal import FanOutJournal, TierJournal
+from pion.tier.journal import FanOutJournal, FillGate, TierJournal
 from pion.tier.keys import KeyLayout
 from pion.tier.ledger import Ledger
 from pion.tier.meta import Layout, TierFormatError, TierMeta
 from pion.tier.ops import CheckOp, DropOp, op_of
 from pion.tier.remote import Remote
 from pion.tier.writer import Writer
-from pion.vstore import VStore, namespace_of
+from pion.vstore import Mutation, VStore, namespace_of
 from pion.wire import namespace_sids
 
 __all__ = ["Tier"]
@@ -46,6 +46,14 @@ log = logging.getLogger("pion.tier")
 _TICK_S = 0.5
 # Sessions resynchronised per tick (each is queued whole, bypassing the byte bound).
 _RESYNC_PER_TICK = 4
+
+
+class _NoLog:
+    """The WAL of a worker without one (``--no-wal`` keeps a Persistence; this is for
+    a V-store with no journal at all)."""
+
+    def append(self, mutation: Mutation) -> None:
+        return None
 
 
 class Tier:
@@ -61,6 +69,7 @@ class Tier:
         writer_remote = Remote(TierClient(config, self.health), self.keys, limits)
         self.writer = Writer(writer_remote, self.health, self.ledger, config)
         self.journal = TierJournal(self.writer, self.ledger, self.health, config)
+        self.gate: FillGate | None = None  # in front of the WAL once started
         self.hits = 0  # local misses answered by filling from the tier
         self.misses = 0  # local misses the tier could not answer either
         self.bytes_in = 0  # row bytes filled from the tier
@@ -77,7 +86,11 @@ class Tier:
         """Join the V-store's journal, start the writer, queue a check of every
         recovered session, start the tick. Call on the event loop after recovery."""
         vs = self.vstore
-        vs.journal = self.journal if vs.journal is None else FanOutJournal(vs.journal, self.journal)
+        if vs.journal is None:
+            vs.journal = self.journal
+        else:
+            self.gate = FillGate(vs.journal, vs)
+            vs.journal = FanOutJournal(self.gate, self.journal)
         self.writer.start()
         for sid in vs.sids():
             info = vs.describe(sid, touch=False)
@@ -155,6 +168,9 @@ class Tier:
             group += [s for s in namespace_of(sid) if s not in vs and s not in group]
         if not group:
             return
+        # Only the sessions asked for make it an error: the other half of a namespace
+        # is filled when it can be, but its absence never fails a command.
+        required = required and any(s not in vs for s in sids)
         if any(self.ledger.is_dirty(s) for s in group):
             # Our own writes of it never reached the tier: its copy there is stale
             # and is about to be replaced. Not found, as far as this worker knows.
@@ -178,7 +194,8 @@ class Tier:
                 plan_fill(self.keys, meta, bitmap, table)
                 for meta, (bitmap, table) in zip(present, extras, strict=True)
             ]
-            filled = fill_sessions(self.reader, vs, self.journal, plans)
+            gate = self.gate if self.gate is not None else FillGate(_NoLog(), vs)
+            filled = fill_sessions(self.reader, vs, self.journal, gate, plans)
         except (TierIOError, TierRejected) as exc:
             if required:
                 raise TierError(
