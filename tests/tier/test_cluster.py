@@ -214,3 +214,21 @@ def test_an_incomplete_or_foreign_tier_copy_is_refused_not_served(
     assert rb.execute_command("KV.PREFIX.LOOKUP", "odd") == b"MISS"
     assert rb.ping()
     rc.close()
+
+
+def test_hostile_session_ids_never_reach_the_tier(
+    cluster: RedisCluster3, tier_server: Start
+) -> None:
+    b = tier_server(cluster.url, "b")
+    rb = b.client()
+    rb.execute_command("KV.PREFIX.LOOKUP", "warm-up")  # connects: one meta read
+    before = int(tier_info(rb)["tier_read_ops"])
+    for sid in (b"x" * 100_000, b""):
+        with pytest.raises(redis.ResponseError, match="session not found"):
+            rb.execute_command("V.FETCH", sid, 0, "RANGE", 0, 1)
+    assert int(tier_info(rb)["tier_read_ops"]) == before
+    # Odd bytes of a valid length are asked for (hex in the key), and simply not there.
+    misses = int(tier_info(rb)["tier_misses"])
+    with pytest.raises(redis.ResponseError, match="session not found"):
+        rb.execute_command("V.FETCH", b"\x00{x}\r\n\xff_pk", 0, "RANGE", 0, 1)
+    assert int(tier_info(rb)["tier_misses"]) == misses + 1

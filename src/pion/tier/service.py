@@ -36,7 +36,7 @@ from pion.tier.meta import Layout, TierFormatError, TierMeta
 from pion.tier.ops import CheckOp, DropOp, op_of
 from pion.tier.remote import Remote
 from pion.tier.writer import Writer
-from pion.vstore import Mutation, VStore, namespace_of
+from pion.vstore import MAX_SID_LEN, Mutation, VStore, namespace_of
 from pion.wire import namespace_sids
 
 __all__ = ["Tier"]
@@ -163,6 +163,9 @@ class Tier:
         """Fill ``sids`` (with their namespaces' other halves) from the tier when the
         local V-store does not hold them; see the module docstring."""
         vs = self.vstore
+        # A sid the V-store could never hold is not looked for either: a client must
+        # not make the server send the tier a key as long as its request.
+        sids = [sid for sid in sids if 1 <= len(sid) <= MAX_SID_LEN]
         group: list[bytes] = []
         for sid in sids:
             group += [s for s in namespace_of(sid) if s not in vs and s not in group]
