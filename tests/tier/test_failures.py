@@ -202,3 +202,19 @@ def test_a_filled_session_is_a_cache_until_this_node_writes_into_it(
     redis_node.start()
     wait_until(lambda: tier_info(rb)["tier_status"] == "ok", timeout=30, what="the tier")
     assert fetch_prefix(rb, "cache") == want_cache
+
+
+def test_a_drop_follows_the_queued_writes_of_a_namespace_evicted_here(
+    tier_server: Start, redis_node: RedisNode
+) -> None:
+    a = tier_server(redis_node.url, "a", "--tier-write", "async", "--vstore-max-sessions", "2")
+    ra = a.client()
+    redis_node.kill()
+    store_prefix(ra, "first", layers=1)
+    store_prefix(ra, "second", layers=1)  # evicts "first" here; both still queued
+    assert ra.execute_command("KV.PREFIX.DROP", "first") == 1
+    redis_node.start()
+    wait_until(lambda: _drained(ra), timeout=30, what="A's queue to drain")
+    b = tier_server(redis_node.url, "b").client()
+    assert b.execute_command("KV.PREFIX.LOOKUP", "first") == b"MISS"
+    assert b.execute_command("KV.PREFIX.LOOKUP", "second") == b"HIT"

@@ -268,8 +268,11 @@ class Tier:
         remote_only = [s for s in namespace_sids(ns) if s not in self.vstore]
         if not remote_only:
             return False
+        # Our own queued writes of a half evicted here will create it in the tier: it
+        # is held, whatever the tier says now, and the drop must follow them.
+        queued = any(self.writer.pending(s) for s in remote_only)
         held: bool | None = None
-        if self.health.available():
+        if not queued and self.health.available():
             try:
                 held = any(gen is not None for gen, _ in self.reader.probe(remote_only).values())
             except (TierIOError, TierRejected):
@@ -279,7 +282,7 @@ class Tier:
         for sid in remote_only:
             self.ledger.clear_dirty(sid)
             self.journal.submit(DropOp(sid), force=True)
-        return bool(held)
+        return queued or bool(held)
 
     # -- reporting -------------------------------------------------------------------
 
