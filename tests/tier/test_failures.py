@@ -138,6 +138,26 @@ def test_tls_tier(tier_server: Start, tls_cert: tuple[Path, Path]) -> None:
         node.stop()
 
 
+def test_tls_tier_with_a_client_certificate(
+    tier_server: Start, tls_cert: tuple[Path, Path]
+) -> None:
+    cert, key = tls_cert
+    node = RedisNode(tls=tls_cert, extra=["--tls-auth-clients", "yes"])
+    try:
+        ca = ["--tier-tls-ca", str(cert)]
+        a = tier_server(
+            node.url, "a", *ca, "--tier-tls-cert", str(cert), "--tier-tls-key", str(key)
+        )
+        store_prefix(a.client(), "mutual")
+        assert int(tier_info(a.client())["tier_writes_applied"]) == 8
+        # Without a certificate the server refuses the handshake: down, not skipped.
+        b = tier_server(node.url, "b", *ca, "--tier-timeout", "0.5").client()
+        with pytest.raises(redis.ResponseError, match="tier is unavailable"):
+            b.execute_command("V.FETCH", "mutual_pk", 0, "RANGE", 0, 1)
+    finally:
+        node.stop()
+
+
 def test_a_full_queue_becomes_a_resync(tier_server: Start, redis_node: RedisNode) -> None:
     a = tier_server(redis_node.url, "a", "--tier-write", "async", "--tier-queue-max", "64kb")
     b = tier_server(redis_node.url, "b")
