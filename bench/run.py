@@ -24,6 +24,8 @@ BENCHES = [
     "tier",
     "fidelity",
     "llama_prefix",
+    "client_memory",
+    "attend",
 ]
 
 
