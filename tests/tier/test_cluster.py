@@ -232,3 +232,33 @@ def test_hostile_session_ids_never_reach_the_tier(
     with pytest.raises(redis.ResponseError, match="session not found"):
         rb.execute_command("V.FETCH", b"\x00{x}\r\n\xff_pk", 0, "RANGE", 0, 1)
     assert int(tier_info(rb)["tier_misses"]) == misses + 1
+
+
+def test_a_rollback_on_a_cuts_the_tier_copy(cluster: RedisCluster3, tier_server: Start) -> None:
+    a = tier_server(cluster.url, "a")
+    ra = a.client()
+    ra.execute_command("V.CREATE", "draft", 64, "VQUANT", "int8")
+    ra.execute_command("V.STOREBATCH", "draft", 0, 0, 600, rows(600, 64, 1).tobytes())
+    snap = ra.execute_command("V.SNAPSHOT", "draft")
+    ra.execute_command("V.STOREBATCH", "draft", 0, 600, 300, rows(300, 64, 2).tobytes())
+    ra.execute_command("V.STOREBATCH", "draft", 1, 0, 10, rows(10, 64, 3).tobytes())
+    assert ra.execute_command("V.RESTORE", "draft", snap) == b"OK"  # the draft is rejected
+    # A write past the cut leaves a hole: it must read as zeros, not the rejected rows.
+    ra.execute_command("V.STOREBATCH", "draft", 0, 800, 20, rows(20, 64, 4).tobytes())
+    want = ra.execute_command("V.FETCH", "draft", "BATCH", 0, 820)
+    c = tier_server(cluster.url, "c").client()
+    assert c.execute_command("V.FETCH", "draft", "BATCH", 0, 820) == want
+    assert _vinfo(c, "draft") == _vinfo(ra, "draft")
+    assert b"num_layers:1" in c.execute_command("V.INFO", "draft")  # layer 1 went too
+
+
+def test_rope_layers_fill_bit_exact(cluster: RedisCluster3, tier_server: Start) -> None:
+    a, b = tier_server(cluster.url, "a"), tier_server(cluster.url, "b")
+    ra, rb = a.client(), b.client()
+    specs = ["fmt=bf16_rope_fp8_body,dim=96,rope=32", "fmt=fp16,dim=64"]
+    ra.execute_command("V.CREATE", "mla_pk", 0, "SCHEMA", 2, *specs)
+    ra.execute_command("V.STOREBATCH", "mla_pk", 0, 0, 300, rows(300, 96, 5).tobytes())
+    ra.execute_command("V.STOREBATCH", "mla_pk", 1, 0, 300, rows(300, 64, 6).tobytes())
+    want = ra.execute_command("V.FETCH", "mla_pk", "BATCH", 0, 300)
+    assert rb.execute_command("V.FETCH", "mla_pk", "BATCH", 0, 300) == want
+    assert b"layer_0_rope:32" in rb.execute_command("V.INFO", "mla_pk")

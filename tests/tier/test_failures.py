@@ -28,6 +28,17 @@ def _drained(r: redis.Redis) -> bool:
     return info["tier_status"] == "ok" and int(info["tier_queue_depth"]) == 0
 
 
+def _fetches(r: redis.Redis, sid: str) -> bool:
+    """One V.FETCH of ``sid``: True when it answers, False while the tier is away."""
+    try:
+        r.execute_command("V.FETCH", sid, 0, "RANGE", 0, 1)
+    except redis.ResponseError as exc:
+        if "tier is unavailable" in str(exc):
+            return False
+        raise
+    return True
+
+
 def test_kill_a_cluster_node_while_b_serves_then_bring_it_back(
     own_cluster: RedisCluster3, tier_server: Start, prefix: str
 ) -> None:
@@ -98,6 +109,8 @@ def test_standalone_tier_with_a_password_goes_away_and_comes_back(
 
         node.start()  # same port, its append-only file: the data is back
         wait_until(lambda: _drained(ra), timeout=30, what="A's queue to drain")
+        # B has nothing queued: it tries again on demand, once its backoff has passed.
+        wait_until(lambda: _fetches(rb, "two_pk"), timeout=10, what="B to use the tier")
         assert fetch_prefix(rb, "two") == fetch_prefix(ra, "two")
     finally:
         node.stop()

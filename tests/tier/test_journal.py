@@ -17,7 +17,7 @@ from pion.tier.journal import FanOutJournal, FillGate, TierJournal
 from pion.tier.keys import KeyLayout
 from pion.tier.ledger import Ledger
 from pion.tier.meta import Layout
-from pion.tier.ops import CreateOp, DropOp, SetBlocksOp, StoreOp
+from pion.tier.ops import CreateOp, DropOp, SetBlocksOp, StoreOp, TruncateOp
 from pion.tier.remote import Remote
 from pion.tier.writer import Writer
 from pion.vstore import StoreRows
@@ -170,3 +170,19 @@ def test_filled_sessions_stay_out_of_the_log_until_written_locally() -> None:
         ("CreateSession", b"j"),
         ("CreateSession", b"k"),
     ]
+
+
+def test_a_restore_becomes_a_cut_of_the_tier_copy() -> None:
+    journal, writer = _journal(write="async")
+    vs = make_store(journal=journal)
+    vs.create(b"d", 4, "fp16")
+    vs.store(b"d", 0, 0, rows(5, 4))
+    snap = vs.snapshot(b"d")
+    vs.store(b"d", 0, 5, rows(3, 4))
+    vs.restore(b"d", snap)
+    assert _queued(writer)[-1] == TruncateOp(b"d", ((0, 5),))
+    # A snapshot this journal never saw (taken before it was attached): a full resync.
+    later, later_writer = _journal(write="async")
+    vs.journal = later
+    vs.restore(b"d", snap)
+    assert later.ledger.is_dirty(b"d") and later_writer.depth == 0

@@ -70,3 +70,16 @@ def test_field_count_is_bounded() -> None:
     fields.update({f"t:{i}".encode(): b"1" for i in range(300)})
     with pytest.raises(TierFormatError, match="fields"):
         parse_meta(b"s", fields, LIMITS)
+
+
+def test_rope_layers_round_trip_and_bad_ropes_are_refused() -> None:
+    schema = "bf16_rope_fp8_body:96:32,fp16:64"
+    meta = parse_meta(b"s", _fields(dim="0", fmt="bf16_rope_fp8_body", schema=schema), LIMITS)
+    assert meta.layout.ropes == (32, 0) and meta.layout.fields()["schema"] == schema
+    assert meta.layout.codec(0).rope == 32  # type: ignore[attr-defined]
+    for bad in ("bf16_rope_fp8_body:96:0", "bf16_rope_fp8_body:96:96", "fp16:64:5"):
+        fmt = bad.split(":")[0]
+        with pytest.raises(TierFormatError, match="rope"):
+            parse_meta(b"s", _fields(dim="0", fmt=fmt, schema=bad), LIMITS)
+    with pytest.raises(TierFormatError, match="only in a SCHEMA"):
+        parse_meta(b"s", _fields(fmt="bf16_rope_fp8_body"), LIMITS)

@@ -174,7 +174,9 @@ def fill_sessions(
                 if layout.schema is None:
                     vstore.create(p.meta.sid, layout.default_dim, layout.default_fmt)
                 else:
-                    vstore.create_schema(p.meta.sid, layout.default_dim, layout.schema)
+                    vstore.create_schema(
+                        p.meta.sid, layout.default_dim, layout.schema, layout.ropes
+                    )
                 created.append(p.meta.sid)
             refs = [ref for p in plans for ref in p.chunks]
             for batch in _batches(refs):

@@ -31,11 +31,14 @@ from contextlib import contextmanager
 from pion.config import TierConfig
 from pion.tier.health import Health
 from pion.tier.ledger import Ledger
-from pion.tier.ops import Op, op_of
+from pion.tier.ops import Op, TruncateOp, op_of
 from pion.tier.writer import Writer
 from pion.vstore import CreateSession, DropSession, Journal, Mutation, VStore
+from pion.vstore.mutations import ReleaseSnapshot, RestoreSnapshot, SnapshotIds, TakeSnapshot
 
 __all__ = ["FanOutJournal", "FillGate", "TierJournal"]
+
+Lengths = tuple[tuple[int, int], ...]
 
 log = logging.getLogger("pion.tier")
 
@@ -75,6 +78,9 @@ class FillGate:
             self._filling -= 1
 
     def append(self, mutation: Mutation) -> None:
+        if isinstance(mutation, SnapshotIds):  # server-wide, no session
+            self.wal.append(mutation)
+            return
         sid = mutation.sid
         if sid in self.volatile:
             if isinstance(mutation, DropSession):
@@ -88,7 +94,7 @@ class FillGate:
     def _materialize(self, sid: bytes) -> None:
         """Log the session as it is now (it is about to change locally)."""
         for record in self.vstore.dump():
-            if record.sid == sid:
+            if not isinstance(record, SnapshotIds) and record.sid == sid:
                 self.wal.append(record)
         self.volatile.discard(sid)
 
@@ -101,6 +107,8 @@ class TierJournal:
         self.sync = config.write == "sync"
         self.sync_timeout = config.sync_timeout
         self._local_only = 0
+        # Rollback snapshots' lengths per session (V.SNAPSHOT), for V.RESTORE.
+        self._snapshots: dict[bytes, dict[int, tuple[tuple[int, int], ...]]] = {}
         self.overflows = 0
         self.sync_timeouts = 0
         self._warned_at = -_WARN_EVERY_S
@@ -117,15 +125,38 @@ class TierJournal:
         try:
             self._append(mutation)
         except Exception:  # never fail a write the local tier accepted
-            log.exception("queueing a tier write of %r failed", mutation.sid)
+            log.exception("queueing a tier write of %r failed", getattr(mutation, "sid", b""))
+
+    def remember_snapshot(self, sid: bytes, snap_id: int, lengths: Lengths) -> None:
+        held = self._snapshots.setdefault(sid, {})
+        held[snap_id] = lengths
+        if len(self._snapshots) > self.ledger.capacity:
+            del self._snapshots[next(iter(self._snapshots))]
 
     def _append(self, m: Mutation) -> None:
+        if isinstance(m, SnapshotIds):
+            return
         sid = m.sid
         if isinstance(m, DropSession):
             self.ledger.forget(sid)  # the local copy is gone, whatever the reason
+            self._snapshots.pop(sid, None)
+        elif isinstance(m, TakeSnapshot):
+            self.remember_snapshot(sid, m.snap_id, m.lengths)
+        elif isinstance(m, ReleaseSnapshot):
+            self._snapshots.get(sid, {}).pop(m.snap_id, None)
         if self._local_only:
             return
-        op = op_of(m)
+        op: Op | None
+        if isinstance(m, RestoreSnapshot):
+            lengths = self._snapshots.get(sid, {}).get(m.snap_id)
+            if lengths is None:
+                # Taken before this process started and not seen since: the local
+                # copy after the restore is pushed whole instead.
+                self.ledger.mark_dirty(sid)
+                return
+            op = TruncateOp(sid, lengths)
+        else:
+            op = op_of(m)
         if op is None:
             return
         if isinstance(m, DropSession):

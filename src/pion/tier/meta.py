@@ -12,6 +12,7 @@ field       value
 ``dim``     ``default_dim`` of the session's ``CreateSession`` (0: none, SCHEMA only)
 ``fmt``     ``default_fmt`` (a format name)
 ``schema``  empty for a uniform session, else ``fmt:dim`` per layer joined by ``,``
+            (``fmt:dim:rope`` for a layer with a rope, ``bf16_rope_fp8_body``)
 ``t:<i>``   layer ``i``'s row high-water mark (absent = no rows)
 ==========  ===========================================================================
 
@@ -26,10 +27,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pion.codecs import FORMAT_NAMES, get_codec
+from pion.codecs import ALL_FORMAT_NAMES, FORMAT_NAMES, Codec, get_codec
 from pion.config import VStoreLimits
+from pion.errors import PionError
 from pion.tier.keys import FORMAT_VERSION, MAX_LAYERS, MAX_ROWS
 from pion.vstore import CreateSession
+from pion.vstore.session import check_rope
 
 __all__ = ["Layout", "TierFormatError", "TierMeta", "parse_meta"]
 
@@ -52,13 +55,14 @@ class Layout:
     default_dim: int
     default_fmt: str
     schema: tuple[tuple[str, int], ...] | None
+    ropes: tuple[int, ...] | None = None  # as CreateSession: SCHEMA only, None if all 0
 
     @classmethod
     def of(cls, m: CreateSession) -> Layout:
-        return cls(m.default_dim, m.default_fmt, m.schema)
+        return cls(m.default_dim, m.default_fmt, m.schema, m.ropes)
 
     def create(self, sid: bytes) -> CreateSession:
-        return CreateSession(sid, self.default_dim, self.default_fmt, self.schema)
+        return CreateSession(sid, self.default_dim, self.default_fmt, self.schema, self.ropes)
 
     def layer(self, index: int) -> tuple[str, int] | None:
         """The ``(format, dim)`` layer ``index`` stores in; None past a SCHEMA."""
@@ -66,14 +70,28 @@ class Layout:
             return self.default_fmt, self.default_dim
         return self.schema[index] if 0 <= index < len(self.schema) else None
 
+    def codec(self, index: int) -> Codec:
+        """The codec of layer ``index`` (its rope included)."""
+        spec = self.layer(index)
+        if spec is None:
+            raise TierFormatError(f"layer {index} is beyond the session's SCHEMA")
+        rope = self.ropes[index] if self.ropes is not None else 0
+        return get_codec(spec[0], rope)
+
     def row_bytes(self, index: int) -> int:
         spec = self.layer(index)
         if spec is None:
             raise TierFormatError(f"layer {index} is beyond the session's SCHEMA")
-        return get_codec(spec[0]).row_bytes(spec[1])
+        return self.codec(index).row_bytes(spec[1])
 
     def fields(self) -> dict[str, str]:
-        schema = "" if self.schema is None else ",".join(f"{f}:{d}" for f, d in self.schema)
+        schema = ""
+        if self.schema is not None:
+            ropes = self.ropes or (0,) * len(self.schema)
+            schema = ",".join(
+                f"{f}:{d}:{r}" if r else f"{f}:{d}"
+                for (f, d), r in zip(self.schema, ropes, strict=True)
+            )
         return {"dim": str(self.default_dim), "fmt": self.default_fmt, "schema": schema}
 
 
@@ -131,25 +149,36 @@ def _layout(fields: dict[bytes, bytes], limits: VStoreLimits) -> Layout:
     if not raw:
         if not 1 <= dim <= limits.max_dim:
             raise TierFormatError(f"default dim {dim} out of range (1..{limits.max_dim})")
+        if fmt not in FORMAT_NAMES:
+            raise TierFormatError(f"format {fmt} exists only in a SCHEMA")
         return Layout(dim, fmt, None)
     specs = raw.split(b",")
     if not 1 <= len(specs) <= limits.max_schema_layers or dim > limits.max_dim:
         raise TierFormatError("schema outside this server's limits")
     schema: list[tuple[str, int]] = []
-    for spec in specs:
-        f, colon, d = spec.partition(b":")
-        layer_dim = _int(d, "schema dim") if colon else 0
+    ropes: list[int] = []
+    for index, spec in enumerate(specs):
+        parts = spec.split(b":")
+        if len(parts) not in (2, 3):
+            raise TierFormatError("schema dim missing (want fmt:dim[:rope])")
+        layer_fmt, layer_dim = _format(parts[0]), _int(parts[1], "schema dim")
+        rope = _int(parts[2], "schema rope") if len(parts) == 3 else 0
         if not 1 <= layer_dim <= limits.max_dim:
             raise TierFormatError(f"schema dim out of range (1..{limits.max_dim})")
-        schema.append((_format(f), layer_dim))
+        try:
+            check_rope(layer_fmt, layer_dim, rope, f"layer {index}")
+        except PionError as exc:
+            raise TierFormatError(exc.message) from None
+        schema.append((layer_fmt, layer_dim))
+        ropes.append(rope)
     if fmt != schema[0][0]:
         raise TierFormatError("default format of a SCHEMA session is not its layer 0's")
-    return Layout(dim, fmt, tuple(schema))
+    return Layout(dim, fmt, tuple(schema), tuple(ropes) if any(ropes) else None)
 
 
 def _format(raw: bytes) -> str:
     name = raw.decode("ascii", "replace")
-    if name not in FORMAT_NAMES:
+    if name not in ALL_FORMAT_NAMES:
         raise TierFormatError(f"unknown format {raw[:32]!r}")
     return name
 

@@ -6,7 +6,10 @@ A mutation's payload is only valid during ``Journal.append`` (``vstore.mutations
 bound counts.
 
 Local evictions have no operation: the tier is the second tier, and what the V-store
-evicts for room is exactly what it should keep.
+evicts for room is exactly what it should keep. Neither have rollback snapshots taken
+or released (``V.SNAPSHOT``, ``V.COMMIT``: bookkeeping of one node's drafter); a
+``V.RESTORE`` becomes a :class:`TruncateOp` (see ``journal.py``), since it cuts rows
+other nodes would otherwise still read.
 """
 
 from __future__ import annotations
@@ -16,7 +19,16 @@ from dataclasses import dataclass, field
 from pion.tier.meta import Layout
 from pion.vstore import CreateSession, DropSession, Mutation, SetBlocks, StoreRows
 
-__all__ = ["CheckOp", "CreateOp", "DropOp", "Op", "SetBlocksOp", "StoreOp", "op_of"]
+__all__ = [
+    "CheckOp",
+    "CreateOp",
+    "DropOp",
+    "Op",
+    "SetBlocksOp",
+    "StoreOp",
+    "TruncateOp",
+    "op_of",
+]
 
 # Bookkeeping bytes an operation costs besides its payload (the sid, the objects).
 _OVERHEAD = 256
@@ -72,6 +84,19 @@ class DropOp:
 
 
 @dataclass(frozen=True, slots=True)
+class TruncateOp:
+    """``V.RESTORE``: cut each layer back to ``lengths`` (``(layer, rows)``; a layer not
+    named is removed), never growing one."""
+
+    sid: bytes
+    lengths: tuple[tuple[int, int], ...]
+
+    @property
+    def nbytes(self) -> int:
+        return _OVERHEAD + len(self.sid) + 16 * len(self.lengths)
+
+
+@dataclass(frozen=True, slots=True)
 class CheckOp:
     """After recovery: does the tier hold this local session as we do? ``tpl`` is the
     local row high-water mark per layer."""
@@ -85,11 +110,12 @@ class CheckOp:
         return _OVERHEAD + len(self.sid) + 16 * len(self.tpl)
 
 
-Op = CreateOp | StoreOp | SetBlocksOp | DropOp | CheckOp
+Op = CreateOp | StoreOp | SetBlocksOp | DropOp | TruncateOp | CheckOp
 
 
 def op_of(m: Mutation) -> Op | None:
-    """The operation a journaled mutation becomes (payload copied), or None."""
+    """The operation a journaled mutation becomes (payload copied), or None (a
+    ``RestoreSnapshot`` needs the snapshot's lengths: ``journal.py`` builds it)."""
     if isinstance(m, StoreRows):
         return StoreOp(m.sid, m.layer, m.start, m.count, m.format_id, m.dim, bytes(m.data))
     if isinstance(m, CreateSession):

@@ -32,7 +32,7 @@ from redis.cluster import RedisCluster
 from pion.config import VStoreLimits
 from pion.tier.client import TierClient, TierIOError, TierRejected
 from pion.tier.health import Kind
-from pion.tier.keys import CHUNK_ROWS, FORMAT_VERSION, KeyLayout, chunks_of
+from pion.tier.keys import BLOCKS_PER_LAYER, CHUNK_ROWS, FORMAT_VERSION, KeyLayout, chunks_of
 from pion.tier.meta import Layout, TierFormatError, TierMeta, parse_meta
 from pion.tier.ops import StoreOp
 
@@ -91,6 +91,40 @@ redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 -- their copies until they are evicted or dropped there).
 redis.pcall('SET', KEYS[4], gen, 'EX', ARGV[2])
 return fields
+"""
+
+
+# Cut layers back (V.RESTORE): lower each high-water mark to the recorded length (a
+# layer not named goes to 0) and unmark the blocks wholly past it; returns the cuts as
+# layer, old rows, new rows. The caller then clears the row keys.
+_TRUNCATE = f"""
+if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[1] then return false end
+local keep = {{}}
+for i = 2, #ARGV, 2 do keep[ARGV[i]] = tonumber(ARGV[i + 1]) end
+local cuts = {{}}
+local fields = redis.call('HGETALL', KEYS[1])
+for i = 1, #fields, 2 do
+  local name = fields[i]
+  if string.sub(name, 1, 2) == 't:' then
+    local layer = string.sub(name, 3)
+    local held = tonumber(fields[i + 1])
+    local new = keep[layer] or 0
+    if new < held then
+      if new == 0 then
+        redis.call('HDEL', KEYS[1], name)
+      else
+        redis.call('HSET', KEYS[1], name, new)
+      end
+      for b = math.ceil(new / {CHUNK_ROWS}), math.floor((held - 1) / {CHUNK_ROWS}) do
+        redis.call('SETBIT', KEYS[2], tonumber(layer) * {BLOCKS_PER_LAYER} + b, 0)
+      end
+      table.insert(cuts, layer)
+      table.insert(cuts, held)
+      table.insert(cuts, new)
+    end
+  end
+end
+return cuts
 """
 
 
@@ -193,6 +227,47 @@ class Remote:
             return int(script(keys=[k.meta(sid), k.blocks(sid)], args=[gen, value]))
 
         return bool(self.client.call("write", run))
+
+    def truncate(
+        self, sid: bytes, gen: str, layout: Layout, lengths: tuple[tuple[int, int], ...]
+    ) -> bool:
+        """Cut the session back to ``lengths`` (see :data:`_TRUNCATE`); the rows cut
+        are zeroed (a block partly kept) or deleted (blocks wholly past the cut), so a
+        later write past the cut never finds rows of the rejected branch. False when
+        the generation changed."""
+        k = self.keys
+        args: list[bytes | str | int] = [gen]
+        for layer, rows in lengths:
+            args += [layer, rows]
+
+        def run(r: Client) -> list[bytes | int] | None:
+            script = r.register_script(_TRUNCATE)
+            reply: list[bytes | int] | None = script(keys=[k.meta(sid), k.written(sid)], args=args)
+            return reply
+
+        cuts = self.client.call("write", run)
+        if cuts is None:
+            return False
+
+        def clear(r: Client) -> None:
+            pipe = r.pipeline(transaction=False)
+            for i in range(0, len(cuts), 3):
+                layer, held, new = int(cuts[i]), int(cuts[i + 1]), int(cuts[i + 2])
+                row_bytes = layout.row_bytes(layer)
+                first_gone = -(-new // CHUNK_ROWS)
+                if new % CHUNK_ROWS:  # the block keeping rows below the cut
+                    block = new // CHUNK_ROWS
+                    end = min(held, (block + 1) * CHUNK_ROWS)
+                    offset = (new - block * CHUNK_ROWS) * row_bytes
+                    zeros = bytes((end - new) * row_bytes)
+                    pipe.setrange(k.chunk(sid, gen, layer, block), offset, zeros)
+                for block in range(first_gone, (held - 1) // CHUNK_ROWS + 1):
+                    pipe.delete(k.chunk(sid, gen, layer, block))
+            pipe.execute()
+
+        if cuts:
+            self.client.call("write", clear)
+        return True
 
     def drop(self, sid: bytes, gen: str | None) -> str | None:
         """Drop the session (only generation ``gen`` when given); the generation

@@ -37,6 +37,7 @@ from pion.tier.ops import CheckOp, DropOp, op_of
 from pion.tier.remote import Remote
 from pion.tier.writer import Writer
 from pion.vstore import MAX_SID_LEN, Mutation, VStore, namespace_of
+from pion.vstore.mutations import CreateSession, SnapshotIds, StoreRows, TakeSnapshot
 from pion.wire import namespace_sids
 
 __all__ = ["Tier"]
@@ -92,13 +93,20 @@ class Tier:
             self.gate = FillGate(vs.journal, vs)
             vs.journal = FanOutJournal(self.gate, self.journal)
         self.writer.start()
-        for sid in vs.sids():
-            info = vs.describe(sid, touch=False)
-            layout = Layout(info.default_dim, info.default_fmt, info.schema)
-            self.writer.offer(
-                CheckOp(sid, layout, {lay.index: lay.tpl for lay in info.layers if lay.tpl}),
-                force=True,
-            )
+        # What recovery rebuilt, as records: each session's layout and row counts for
+        # its check, and its rollback snapshots for a later V.RESTORE.
+        layouts: dict[bytes, Layout] = {}
+        rows: dict[bytes, dict[int, int]] = {}
+        for m in vs.dump():
+            if isinstance(m, CreateSession):
+                layouts[m.sid] = Layout.of(m)
+            elif isinstance(m, StoreRows):
+                held = rows.setdefault(m.sid, {})
+                held[m.layer] = max(held.get(m.layer, 0), m.start + m.count)
+            elif isinstance(m, TakeSnapshot):
+                self.journal.remember_snapshot(m.sid, m.snap_id, m.lengths)
+        for sid, layout in layouts.items():
+            self.writer.offer(CheckOp(sid, layout, rows.get(sid, {})), force=True)
         self._started = True
         log.info(
             "tier %s (%s writes, prefix %s): checking %d recovered sessions",
@@ -136,7 +144,7 @@ class Tier:
             self.writer.offer(DropOp(sid), force=True)
         if any(sid in self.vstore for sid in sids):
             for m in self.vstore.dump():
-                if m.sid in wanted:
+                if not isinstance(m, SnapshotIds) and m.sid in wanted:
                     op = op_of(m)
                     if op is not None:
                         self.writer.offer(op, force=True)

@@ -27,14 +27,13 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pion.codecs import get_codec
 from pion.config import TierConfig
 from pion.tier.client import TierIOError, TierRejected
 from pion.tier.health import Health
 from pion.tier.keys import MAX_LAYERS, MAX_ROWS
 from pion.tier.ledger import Ledger
 from pion.tier.meta import Layout, TierFormatError
-from pion.tier.ops import CheckOp, CreateOp, DropOp, Op, SetBlocksOp, StoreOp
+from pion.tier.ops import CheckOp, CreateOp, DropOp, Op, SetBlocksOp, StoreOp, TruncateOp
 from pion.tier.remote import Remote
 
 __all__ = ["Writer", "WriterCounters"]
@@ -209,6 +208,8 @@ class Writer:
             return
         elif isinstance(op, StoreOp):
             self._store(op)
+        elif isinstance(op, TruncateOp):
+            self._truncate(op)
         else:
             self._set_blocks(op)
         self.counters.applied += 1
@@ -253,13 +254,22 @@ class Writer:
             return
         gen, layout = session
         spec = layout.layer(op.layer)
-        if spec is None or get_codec(spec[0]).format_id != op.format_id or spec[1] != op.dim:
+        if spec is None or layout.codec(op.layer).format_id != op.format_id or spec[1] != op.dim:
             self.counters.conflicts += 1
             self._abandon(op.sid, "the tier holds it with another layout", drop=False)
             return
         if self.remote.store(gen, op):
             self.counters.bytes_out += len(op.data)
         else:
+            self._known.pop(op.sid, None)
+            self.counters.stale += 1
+
+    def _truncate(self, op: TruncateOp) -> None:
+        session = self._session(op.sid)
+        if session is None:
+            return
+        gen, layout = session
+        if not self.remote.truncate(op.sid, gen, layout, op.lengths):
             self._known.pop(op.sid, None)
             self.counters.stale += 1
 
