@@ -1,5 +1,5 @@
 """The shared second tier: prefix K/V on a Valkey / Redis Cluster (or one redis-server)
-behind every node's in-memory V-store (DESIGN section 13; docs/tier.md).
+behind every node's in-memory V-store (docs/tier.md).
 
 Each pion-server keeps its V-store as the first tier. Every V-store mutation reaches the
 tier through a journal, like the WAL; a session a command needs and the V-store does not

@@ -170,7 +170,7 @@ class TierClient:
         return result
 
     def _failed(self, kind: Kind, exc: BaseException) -> None:
-        # A fresh client next time: it re-reads the cluster's topology from the seeds.
+        # A fresh client next time: it re-reads the cluster's topology from the seed nodes.
         self.close()
         text = f"{type(exc).__name__}: {exc}"
         self.health.failure(kind, text)

@@ -50,7 +50,7 @@ Client = redis.Redis | RedisCluster
 # How long a tombstone says "dropped" after a DROP: other nodes validate their local
 # copies against it on LOOKUP. A node that stays away longer may push its copy back.
 TOMBSTONE_TTL_S = 86_400
-# KV.PREFIX.REGISTER's bound on a block table (DESIGN 4.3): what the tier may hold too.
+# KV.PREFIX.REGISTER's bound on a block table (docs/protocol.md): what the tier may hold too.
 MAX_HASH_COUNT = 1_048_576
 _MAX_BLOCK_SIZE = 8192
 _BLOCKS_HEADER = struct.Struct("<I")
