@@ -31,6 +31,10 @@ __all__ = ["RedisCluster3", "RedisNode", "free_cluster_port", "redis_binaries"]
 
 # Cluster bus ports are the data port + 10000 (Redis's fixed offset).
 _BUS_OFFSET = 10000
+# util-linux's setpriv (Debian) makes the node die with the process that started it,
+# so a test run killed by a timeout leaves no cluster behind; without it, nothing.
+_SETPRIV = shutil.which("setpriv")
+_DIE_WITH_PARENT = [_SETPRIV, "--pdeathsig", "KILL", "--"] if _SETPRIV else []
 
 
 def redis_binaries() -> tuple[str, str]:
@@ -104,7 +108,9 @@ class RedisNode:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            self._argv(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            [*_DIE_WITH_PARENT, *self._argv()],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
