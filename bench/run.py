@@ -22,6 +22,7 @@ BENCHES = [
     "vstore_eviction",
     "registry",
     "persistence",
+    "tier",
     "fidelity",
     "llama_prefix",
     "client_memory",

@@ -402,3 +402,41 @@ def raw_exchange(
         except TimeoutError:
             pass
         return b"".join(chunks)
+
+
+# -- cluster tier ----------------------------------------------------------------------
+
+
+def wait_until(predicate: Any, timeout: float = 20.0, what: str = "condition") -> None:
+    """Poll ``predicate()`` until it is true; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def store_prefix(
+    r: redis.Redis, ns: str, *, fmt: str = "fp16", dim: int = 64, layers: int = 3,
+    rows_per_layer: int = 600, seed: int = 0,
+) -> None:  # fmt: skip
+    """REGISTER ``ns`` and store every layer of both halves (600 rows: three 256-row
+    tier chunks, the last one partial)."""
+    assert r.execute_command("KV.PREFIX.REGISTER", ns, dim, fmt) == b"OK"
+    for half, sid in enumerate((f"{ns}_pk", f"{ns}_pv")):
+        for layer in range(layers):
+            blob = rows(rows_per_layer, dim, seed + 100 * half + layer).tobytes()
+            r.execute_command("V.STOREBATCH", sid, layer, 0, rows_per_layer, blob)
+
+
+def fetch_prefix(r: redis.Redis, ns: str, rows_per_layer: int = 600) -> list[Any]:
+    """Both halves as V.FETCH BATCH replies, fp32 and FMT NATIVE: what bit-exact means."""
+    out = []
+    for sid in (f"{ns}_pk", f"{ns}_pv"):
+        out.append(r.execute_command("V.FETCH", sid, "BATCH", 0, rows_per_layer))
+        out.append(r.execute_command("V.FETCH", sid, "BATCH", 0, rows_per_layer, "FMT", "NATIVE"))
+    return out
+
+
+def tier_info(r: redis.Redis) -> dict[str, Any]:
+    return dict(r.info("tier"))

@@ -19,6 +19,9 @@ Tree::
       CodecError              code ERR   a value a storage format cannot hold
       SessionNotFoundError    code ERR   unknown V-store session
       WrongWorkerError        code ERR   the session lives on another worker
+      TierError               code ERR   a session not held locally that the cluster
+                                         tier could not supply (unreachable, or its
+                                         copy there is incomplete)
 
 Clients match a few messages by text (``blob size``, ``session lives on worker N``,
 ``already``/``exists``); those texts are part of the wire contract (DESIGN section 3).
@@ -39,6 +42,7 @@ __all__ = [
     "PionError",
     "ProtocolError",
     "SessionNotFoundError",
+    "TierError",
     "WrongPassError",
     "WrongWorkerError",
 ]
@@ -130,3 +134,8 @@ class WrongWorkerError(PionError):
     def __init__(self, message: str, owner: int) -> None:
         super().__init__(message)
         self.owner = owner
+
+
+class TierError(PionError):
+    """The shared second tier (``--tier``) could not supply a session this worker does
+    not hold: the tier is unreachable or in backoff, or its copy is incomplete."""

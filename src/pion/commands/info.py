@@ -1,6 +1,6 @@
 """INFO: the server's state as ``name:value`` lines grouped in ``# Section`` blocks.
 
-Sections: Server, Clients, Memory, Persistence, Stats, Pion, Keyspace. ``INFO`` and
+Sections: Server, Clients, Memory, Persistence, Stats, Pion, Tier, Keyspace. ``INFO`` and
 ``INFO default``/``all``/``everything`` give all of them; ``INFO <section>...`` those
 named (case-insensitive); an unknown section gives an empty reply, as in Redis.
 
@@ -187,6 +187,11 @@ def _pion(ctx: Context) -> list[str]:
     return ctx.state.receipt.info_lines()
 
 
+def _tier(ctx: Context) -> list[str]:
+    tier = ctx.state.tier
+    return ["tier_enabled:0"] if tier is None else tier.info_lines()
+
+
 def _keyspace(ctx: Context) -> list[str]:
     # The plain keyspace is empty: V-store sessions are counted by KV.PREFIX.INFO.
     return []
@@ -199,6 +204,7 @@ _SECTIONS: dict[str, tuple[str, Callable[[Context], list[str]]]] = {
     "persistence": ("Persistence", _persistence),
     "stats": ("Stats", _stats),
     "pion": ("Pion", _pion),
+    "tier": ("Tier", _tier),
     "keyspace": ("Keyspace", _keyspace),
 }
 _ALL = ("default", "all", "everything")

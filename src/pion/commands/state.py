@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pion.attend import AttentionTables, SsmStore
 from pion.config import ServerConfig
@@ -24,6 +24,9 @@ from pion.prefix.receipt import Receipt
 from pion.prefix.registry import PrefixRegistry
 from pion.resp.reply import Reply
 from pion.vstore import VStore
+
+if TYPE_CHECKING:  # imported only where --tier is given (it pulls in redis-py)
+    from pion.tier import Tier
 
 __all__ = [
     "ClientState",
@@ -109,6 +112,8 @@ class ServerState:
     kill_client: Callable[[int], bool] | None = None
     # Installed by the server: bytes all clients' query and reply buffers hold now.
     client_memory: Callable[[], int] | None = None
+    # The shared second tier (--tier), started after recovery; None without one.
+    tier: Tier | None = None
     # Built from vstore and receipt: the KV.PREFIX registry over them.
     registry: PrefixRegistry = field(init=False)
     # Built from config: the attention tier's slot tables and the SSM state blobs.

@@ -70,6 +70,13 @@ def format_name(raw: bytes, names: tuple[str, ...] = FORMAT_NAMES) -> str | None
     return name if name in names else None
 
 
+def _from_tier(ctx: Context, sid: bytes, *, required: bool) -> None:
+    """With ``--tier``: a session this worker does not hold is filled from the tier
+    first. ``required``: the command cannot answer without it (see pion.tier)."""
+    if ctx.state.tier is not None:
+        ctx.state.tier.ensure_local((sid,), required=required)
+
+
 def _bulk(ctx: Context, array: npt.NDArray[np.generic]) -> memoryview:
     """A flat byte view of a fetched array (no copy for a C-contiguous one), counted in
     the receipt's bytes served."""
@@ -115,6 +122,7 @@ def v_create(ctx: Context, argv: Sequence[bytes]) -> Reply:
                 )
             raise PionError(f"V.CREATE: unknown VQUANT format '{_show(raw)}' (want {_WANT})")
         fmt = named
+    _from_tier(ctx, sid, required=False)
     return ctx.state.vstore.create(sid, dim, fmt)
 
 
@@ -139,6 +147,7 @@ def _create_schema(ctx: Context, a: Args, sid: bytes, default_dim: int) -> Reply
     ]
     schema = [(fmt, dim) for fmt, dim, _ in specs]
     ropes = [rope for _, _, rope in specs]
+    _from_tier(ctx, sid, required=False)
     return ctx.state.vstore.create_schema(sid, default_dim, schema, ropes)
 
 
@@ -218,6 +227,7 @@ def v_storebatch(ctx: Context, argv: Sequence[bytes]) -> Reply:
             raise PionError("V.STOREBATCH: unknown option (expected FMT F16)")
         f16 = width == b"F16"
     vs = ctx.state.vstore
+    _from_tier(ctx, sid, required=True)
     dim, _ = vs.layer_layout(sid, layer)  # session not found / layer out of range
     if start < 0 or count < 1:
         raise PionError("V.STOREBATCH: invalid start/count (start >= 0, count >= 1)")
@@ -257,6 +267,7 @@ def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply:
             raise PionError("V.FETCH BATCH invalid range: end must exceed start (>=0)")
         if num_layers is not None and not 1 <= num_layers <= limits.max_layers:
             raise PionError(f"V.FETCH BATCH: num_layers out of range (1..{limits.max_layers})")
+        _from_tier(ctx, sid, required=True)
         layers = vs.fetch_batch(sid, start, end, num_layers, native=native)
         if layers is None:
             raise PionError("V.FETCH BATCH: session has no stored layers")
@@ -269,6 +280,7 @@ def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply:
         native = _fetch_options(a)
         if start < 0 or end <= start:
             raise PionError("invalid RANGE: end must exceed start (>=0)")
+        _from_tier(ctx, sid, required=True)
         rows = vs.fetch_range(sid, layer, start, end, native=native)
         return None if rows is None else _bulk(ctx, rows)
     raw_ids = a.rest()
@@ -277,6 +289,7 @@ def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply:
     if any(raw.upper() == b"FMT" for raw in raw_ids):
         raise PionError(_NATIVE_ERROR)
     ids = [parse_int(raw, "id") for raw in raw_ids]
+    _from_tier(ctx, sid, required=True)
     found = vs.fetch_ids(sid, layer, ids)
     return None if found is None else _bulk(ctx, found)
 
@@ -312,6 +325,7 @@ def v_info(ctx: Context, argv: Sequence[bytes]) -> Reply:
         return "".join(f"{line}\r\n" for line in lines).encode()
     sid = a.arg("session_id")
     a.expect_done()
+    _from_tier(ctx, sid, required=True)
     info = vs.describe(sid)
     hetero = info.heterogeneous
     lines = [

@@ -68,6 +68,10 @@ def build_state(config: ServerConfig) -> ServerState:
     persistence.open()
     state.persistence = persistence
     state.loading = True
+    if config.tier is not None:
+        from pion.tier import Tier
+
+        state.tier = Tier(config.tier, vstore, config.vstore, config.vstore_max_sessions)
     return state
 
 
@@ -200,6 +204,8 @@ async def _serve(
             raise
         state.loading = False
         persistence.start()
+    if state.tier is not None:
+        state.tier.start()
     state.loading = False
     if on_ready is not None:
         on_ready(server)

@@ -221,6 +221,28 @@ class VStore:
         self._journal(StoreRows(sid, layer, start, count, codec.format_id, dim, bytes_of(data)))
         self._apply_store(s, layer, start, data)
 
+    def store_encoded(
+        self, sid: bytes, layer: int, start: int, data: npt.NDArray[np.uint8]
+    ) -> None:
+        """Store rows already in the layer's stored format (``[count, row_bytes]``
+        uint8) at ``start``, bit-exact: the cluster tier's read-through fill
+        (``pion.tier.fill``), which must never quantize again. Same order as
+        :meth:`store`: check, make room, journal, apply."""
+        s = self._get(sid)
+        dim, codec = self._layout(s, layer)
+        row_bytes = codec.row_bytes(dim)
+        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != row_bytes:
+            raise PionError(f"encoded rows must be uint8 [count, {row_bytes}]")
+        count = int(data.shape[0])
+        if count < 1:
+            raise PionError("encoded rows must hold at least one row")
+        self._check_rows(start, start + count)
+        lay = s.layers.get(layer)
+        grow = max(0, start + count - (lay.tpl if lay is not None else 0)) * row_bytes
+        self._make_room_for_bytes(sid, grow)
+        self._journal(StoreRows(sid, layer, start, count, codec.format_id, dim, bytes_of(data)))
+        self._apply_store(s, layer, start, data)
+
     def drop(self, sid: bytes) -> bool:
         """Remove a session; False when it does not exist."""
         if sid not in self._sessions:
