@@ -206,20 +206,8 @@ class VStore:
             raise PionError(f"rows must be [count>=1, {dim}], got {list(rows.shape)}")
         if rows.dtype not in (np.dtype("<f4"), np.dtype("<f2")):
             raise PionError(f"rows must be little-endian float32 or float16, got {rows.dtype}")
-        count = int(rows.shape[0])
-        end = start + count
-        self._check_rows(start, end)
-        lay = s.layers.get(layer)
-        if lay is not None and lay.runs_after(start, end) > MAX_RUNS:
-            raise PionError(
-                f"layer {layer} would hold more than {MAX_RUNS} separate runs of rows "
-                "(stretches between rows never written); write the rows between them"
-            )
-        data = encode_rows(codec, rows, layer, start)
-        grow = (lay.growth(start, end) if lay is not None else count) * codec.row_bytes(dim)
-        self._make_room_for_bytes(s.group, grow)
-        self._journal(StoreRows(sid, layer, start, count, codec.format_id, dim, bytes_of(data)))
-        self._apply_store(s, layer, start, data)
+        self._check_rows(start, start + int(rows.shape[0]))
+        self._write(s, sid, layer, start, encode_rows(codec, rows, layer, start), codec, dim)
 
     def store_encoded(
         self, sid: bytes, layer: int, start: int, data: npt.NDArray[np.uint8]
@@ -233,13 +221,33 @@ class VStore:
         row_bytes = codec.row_bytes(dim)
         if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != row_bytes:
             raise PionError(f"encoded rows must be uint8 [count, {row_bytes}]")
-        count = int(data.shape[0])
-        if count < 1:
+        if data.shape[0] < 1:
             raise PionError("encoded rows must hold at least one row")
-        self._check_rows(start, start + count)
+        self._check_rows(start, start + int(data.shape[0]))
+        self._write(s, sid, layer, start, data, codec, dim)
+
+    def _write(
+        self,
+        s: Session,
+        sid: bytes,
+        layer: int,
+        start: int,
+        data: npt.NDArray[np.uint8],
+        codec: Codec,
+        dim: int,
+    ) -> None:
+        """The common tail of :meth:`store` and :meth:`store_encoded`: the run limit,
+        room for the bytes the layer grows by, the journal, then the rows."""
+        count = int(data.shape[0])
+        end = start + count
         lay = s.layers.get(layer)
-        grow = max(0, start + count - (lay.tpl if lay is not None else 0)) * row_bytes
-        self._make_room_for_bytes(sid, grow)
+        if lay is not None and lay.runs_after(start, end) > MAX_RUNS:
+            raise PionError(
+                f"layer {layer} would hold more than {MAX_RUNS} separate runs of rows "
+                "(stretches between rows never written); write the rows between them"
+            )
+        grow = (lay.growth(start, end) if lay is not None else count) * codec.row_bytes(dim)
+        self._make_room_for_bytes(s.group, grow)
         self._journal(StoreRows(sid, layer, start, count, codec.format_id, dim, bytes_of(data)))
         self._apply_store(s, layer, start, data)
 
