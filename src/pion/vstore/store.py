@@ -207,7 +207,8 @@ class VStore:
         if rows.dtype not in (np.dtype("<f4"), np.dtype("<f2")):
             raise PionError(f"rows must be little-endian float32 or float16, got {rows.dtype}")
         self._check_rows(start, start + int(rows.shape[0]))
-        self._write(s, sid, layer, start, encode_rows(codec, rows, layer, start), codec, dim)
+        rows_ = encode_rows(codec, rows, layer, start)
+        self._write(s, rows_, sid=sid, layer=layer, start=start, codec=codec, dim=dim)
 
     def store_encoded(
         self, sid: bytes, layer: int, start: int, data: npt.NDArray[np.uint8]
@@ -224,15 +225,16 @@ class VStore:
         if data.shape[0] < 1:
             raise PionError("encoded rows must hold at least one row")
         self._check_rows(start, start + int(data.shape[0]))
-        self._write(s, sid, layer, start, data, codec, dim)
+        self._write(s, data, sid=sid, layer=layer, start=start, codec=codec, dim=dim)
 
     def _write(
         self,
         s: Session,
+        data: npt.NDArray[np.uint8],
+        *,
         sid: bytes,
         layer: int,
         start: int,
-        data: npt.NDArray[np.uint8],
         codec: Codec,
         dim: int,
     ) -> None:
