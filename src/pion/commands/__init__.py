@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from types import MappingProxyType
 
-from pion.commands import generic, persist, prefix, vstore
+from pion.commands import generic, hashes, keys, persist, prefix, strings, vstore, zsets
 from pion.commands.state import Command, CommandTable
 
 __all__ = ["COMMAND_TABLE", "build_table"]
@@ -23,6 +23,10 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     vstore.COMMANDS,
     prefix.COMMANDS,
     persist.COMMANDS,
+    keys.COMMANDS,
+    strings.COMMANDS,
+    hashes.COMMANDS,
+    zsets.COMMANDS,
 )
 
 

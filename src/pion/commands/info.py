@@ -55,6 +55,7 @@ def _memory(ctx: Context) -> list[str]:
         f"peak_memory_rss:{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}",
         f"vstore_bytes:{vs.vstore_bytes}",
         f"vstore_bytes_allocated:{vs.bytes_allocated}",
+        f"keyspace_bytes:{ctx.state.keyspace.used_bytes}",
         f"maxmemory:{ctx.state.config.maxmemory}",
         f"vstore_max_sessions:{ctx.state.config.vstore_max_sessions}",
     ]
@@ -72,6 +73,7 @@ def _persistence(ctx: Context) -> list[str]:
 def _stats(ctx: Context) -> list[str]:
     c = ctx.state.counters
     vs = ctx.state.vstore
+    ks = ctx.state.keyspace
     return [
         f"total_connections_received:{c.total_connections_received}",
         f"total_commands_processed:{c.total_commands_processed}",
@@ -80,6 +82,9 @@ def _stats(ctx: Context) -> list[str]:
         f"total_internal_errors:{c.internal_errors}",
         f"vstore_total_fetches:{vs.total_fetches}",
         f"vstore_evictions:{vs.evictions}",
+        f"expired_keys:{ks.expired_keys}",
+        f"keyspace_hits:{ks.hits}",
+        f"keyspace_misses:{ks.misses}",
     ]
 
 
@@ -88,8 +93,12 @@ def _pion(ctx: Context) -> list[str]:
 
 
 def _keyspace(ctx: Context) -> list[str]:
-    # The plain keyspace is empty: V-store sessions are counted by KV.PREFIX.INFO.
-    return []
+    # Redis's line for database 0, left out while it is empty (as Redis does). Only the
+    # plain keyspace: V-store sessions are counted by KV.PREFIX.INFO.
+    ks = ctx.state.keyspace
+    if not len(ks):
+        return []
+    return [f"db0:keys={len(ks)},expires={ks.volatile},avg_ttl={ks.avg_ttl()}"]
 
 
 _SECTIONS: dict[str, tuple[str, Callable[[Context], list[str]]]] = {

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from pion.config import ServerConfig
+from pion.keyspace import Keyspace
 from pion.prefix.receipt import Receipt
 from pion.prefix.registry import PrefixRegistry
 from pion.resp.reply import Reply
@@ -104,11 +105,19 @@ class ServerState:
     request_shutdown: Callable[[bool], None] | None = None
     # Installed by the server: close the connection of client id.
     kill_client: Callable[[int], bool] | None = None
+    # The plain keyspace (strings, hashes, sorted sets), beside the V-store.
+    keyspace: Keyspace = field(default_factory=Keyspace)
     # Built from vstore and receipt: the KV.PREFIX registry over them.
     registry: PrefixRegistry = field(init=False)
 
     def __post_init__(self) -> None:
         self.registry = PrefixRegistry(self.vstore, self.receipt)
+        # One --maxmemory for both stores: the V-store counts the keyspace's bytes, and
+        # a key write makes room by evicting V-store namespaces (keys are never
+        # evicted; when that is not enough the write answers -OOM).
+        keyspace = self.keyspace
+        self.vstore.external_bytes = lambda: keyspace.used_bytes
+        keyspace.budget = self.vstore.make_room
 
     def uptime(self) -> int:
         return int(time.monotonic() - self.started_monotonic)

@@ -9,7 +9,8 @@ Definitions (also what ``V.INFO`` and ``KV.PREFIX.INFO`` report):
   never written read as zeros, and so do rows past it.
 - ``vstore_bytes`` = sum over layers of ``tpl * row_bytes``: the K/V bytes held, in
   stored format, holes included (they are zero rows of the stored format). It is what
-  ``--maxmemory`` budgets and what a snapshot writes.
+  ``--maxmemory`` budgets, together with ``external_bytes()`` (what other stores hold
+  under the same budget: the keyspace), and what a snapshot writes.
 - ``bytes_allocated`` = sum of buffer capacities: at most ``GROWTH`` (1.25) times
   ``vstore_bytes`` (a layer grows only when a write ends past its capacity, so the
   new capacity is at most 1.25x its new ``tpl``), and the slack is never touched.
@@ -36,7 +37,7 @@ so the WAL and a cluster tier plug in behind it (DESIGN section 13).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -58,6 +59,10 @@ __all__ = ["MAX_REPLY_BYTES", "VStore"]
 MAX_REPLY_BYTES = 4 << 30
 
 
+def _nothing() -> int:
+    return 0
+
+
 class VStore:
     """Sessions of K/V rows. See the module docstring for the definitions it keeps."""
 
@@ -70,7 +75,9 @@ class VStore:
     ) -> None:
         self.limits = limits
         self.max_sessions = max_sessions
-        self.maxmemory = maxmemory  # bytes of vstore_bytes; 0 = no budget
+        self.maxmemory = maxmemory  # bytes of vstore_bytes + external_bytes(); 0 = none
+        # Bytes other stores hold under the same --maxmemory (set by the server).
+        self.external_bytes: Callable[[], int] = _nothing
         # Attached after recovery: replay goes through apply(), which never journals.
         self.journal = journal
         self._sessions: dict[bytes, Session] = {}
@@ -190,6 +197,12 @@ class VStore:
         self._journal(SetBlocks(sid, block_size, bytes_of(data)))
         s.blocks = BlockTable.build(block_size, data)
         self._touch(s)
+
+    def make_room(self, nbytes: int) -> None:
+        """Make ``nbytes`` fit under ``maxmemory`` for another store sharing the budget
+        (the keyspace): evict LRU namespaces as a V-store write would, or raise
+        ``OOMError`` and evict nothing."""
+        self._make_room_for_bytes(b"", nbytes)
 
     def trim(self) -> int:
         """Shrink every buffer to its ``tpl``; returns the bytes released."""
@@ -366,14 +379,17 @@ class VStore:
 
     def _make_room_for_bytes(self, sid: bytes, grow: int) -> None:
         budget = self.maxmemory
-        if budget <= 0 or grow <= 0 or self.vstore_bytes + grow <= budget:
+        if budget <= 0 or grow <= 0:
+            return
+        used = self.vstore_bytes + self.external_bytes()
+        if used + grow <= budget:
             return
         if grow > budget:
             raise OOMError(
                 f"command not allowed: a write of {grow} bytes is larger than "
                 f"maxmemory ({budget} bytes)"
             )
-        excess = self.vstore_bytes + grow - budget
+        excess = used + grow - budget
         plan: list[tuple[bytes, ...]] = []
         freed = 0
         for group in self._groups_by_age(exclude=namespace_of(sid)):
@@ -386,7 +402,7 @@ class VStore:
         if freed < excess:
             raise OOMError(
                 f"command not allowed when used memory > 'maxmemory': the write needs "
-                f"{grow} bytes, {self.vstore_bytes} of {budget} are held and only "
+                f"{grow} bytes, {used} of {budget} are held and only "
                 f"{freed} are evictable"
             )
         for group in plan:
