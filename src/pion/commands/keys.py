@@ -174,9 +174,9 @@ def _keys(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 
 def _flush(ctx: Context, args: Sequence[bytes]) -> Reply:
-    # Redis 7.0 checks the option only when it is the one argument (ASYNC is accepted
-    # and runs synchronously here: freeing is cheap for a Python dict of references).
-    if len(args) == 1 and _keyword(args[0]) not in ("SYNC", "ASYNC"):
+    # [SYNC|ASYNC]; ASYNC is accepted and runs synchronously here: freeing is cheap
+    # for a dict of references.
+    if len(args) > 1 or (args and _keyword(args[0]) not in ("SYNC", "ASYNC")):
         raise PionError(_SYNTAX)
     ctx.state.keyspace.flush()
     return Simple("OK")

@@ -1,9 +1,10 @@
 """Sorted-set commands of the plain keyspace: ZADD (NX/XX/GT/LT/CH/INCR), ZRANGE (by
-rank with negative indexes, BYSCORE, REV, LIMIT, WITHSCORES), ZREM, ZSCORE, ZCARD.
+rank with negative indexes, BYSCORE, BYLEX, REV, LIMIT, WITHSCORES), ZREM, ZSCORE,
+ZCARD.
 
 Replies are Redis 7.0's: scores are doubles (``%.17g``; a bulk string in RESP2, a
 ``,`` double in RESP3), ZRANGE WITHSCORES is flat in RESP2 and ``[member, score]``
-pairs in RESP3. ``ZRANGE ... BYLEX`` is not supported and says so.
+pairs in RESP3.
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ from collections.abc import Sequence
 from pion.commands.state import Command, Context
 from pion.errors import PionError
 from pion.keyspace.numbers import parse_int64, parse_range_bound, parse_score
-from pion.keyspace.zsets import ScoreRange, ZAddFlags, zadd, zrange_by_rank, zrange_by_score
+from pion.keyspace.zsets import (
+    ScoreRange,
+    ZAddFlags,
+    parse_lex_bound,
+    zadd,
+    zrange_by_lex,
+    zrange_by_rank,
+    zrange_by_score,
+)
 from pion.resp.reply import Reply
 
 __all__ = ["COMMANDS"]
@@ -108,7 +117,15 @@ def _zrange(ctx: Context, args: Sequence[bytes]) -> Reply:
     if withscores and by == "BYLEX":
         raise PionError("syntax error, WITHSCORES not supported in combination with BYLEX")
     if by == "BYLEX":
-        raise PionError("ZRANGE BYLEX is not supported by pion-server")
+        if rev:
+            low_raw, high_raw = high_raw, low_raw
+        low_lex, high_lex = parse_lex_bound(low_raw), parse_lex_bound(high_raw)
+        if low_lex is None or high_lex is None:
+            raise PionError("min or max not valid string range item")
+        z = ctx.state.keyspace.zset(key)
+        if z is None:
+            return []
+        return [m for _, m in zrange_by_lex(z, low_lex, high_lex, rev, offset, count)]
     if by == "BYSCORE":
         if rev:
             low_raw, high_raw = high_raw, low_raw
