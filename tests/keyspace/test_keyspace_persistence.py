@@ -209,7 +209,7 @@ def test_save_writes_both_snapshots_and_resets_the_log(tmp_path: Path) -> None:
 
 
 def test_expired_keys_stay_out_of_snapshots(tmp_path: Path) -> None:
-    vs, ks, p = open_both(tmp_path)
+    _, ks, p = open_both(tmp_path)
     ks.set_string(b"old", b"v", 1)  # long past: removed by the next access or sweep
     ks.set_string(b"new", b"v")
     p.save(None)

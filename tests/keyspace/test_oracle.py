@@ -211,8 +211,8 @@ COMMANDS = st.one_of(
     _cmd(
         st.just(b"ZRANGE"),
         key,
-        st.sampled_from([b"0", b"-1", b"1", b"-2", b"5", b"x"] + BOUNDS),
-        st.sampled_from([b"-1", b"0", b"2", b"-3", b"100"] + BOUNDS),
+        st.sampled_from([b"0", b"-1", b"1", b"-2", b"5", b"x", *BOUNDS]),
+        st.sampled_from([b"-1", b"0", b"2", b"-3", b"100", *BOUNDS]),
         zrange_options,
     ),
     _cmd(st.just(b"ZREM"), key, st.lists(member, min_size=1, max_size=3)),

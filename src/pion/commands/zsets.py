@@ -125,7 +125,7 @@ def _zrange(ctx: Context, args: Sequence[bytes]) -> Reply:
         z = ctx.state.keyspace.zset(key)
         if z is None:
             return []
-        return [m for _, m in zrange_by_lex(z, low_lex, high_lex, rev, offset, count)]
+        return [m for _, m in zrange_by_lex(z, low_lex, high_lex, rev, offset=offset, count=count)]
     if by == "BYSCORE":
         if rev:
             low_raw, high_raw = high_raw, low_raw

@@ -196,7 +196,7 @@ def _empty_lex(low: LexBound, high: LexBound) -> bool:
 
 
 def zrange_by_lex(
-    z: SortedSet, low: LexBound, high: LexBound, rev: bool, offset: int, count: int
+    z: SortedSet, low: LexBound, high: LexBound, rev: bool, *, offset: int, count: int
 ) -> list[tuple[float, bytes]]:
     """BYLEX with LIMIT, walking the set as Redis's compact encoding does."""
     entries = z.at(0, len(z))
