@@ -215,6 +215,13 @@ COMMANDS = st.one_of(
         st.sampled_from([b"-1", b"0", b"2", b"-3", b"100", *BOUNDS]),
         zrange_options,
     ),
+    _cmd(
+        st.sampled_from([b"ZREVRANGE", b"ZRANGEBYSCORE", b"ZREVRANGEBYSCORE"]),
+        key,
+        st.sampled_from([b"0", b"-1", b"2", *BOUNDS]),
+        st.sampled_from([b"-1", b"1", *BOUNDS]),
+        zrange_options,
+    ),
     _cmd(st.just(b"ZREM"), key, st.lists(member, min_size=1, max_size=3)),
     _cmd(st.just(b"ZSCORE"), key, member),
     _cmd(st.just(b"ZCARD"), key),

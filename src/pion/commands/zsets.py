@@ -1,6 +1,7 @@
 """Sorted-set commands of the plain keyspace: ZADD (NX/XX/GT/LT/CH/INCR), ZRANGE (by
-rank with negative indexes, BYSCORE, BYLEX, REV, LIMIT, WITHSCORES), ZREM, ZSCORE,
-ZCARD.
+rank with negative indexes, BYSCORE, BYLEX, REV, LIMIT, WITHSCORES) and its older forms
+ZREVRANGE, ZRANGEBYSCORE, ZREVRANGEBYSCORE (what redis-py sends for some calls), ZREM,
+ZSCORE, ZCARD.
 
 Replies are Redis 7.0's: scores are doubles (``%.17g``; a bulk string in RESP2, a
 ``,`` double in RESP3), ZRANGE WITHSCORES is flat in RESP2 and ``[member, score]``
@@ -86,12 +87,18 @@ def _with_scores(ctx: Context, entries: list[tuple[float, bytes]], scores: bool)
     return flat
 
 
-def _zrange(ctx: Context, args: Sequence[bytes]) -> Reply:
+def _zrange_generic(
+    ctx: Context, args: Sequence[bytes], by: str | None = None, rev: bool | None = None
+) -> Reply:
     """Redis 7.0's ``zrangeGenericCommand``: options first, then the range, then the
-    key (so argument errors win over WRONGTYPE, and a missing key is an empty array)."""
+    key (so argument errors win over WRONGTYPE, and a missing key is an empty array).
+    ZREVRANGE, ZRANGEBYSCORE and ZREVRANGEBYSCORE preset ``by``/``rev``; an option
+    naming them again is a syntax error there, as in Redis."""
     key, low_raw, high_raw = args[0], args[1], args[2]
-    by: str | None = None
-    rev = withscores = False
+    # None: ZRANGE, where REV may be given; the older commands fix the direction.
+    may_reverse = rev is None
+    rev = bool(rev)
+    withscores = False
     offset, count = 0, -1
     i = 3
     while i < len(args):
@@ -102,7 +109,7 @@ def _zrange(ctx: Context, args: Sequence[bytes]) -> Reply:
         elif word == "LIMIT" and left >= 2:
             offset, count = _long(args[i + 1]), _long(args[i + 2])
             i += 2
-        elif word == "REV" and not rev:
+        elif word == "REV" and not rev and may_reverse:
             rev = True
         elif word in ("BYSCORE", "BYLEX") and by is None:
             by = word
@@ -110,7 +117,7 @@ def _zrange(ctx: Context, args: Sequence[bytes]) -> Reply:
             raise PionError(_SYNTAX)
         i += 1
     # As in Redis 7.0: a LIMIT whose count is -1 ("all") passes on a rank range.
-    if count != -1 and by is None:
+    if count != -1 and by in (None, "RANK"):
         raise PionError(
             "syntax error, LIMIT is only supported in combination with either BYSCORE or BYLEX"
         )
@@ -144,6 +151,22 @@ def _zrange(ctx: Context, args: Sequence[bytes]) -> Reply:
     return _with_scores(ctx, zrange_by_rank(z, start, stop, rev), withscores)
 
 
+def _zrange(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return _zrange_generic(ctx, args)
+
+
+def _zrevrange(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return _zrange_generic(ctx, args, by="RANK", rev=True)
+
+
+def _zrangebyscore(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return _zrange_generic(ctx, args, by="BYSCORE", rev=False)
+
+
+def _zrevrangebyscore(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return _zrange_generic(ctx, args, by="BYSCORE", rev=True)
+
+
 def _zrem(ctx: Context, args: Sequence[bytes]) -> Reply:
     return ctx.state.keyspace.zset_delete(args[0], args[1:])
 
@@ -160,7 +183,12 @@ def _zcard(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 COMMANDS: list[Command] = [
     Command("ZADD", _zadd, -4, frozenset({"write", "fast"}), "Add members or update scores"),
-    Command("ZRANGE", _zrange, -4, frozenset({"readonly"}), "Members by rank or by score"),
+    Command("ZRANGE", _zrange, -4, frozenset({"readonly"}), "Members by rank, score or name"),
+    Command("ZREVRANGE", _zrevrange, -4, frozenset({"readonly"}), "ZRANGE ... REV"),
+    Command("ZRANGEBYSCORE", _zrangebyscore, -4, frozenset({"readonly"}), "ZRANGE BYSCORE"),
+    Command(
+        "ZREVRANGEBYSCORE", _zrevrangebyscore, -4, frozenset({"readonly"}), "ZRANGE BYSCORE REV"
+    ),
     Command("ZREM", _zrem, -3, frozenset({"write", "fast"}), "Remove members"),
     Command("ZSCORE", _zscore, 3, frozenset({"readonly", "fast"}), "A member's score"),
     Command("ZCARD", _zcard, 2, frozenset({"readonly", "fast"}), "Number of members"),
