@@ -5,10 +5,10 @@ BIN    := $(VENV)/bin
 PORT   ?= 1974
 DATA   ?= ./data
 
-.PHONY: serve test lint typecheck pytest bench install dev clean llama-server
+.PHONY: serve test lint typecheck pytest compat bench install dev clean llama-server system-deps
 
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV) || { echo "run: sudo apt-get install -y python3-venv" >&2; exit 1; }
 	$(BIN)/python -m pip install -q --upgrade pip
 
 # Stamp files: reinstall only when the pins change.
@@ -30,23 +30,33 @@ serve: install
 
 lint: dev
 	$(BIN)/ruff check src tests bench scripts
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff format --check src tests bench scripts
 
 typecheck: dev
 	$(BIN)/mypy --strict src/pion
 
-pytest: dev
+pytest: dev system-deps llama-server
 	$(BIN)/python -m pytest -q
 
-## Lint, type-check and run the whole test suite.
-test: lint typecheck pytest
+## Install what the tests need (Debian packages, llama-server, pinned Python deps),
+## then lint, type-check and run the whole test suite.
+test: lint typecheck pytest compat
+
+## The server core's tests on the other Python versions pyproject.toml declares.
+compat: system-deps
+	scripts/test-other-pythons
 
 ## Benchmarks: tables on stdout, JSON under bench/results/.
 bench: dev
 	$(BIN)/python bench/run.py
 
-llama-server:
-	scripts/build-llama-server
+## Debian packages for the tests (installed as root, else the exact command is printed).
+system-deps:
+	scripts/ensure-system-deps
+
+## The real llama-server for the llama tests (built once, cached in ~/.cache/pion).
+llama-server: system-deps
+	scripts/build-llama-server >/dev/null
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-3.* .mypy_cache .ruff_cache .pytest_cache

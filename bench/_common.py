@@ -25,6 +25,11 @@ from typing import Any
 import psutil
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# Development scaffolding (a real llama-server, tiny GGUF models) is not installed with
+# the package; it lives in scripts/pion_testing.
+_SCRIPTS = str(Path(__file__).resolve().parents[1] / "scripts")
+if _SCRIPTS not in sys.path:
+    sys.path.insert(0, _SCRIPTS)
 _READY = re.compile(rb"pion-server ready port=(\d+)")
 
 

@@ -32,16 +32,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pion_testing.launcher import LlamaServerProcess
+from pion_testing.paths import ensure_llama_server
+from pion_testing.testmodel import ModelSpec, make_model
 from rich.console import Console
 from rich.table import Table
 
+import _common  # noqa: F401  (puts scripts/ on sys.path for pion_testing)
 from pion.llama.client import LlamaClient
 from pion.llama.config import WarmerConfig
-from pion.llama.launcher import LlamaServerProcess
-from pion.llama.paths import cache_dir, ensure_llama_server
+from pion.llama.paths import cache_dir
 from pion.llama.proxy import PrefixProxy, running_proxy
 from pion.llama.samples import pi_chat_body
-from pion.llama.testmodel import ModelSpec, make_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "llama_prefix.json"
 SCENARIOS = ("a", "a'", "b", "c", "c'")

@@ -16,9 +16,16 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import settings
 
 from pion.config import ServerConfig
 from pion.server.run import ServerThread
+
+# CI replays the same examples every run (a red build is reproducible); a developer's
+# run explores new ones each time.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("dev")
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 _READY = re.compile(rb"pion-server ready port=(\d+)")
 

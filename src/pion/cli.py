@@ -7,6 +7,7 @@ Thin by design: parse flags, build a config, call library code.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Any, ClassVar
@@ -20,6 +21,13 @@ from pion.errors import PionError
 
 __all__ = ["main", "server_main"]
 
+# Every default a flag shows is ServerConfig's: one source for each.
+_DEFAULTS = ServerConfig()
+
+
+# The environment variable a password may come from (keeps it out of `ps` output).
+PASSWORD_ENV = "PION_REQUIREPASS"
+
 
 def _memory(ctx: click.Context, param: click.Parameter, value: str | None) -> int:
     if value is None:
@@ -30,30 +38,40 @@ def _memory(ctx: click.Context, param: click.Parameter, value: str | None) -> in
         raise click.BadParameter(exc.message) from None
 
 
+def _maxmemory_clients(ctx: click.Context, param: click.Parameter, value: str | None) -> int:
+    if value is None:
+        return _DEFAULTS.maxmemory_clients
+    return _memory(ctx, param, value)
+
+
 def _server_options(fn: Any) -> Any:
     options = [
         click.option(
             "--port",
-            default=1974,
+            default=_DEFAULTS.port,
             show_default=True,
             type=click.IntRange(0, 65535),
             help="RESP port (0 picks a free one).",
         ),
         click.option(
             "--bind",
-            default="127.0.0.1",
+            default=_DEFAULTS.bind,
             show_default=True,
             help="Address to listen on; non-loopback needs --requirepass.",
         ),
         click.option(
             "--dir",
             "data_dir",
-            default="./data",
+            default=str(_DEFAULTS.dir),
             show_default=True,
             type=click.Path(file_okay=False, path_type=Path),
             help="Data directory (snapshots, write-ahead log).",
         ),
-        click.option("--requirepass", default=None, help="Password clients must AUTH with."),
+        click.option(
+            "--requirepass",
+            default=None,
+            help=f"Password clients must AUTH with (or set {PASSWORD_ENV}); never empty.",
+        ),
         click.option(
             "--requirepass-file",
             default=None,
@@ -61,11 +79,26 @@ def _server_options(fn: Any) -> Any:
             help="Read the password from a file (first line).",
         ),
         click.option(
+            "--maxclients",
+            default=_DEFAULTS.maxclients,
+            show_default=True,
+            type=click.IntRange(1, 1_000_000),
+            help="Connections served at once; the next is refused (Redis's default).",
+        ),
+        click.option(
+            "--maxmemory-clients",
+            "maxmemory_clients",
+            default=None,
+            callback=_maxmemory_clients,
+            help="Bytes all client buffers may hold together before the largest holders "
+            "are disconnected (default 2gb; 0 = no bound).",
+        ),
+        click.option(
             "--unsafe-no-auth", is_flag=True, help="Allow a non-loopback bind without a password."
         ),
         click.option(
             "--vstore-max-sessions",
-            default=256,
+            default=_DEFAULTS.vstore_max_sessions,
             show_default=True,
             type=click.IntRange(1, 1_000_000),
             help="V-store sessions before LRU namespaces are evicted.",
@@ -78,7 +111,7 @@ def _server_options(fn: Any) -> Any:
         ),
         click.option(
             "--appendfsync",
-            default="everysec",
+            default=_DEFAULTS.appendfsync,
             show_default=True,
             type=click.Choice(["always", "everysec", "no"]),
             help="When the write-ahead log is fsynced.",
@@ -86,14 +119,14 @@ def _server_options(fn: Any) -> Any:
         click.option("--no-wal", is_flag=True, help="Disable the write-ahead log."),
         click.option(
             "--save-interval",
-            default=0.0,
+            default=_DEFAULTS.save_interval,
             show_default=True,
             type=click.FloatRange(0),
             help="Seconds between automatic snapshots (0 = off).",
         ),
         click.option(
             "--log-level",
-            default="info",
+            default=_DEFAULTS.log_level,
             show_default=True,
             type=click.Choice(["debug", "info", "notice", "warning", "error"]),
         ),
@@ -121,13 +154,37 @@ def _server_options(fn: Any) -> Any:
     return fn
 
 
+_EMPTY_PASSWORD = (
+    "{source} is empty, and an empty password is no password: give a real one, or "
+    "none at all (a loopback server then needs none; any other bind refuses to start "
+    "without one unless --unsafe-no-auth is given)"
+)
+
+
+def _password(opts: dict[str, Any]) -> str | None:
+    """The password from exactly one source: --requirepass, --requirepass-file, or
+    else the environment. A source that is given but empty is refused, never read as
+    "no password" nor accepted as the password ""."""
+    flag: str | None = opts["requirepass"]
+    path: Path | None = opts["requirepass_file"]
+    if flag is not None and path is not None:
+        raise click.UsageError("give --requirepass or --requirepass-file, not both")
+    if path is not None:
+        lines = path.read_text().splitlines()
+        password, source = (lines[0].strip() if lines else ""), f"--requirepass-file {path}"
+    elif flag is not None:
+        password, source = flag, "--requirepass"
+    elif PASSWORD_ENV in os.environ:
+        password, source = os.environ[PASSWORD_ENV], PASSWORD_ENV
+    else:
+        return None
+    if not password.strip():
+        raise click.UsageError(_EMPTY_PASSWORD.format(source=source))
+    return password
+
+
 def _build_config(opts: dict[str, Any]) -> ServerConfig:
-    password = opts["requirepass"]
-    if opts["requirepass_file"] is not None:
-        lines = opts["requirepass_file"].read_text().splitlines()
-        password = lines[0].strip() if lines else ""
-        if not password:
-            raise click.UsageError("--requirepass-file is empty")
+    password = _password(opts)
     if opts["workers"] > 1 and not opts["independent_workers"]:
         raise click.UsageError(
             "-w N needs --independent-workers: each worker keeps its own V-store"
@@ -140,6 +197,8 @@ def _build_config(opts: dict[str, Any]) -> ServerConfig:
         dir=opts["data_dir"],
         requirepass=password,
         unsafe_no_auth=opts["unsafe_no_auth"],
+        maxclients=opts["maxclients"],
+        maxmemory_clients=opts["maxmemory_clients"],
         vstore_max_sessions=opts["vstore_max_sessions"],
         maxmemory=opts["maxmemory"],
         log_level=opts["log_level"],

@@ -11,35 +11,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from pion.codecs.base import MAX_DIM
+from pion.resp.limits import MB, ProtocolLimits
+
 __all__ = ["AppendFsync", "ProtocolLimits", "ServerConfig", "VStoreLimits"]
 
 AppendFsync = Literal["always", "everysec", "no"]
 
-MB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class ProtocolLimits:
-    """Bounds on what one client may make the server buffer (DESIGN section 3)."""
-
-    # Redis's proto-max-bulk-len default.
-    max_bulk_len: int = 512 * MB
-    # Redis's client-query-buffer-limit default; here it bounds the declared size
-    # of one pending command, checked as each header arrives.
-    max_query_buffer: int = 1024 * MB
-    # Redis's PROTO_INLINE_MAX_SIZE.
-    max_inline_len: int = 64 * 1024
-    # Redis accepts up to 1024*1024*1024 elements; we cap a command at 1M arguments.
-    max_array_len: int = 1024 * 1024
-
 
 @dataclass(frozen=True)
 class VStoreLimits:
-    """Per-command bounds of the V-store (DESIGN section 4.2)."""
+    """Per-command bounds of the V-store (docs/protocol.md, "Protocol limits")."""
 
     max_layers: int = 80  # layers 0..79, as in Pion
     max_rows: int = 200_000  # rows per layer
-    max_dim: int = 8192
+    max_dim: int = MAX_DIM  # what every codec supports
     max_schema_layers: int = 59  # Pion's RESP3 inline-array limit: 5 + N <= 64
     max_fetch_ids: int = 1024  # legacy V.FETCH id list
 
@@ -61,5 +47,21 @@ class ServerConfig:
     save_interval: float = 0.0  # seconds between automatic snapshots; 0 = off
     worker_id: int = 0
     fa_window: int = 0
+    # Redis's maxclients default. At startup the open-files limit is raised to fit it
+    # (or it is lowered to fit the limit, with a warning), as Redis does, so the
+    # descriptor limit is never what stops a connection: the next one is answered
+    # "-ERR max number of clients reached" and closed.
+    maxclients: int = 10_000
+    # Bytes all clients' query and reply buffers may hold together (Redis 7's
+    # maxmemory-clients, off by default there). Over it, the clients holding the most
+    # are disconnected, largest first (Redis's client eviction). 2 GiB is twice the
+    # largest single command the protocol limits admit (max_query_buffer, 1 GiB), so
+    # one maximal upload never trips it. 0 = no bound.
+    maxmemory_clients: int = 2048 * MB
     protocol: ProtocolLimits = field(default_factory=ProtocolLimits)
     vstore: VStoreLimits = field(default_factory=VStoreLimits)
+
+    @property
+    def auth_required(self) -> bool:
+        """True when clients must AUTH. An empty password is no password."""
+        return bool(self.requirepass)

@@ -8,6 +8,7 @@ import hashlib
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
@@ -229,13 +230,31 @@ def test_blocks_and_membership(pc: PionPromptCache) -> None:
     assert pc.membership(ns, np.arange(56, dtype=np.uint64)) is not None
 
 
-def test_save_and_commit(pc: PionPromptCache) -> None:
-    ns = pc.make_namespace("durable")
-    pc.register(ns, 8, "int8")
-    pc.store(ns, _layers(1, 1, 4, 8), _layers(1, 1, 4, 8))
-    pc.commit()
-    pc.save()
-    pc.save("snapshots/one")
+def test_save_and_commit(server_factory: Callable[..., ServerThread], tmp_path: Path) -> None:
+    """COMMIT answers once the log is synced; SAVE writes the snapshot (default and a
+    named one); a server restarted on the directory holds the prefix bit for bit."""
+    data = tmp_path / "durable"
+    srv = server_factory(dir=data, appendfsync="no")
+    keys, values = _layers(2, 1, 4, 8), _layers(2, 1, 4, 8)
+    with PionPromptCache(srv.host, srv.port) as pc:
+        ns = pc.make_namespace("durable")
+        pc.register(ns, 8, "fp16")
+        pc.store(ns, keys, values)
+        pc.commit()
+        assert (data / "pion.vstore.wal.0").stat().st_size > 0
+        pc.save()
+        assert (data / "pion.vstore.0").is_file()
+        assert pc.info()["wal_bytes"] < 100  # the snapshot covers the log: reset
+        pc.save("snapshots/one")
+        assert (data / "snapshots" / "one").is_file()
+        before = pc.fetch(ns)
+    srv.stop()
+    again = server_factory(dir=data)
+    with PionPromptCache(again.host, again.port) as pc:
+        assert pc.lookup(ns) is True
+        after = pc.fetch(ns)
+    for a, b in zip([*before[0], *before[1]], [*after[0], *after[1]], strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_error_replies_map_by_code(pc: PionPromptCache) -> None:

@@ -321,6 +321,35 @@ def test_async_redirect_is_followed(redirected: tuple[Redirector, ServerThread])
     asyncio.run(scenario())
 
 
+def test_async_redirect_matches_the_sync_client(
+    redirected: tuple[Redirector, ServerThread],
+) -> None:
+    """The sync scenario above, awaited: the redirect rule is the shared base's, so
+    the round trips and counts are the same."""
+    front, owner = redirected
+
+    async def scenario() -> str:
+        async with AsyncPionPromptCache("127.0.0.1", front.port) as apc:
+            ns = apc.make_namespace("moved-async")
+            await apc.register(ns, 16, "fp16")
+            keys = [np.ones((4, 16), np.float32)]
+            assert await apc.store(ns, keys, keys) == 4
+            got, _ = await apc.fetch(ns)
+            np.testing.assert_array_equal(got[0], keys[0])
+            assert apc.redirects_followed == 3
+            assert sorted(apc._connections) == [front.port, front.port + 3]
+        async with AsyncPionPromptCache("127.0.0.1", front.port, follow_redirects=False) as apc:
+            with pytest.raises(PionWrongWorker) as err:
+                await apc.lookup("x")
+            assert err.value.worker == 1 and apc.redirects_followed == 0
+        return ns
+
+    ns = asyncio.run(scenario())
+    assert front.commands == 5 + 1
+    with PionPromptCache(owner.host, owner.port) as direct:
+        assert direct.lookup(ns) is True
+
+
 def test_a_second_redirect_is_raised() -> None:
     moved = response_error("ERR", "session lives on worker 1 (this is worker 0)")
     pc = _ScriptedSync([moved, moved])

@@ -44,7 +44,8 @@ def test_matches_scalar_reference() -> None:
 
 
 def test_matches_gguf_reference() -> None:
-    gguf = pytest.importorskip("gguf")
+    import gguf  # pinned in requirements-dev.txt
+
     rng = np.random.default_rng(9)
     x = rng.standard_normal((64, 1024)).astype(np.float32)
     x[0] = np.round(x[0] * 8) / 8  # exact halves after scaling

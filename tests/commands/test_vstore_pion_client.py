@@ -7,11 +7,10 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from pion_vllm_mlx import prompt_cache
 
 from pion.codecs import FORMAT_NAMES, get_codec
 from pion.server.run import ServerThread
-
-prompt_cache = pytest.importorskip("pion_vllm_mlx.prompt_cache")
 
 N_LAYERS, KV_DIM, TOKENS = 4, 128, 37
 

@@ -17,14 +17,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
+import transformers
 
 from pion.client import PionPromptCache
-from pion.server.run import ServerThread
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from pion.integrations.transformers import (  # noqa: E402  (after the importorskips)
+from pion.integrations.transformers import (
     cache_kwargs,
     cache_to_arrays,
     kv_layout,
@@ -32,6 +29,7 @@ from pion.integrations.transformers import (  # noqa: E402  (after the importors
     prefix_namespace,
     store_prefix,
 )
+from pion.server.run import ServerThread
 
 # (min next-token logit cosine, min greedy agreement over NEW_TOKENS) after a restore,
 # against a fresh prefill. Measured on these models (and in DESIGN section 10) at

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
-from keyspace_helpers import RawClient
 
+from keyspace_support import RawClient
 from pion.server.run import ServerThread
 
 PASSWORD = "lmcache-secret"

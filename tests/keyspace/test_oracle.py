@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from keyspace_helpers import Err, RawClient, RedisServer, Reply, scan_all
 
+from keyspace_support import Err, RawClient, RedisServer, Reply, scan_all
 from pion.config import ServerConfig
 from pion.server.run import ServerThread
 

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pion_testing.launcher import LlamaServerProcess
+from pion_testing.paths import ensure_llama_server
+from pion_testing.testmodel import ModelSpec, make_model
 
 from pion.llama.config import WarmerConfig
-from pion.llama.launcher import LlamaServerProcess
-from pion.llama.paths import ensure_llama_server
-from pion.llama.testmodel import ModelSpec, make_model
 
 # One thread: these machines are small and shared, and a tiny model gains nothing from
 # more threads that spin against each other.

@@ -7,8 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from pion.llama.paths import build_script
+from pion_testing.paths import build_script
 
 pytestmark = pytest.mark.llama
 

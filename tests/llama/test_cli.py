@@ -12,12 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner
+from pion_testing.launcher import LlamaServerProcess, free_port
 
 from pion.llama.cli import llama_group
-from pion.llama.launcher import LlamaServerProcess, free_port
 from pion.llama.samples import pi_chat_body, pi_system_prompt, pi_tools
-
-from .helpers import count, log_lines, wait_log
+from support import count, log_lines, wait_log
 
 pytestmark = pytest.mark.llama
 

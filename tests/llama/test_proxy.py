@@ -11,18 +11,18 @@ from typing import Any
 
 import httpx
 import pytest
+from pion_testing.launcher import LlamaServerProcess, free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from pion.llama.config import WarmerConfig
-from pion.llama.launcher import LlamaServerProcess, free_port
 from pion.llama.proxy import STATUS_PATH, PrefixProxy, running_proxy, serve_in_thread
 from pion.llama.samples import pi_chat_body
+from support import count, log_lines, wait_log
 
 from .conftest import StartServer
-from .helpers import count, log_lines, wait_log
 
 MakeConfig = Callable[..., WarmerConfig]
 

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import gguf
 import pytest
-
-from pion.llama.testmodel import CHAT_TEMPLATE, ModelSpec, main, make_model
+from pion_testing.testmodel import CHAT_TEMPLATE, ModelSpec, main, make_model
 
 # The vocabulary comes from the llama.cpp tree that scripts/build-llama-server unpacks.
 pytestmark = pytest.mark.llama

@@ -9,18 +9,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from pion_testing.launcher import LlamaServerProcess, free_port
 
 from pion.llama.config import WarmerConfig
 from pion.llama.fingerprint import file_name
 from pion.llama.index import SlotIndex
-from pion.llama.launcher import LlamaServerProcess, free_port
 from pion.llama.outcome import Outcome
 from pion.llama.prefix import WarmRequest, warm_request_from_chat
 from pion.llama.samples import pi_chat_body, pi_tools
 from pion.llama.warmer import PrefixWarmer
+from support import chat, count, log_lines
 
 from .conftest import StartServer
-from .helpers import chat, count, log_lines
 
 pytestmark = pytest.mark.llama
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 import redis
-from persistence_helpers import f16_rows, no_retry
+
+from support import f16_rows, no_retry
 
 DIM = 256  # 512-byte fp16 rows
 

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
-from persistence_helpers import no_retry
+
+from support import no_retry
 
 DIM = 16
 ROW_BYTES = DIM * 2

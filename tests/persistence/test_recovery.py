@@ -13,19 +13,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from persistence_helpers import (
-    StateRecorder,
-    canonical,
-    fresh_store,
-    open_store,
-    rows,
-    small_workload,
-)
 
 from pion.persistence import RecoveryError, snapshot_path, wal_path
 from pion.persistence.reader import read_records
 from pion.persistence.recovery import WAL_HEADER_SIZE, recover_sync
 from pion.vstore import VStore
+from support import (
+    StateRecorder,
+    durable_state,
+    make_store,
+    open_store,
+    rows,
+    small_workload,
+)
 
 State = list[tuple[Any, ...]]
 
@@ -61,7 +61,7 @@ def scratch(tmp_path: Path) -> Iterator[Path]:
 
 def _recover(data: Path, raw: bytes) -> tuple[VStore, Any]:
     wal_path(data, 0).write_bytes(raw)
-    vs = fresh_store()
+    vs = make_store()
     res = recover_sync(vs, snapshot_path(data, 0), wal_path(data, 0))
     return vs, res
 
@@ -80,7 +80,7 @@ def test_truncated_at_every_offset_recovers_a_prefix(
     for cut in range(len(raw) + 1):
         vs, res = _recover(scratch, raw[:cut])
         complete = sum(1 for e in ends if e <= cut)
-        assert canonical(vs) == states[complete], f"cut at {cut}"
+        assert durable_state(vs) == states[complete], f"cut at {cut}"
         if cut >= WAL_HEADER_SIZE:
             boundary = ends[complete - 1] if complete else WAL_HEADER_SIZE
             assert res.truncated == cut - boundary
@@ -115,7 +115,7 @@ def test_every_single_bit_flip_is_detected(
         # Not refused: only legitimate when the flip hit the last record, which is then
         # cut off as a torn tail. Its data is never replayed.
         assert hit == len(ends) - 1, f"bit {bit} accepted in record {hit}"
-        assert canonical(vs) == states[hit], f"bit {bit}"
+        assert durable_state(vs) == states[hit], f"bit {bit}"
 
 
 def test_skipped_records_are_never_applied_twice(tmp_path: Path) -> None:
@@ -129,18 +129,18 @@ def test_skipped_records_are_never_applied_twice(tmp_path: Path) -> None:
     vs.store(b"x", 0, 0, rows(2, 8))
     vs.drop(b"x")
     vs.create(b"x", 16, "fp16")
-    expected = canonical(vs)
+    expected = durable_state(vs)
     log_before = wal_path(data, 0).read_bytes()
     p.save(None)
     p.close()
     wal_path(data, 0).write_bytes(log_before)  # as if the reset never happened
-    vs2, res = fresh_store(), None
+    vs2, res = make_store(), None
     res = recover_sync(vs2, snapshot_path(data, 0), wal_path(data, 0))
-    assert canonical(vs2) == expected
+    assert durable_state(vs2) == expected
     assert res.replayed == 0 and res.skipped == 4 and res.wal_action == "reset"
     # And the server finishes the interrupted reset when it opens the log.
     vs3, p3 = open_store(data)
-    assert canonical(vs3) == expected
+    assert durable_state(vs3) == expected
     assert wal_path(data, 0).stat().st_size == WAL_HEADER_SIZE
     p3.close()
 
@@ -152,9 +152,18 @@ def test_a_log_that_starts_after_the_snapshot_is_refused(tmp_path: Path) -> None
     p.save(None)
     vs.create(b"y", 8, "int8")
     p.close()
-    snapshot_path(data, 0).unlink()  # the snapshot the log continues is gone
-    with pytest.raises(RecoveryError, match=r"records 1\.\.1 are missing"):
-        recover_sync(fresh_store(), snapshot_path(data, 0), wal_path(data, 0))
+    older = snapshot_path(data, 0).read_bytes()
+    vs2, p2 = open_store(data)
+    vs2.create(b"z", 8, "int8")
+    p2.save(None)  # a newer snapshot; the log now starts after it
+    vs2.create(b"w", 8, "int8")
+    p2.close()
+    snapshot_path(data, 0).write_bytes(older)  # replaced by an older one
+    with pytest.raises(RecoveryError, match=r"records 2\.\.3 are missing"):
+        recover_sync(make_store(), snapshot_path(data, 0), wal_path(data, 0))
+    snapshot_path(data, 0).unlink()  # gone entirely: named, with the fix
+    with pytest.raises(RecoveryError, match=r"its records need the snapshot .*pion\.vstore\.0"):
+        recover_sync(make_store(), snapshot_path(data, 0), wal_path(data, 0))
 
 
 def test_snapshot_bit_flips_are_refused(tmp_path: Path) -> None:
@@ -169,8 +178,8 @@ def test_snapshot_bit_flips_are_refused(tmp_path: Path) -> None:
         damaged[bit // 8] ^= 1 << (bit % 8)
         snapshot_path(data, 0).write_bytes(bytes(damaged))
         with pytest.raises(RecoveryError, match=r"pion\.vstore\.0"):
-            recover_sync(fresh_store(), snapshot_path(data, 0), wal_path(data, 0))
+            recover_sync(make_store(), snapshot_path(data, 0), wal_path(data, 0))
     for cut in range(0, len(raw), 5):
         snapshot_path(data, 0).write_bytes(raw[:cut])
         with pytest.raises(RecoveryError):
-            recover_sync(fresh_store(), snapshot_path(data, 0), wal_path(data, 0))
+            recover_sync(make_store(), snapshot_path(data, 0), wal_path(data, 0))

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
-from persistence_helpers import f16_rows, no_retry, rows, wait_loaded
 
 from pion.persistence import faults, snapshot_path, wal_path
+from support import f16_rows, no_retry, rows, wait_loaded
 
 Spawn = Callable[..., Any]
 

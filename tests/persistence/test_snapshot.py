@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from persistence_helpers import canonical, fresh_store, open_store, rows, small_workload
 
 from pion.errors import MisconfError, PionError
 from pion.persistence import faults, snapshot_path, wal_path
 from pion.persistence import format as fmt
 from pion.persistence import snapshot as snapshot_mod
 from pion.persistence.recovery import WAL_HEADER_SIZE, recover_sync
+from support import durable_state, make_store, open_store, rows, small_workload
 
 
 @pytest.fixture
@@ -32,21 +32,21 @@ def fault_at() -> Iterator[list[str]]:
 
 
 def _recovered(data: Path) -> list[object]:
-    vs = fresh_store()
+    vs = make_store()
     recover_sync(vs, snapshot_path(data, 0), wal_path(data, 0))
-    return canonical(vs)
+    return durable_state(vs)
 
 
 def test_snapshot_round_trip_and_log_reset(tmp_path: Path) -> None:
     vs, p = open_store(tmp_path, vstore_max_sessions=4)
     small_workload(vs)
-    expected = canonical(vs)
+    expected = durable_state(vs)
     p.save(None)
     assert wal_path(tmp_path, 0).stat().st_size == WAL_HEADER_SIZE
     assert p.info()["wal_bytes"] == WAL_HEADER_SIZE
     assert p.info()["snapshot_bytes"] == snapshot_path(tmp_path, 0).stat().st_size
     vs.store(b"a_pk", 0, 10, rows(2, 16, 9))  # logged after the snapshot
-    expected_after = canonical(vs)
+    expected_after = durable_state(vs)
     p.close()
     assert expected_after != expected
     assert _recovered(tmp_path) == expected_after
@@ -57,7 +57,7 @@ def test_empty_snapshot(tmp_path: Path) -> None:
     p.save(None)
     p.close()
     assert snapshot_path(tmp_path, 0).stat().st_size == 40 + 21 + 16  # header + END
-    assert _recovered(tmp_path) == canonical(fresh_store())
+    assert _recovered(tmp_path) == durable_state(make_store())
 
 
 def test_large_layers_are_written_in_pieces_highest_first(
@@ -75,9 +75,9 @@ def test_large_layers_are_written_in_pieces_highest_first(
         f.seek(40)
         starts = [m.start for _, m in snapshot_mod.iter_snapshot(f, size) if hasattr(m, "start")]
     assert starts == [20, 15, 10, 5, 0]
-    loaded = fresh_store()
+    loaded = make_store()
     recover_sync(loaded, snapshot_path(tmp_path, 0), wal_path(tmp_path, 0))
-    assert canonical(loaded) == canonical(vs)
+    assert durable_state(loaded) == durable_state(vs)
     # The first piece sized the buffer exactly: nothing was reallocated or over-grown.
     assert loaded.bytes_allocated == loaded.vstore_bytes
 
@@ -89,7 +89,7 @@ def test_snapshot_keeps_lru_order(tmp_path: Path) -> None:
     vs.touch(b"a")  # a read: not logged, but a snapshot captures the order
     p.save(None)
     p.close()
-    loaded = fresh_store()
+    loaded = make_store()
     recover_sync(loaded, snapshot_path(tmp_path, 0), wal_path(tmp_path, 0))
     assert loaded.sids() == [b"b", b"c", b"a"]
 
@@ -102,7 +102,7 @@ def test_failure_at_each_save_step_keeps_everything(
     vs.create(b"first", 8, "fp16")
     p.save(None)  # a previous snapshot to protect
     small_workload(vs)
-    before = canonical(vs)
+    before = durable_state(vs)
     fault_at.append(step)
     with pytest.raises(PionError, match="injected fault"):
         p.save(None)
@@ -118,7 +118,7 @@ def test_failure_at_each_save_step_keeps_everything(
         p.save(None)
         assert p.write_refusal() is None
     vs.create(b"later", 8, "int8")
-    after = canonical(vs)
+    after = durable_state(vs)
     p.close()
     assert _recovered(tmp_path) == after
 
@@ -156,7 +156,7 @@ def test_a_failed_append_refuses_and_applies_nothing(tmp_path: Path) -> None:
     p.save(None)  # the way back: snapshot from memory, then a fresh log
     assert p.write_refusal() is None
     vs.create(b"y", 8, "int8")
-    expected = canonical(vs)
+    expected = durable_state(vs)
     p.close()
     assert _recovered(tmp_path) == expected
 

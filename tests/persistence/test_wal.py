@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 import redis
-from persistence_helpers import no_retry, open_store
 
 from pion.errors import MisconfError
 from pion.persistence import snapshot_path
 from pion.persistence import wal as wal_mod
+from support import no_retry, open_store
 
 
 class FsyncSpy:

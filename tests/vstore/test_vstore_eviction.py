@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from vstore_helpers import RecordingJournal, make_store, rows
 
 from pion.errors import OOMError, PionError
 from pion.vstore import DropSession, StoreRows, namespace_of
+from support import RecordingJournal, make_store, rows
 
 
 def test_namespace_of() -> None:

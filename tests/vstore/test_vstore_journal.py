@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from vstore_helpers import FailingJournal, RecordingJournal, make_store, rows, state_of
 
 from pion.codecs import get_codec
 from pion.errors import MisconfError, PionError, SessionNotFoundError
 from pion.vstore import CreateSession, DropSession, SetBlocks, StoreRows, VStore
+from support import FailingJournal, RecordingJournal, durable_state, make_store, rows
 
 
 def test_records_carry_stored_bytes() -> None:
@@ -63,14 +63,14 @@ def test_a_failing_journal_leaves_state_untouched(name: str) -> None:
     vs = _populated()
     if name == "create_evicting":
         vs.create(b"c", 8, "fp16")  # full now: the next create must evict
-    before = state_of(vs)
+    before = durable_state(vs)
     evictions = vs.evictions
     journal = FailingJournal()
     vs.journal = journal
     with pytest.raises(MisconfError):
         MUTATIONS[name](vs)
     assert journal.calls == 1
-    assert state_of(vs) == before
+    assert durable_state(vs) == before
     assert vs.evictions == evictions
 
 
@@ -120,7 +120,7 @@ def test_replaying_the_journal_rebuilds_the_same_state() -> None:
     replayed = make_store(max_sessions=5, maxmemory=8_000)
     for m in journal.records:
         replayed.apply(m)
-    assert state_of(replayed) == state_of(live)
+    assert durable_state(replayed) == durable_state(live)
     assert replayed.sids() == live.sids()  # LRU order too
     assert replayed.evictions == 0  # counters are per process, not replayed
 
@@ -131,7 +131,7 @@ def test_dump_then_apply_is_a_snapshot_round_trip() -> None:
     restored = make_store()
     for m in live.dump():
         restored.apply(m)
-    assert state_of(restored) == state_of(live)
+    assert durable_state(restored) == durable_state(live)
     assert restored.sids() == live.sids()
     for sid in live.sids():
         for layer in live.describe(sid, touch=False).layers:

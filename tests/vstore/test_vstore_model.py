@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vstore_helpers import make_store
 
 from pion.config import VStoreLimits
 from pion.vstore import GROWTH
+from support import make_store
 
 MAX_ROWS, DIM, LAYERS = 300, 4, 3
 

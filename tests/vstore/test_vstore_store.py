@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from vstore_helpers import make_store, rows, state_of
 
 import pion.vstore.layer as layer_module
 import pion.vstore.session as session_module
@@ -14,6 +13,7 @@ from pion.codecs import FORMAT_NAMES, get_codec
 from pion.config import VStoreLimits
 from pion.errors import CodecError, PionError, SessionNotFoundError
 from pion.vstore import GROWTH
+from support import durable_state, make_store, rows
 
 
 def test_create_returns_stable_slots_and_is_idempotent() -> None:
@@ -327,7 +327,7 @@ def test_big_batches_are_encoded_and_decoded_in_slices(
     sliced = make_store()
     sliced.create(b"s", 32, fmt)
     sliced.store(b"s", 0, 3, x)
-    assert state_of(sliced) == state_of(whole)
+    assert durable_state(sliced) == durable_state(whole)
     got = sliced.fetch_range(b"s", 0, 0, 60)
     want = whole.fetch_range(b"s", 0, 0, 60)
     assert got is not None and want is not None and got.shape == (60, 32)

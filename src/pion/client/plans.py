@@ -3,10 +3,11 @@
 A plan is a generator: it yields a *batch* (a list of commands to send pipelined, in
 one round trip) and is sent back the replies, in order, each a reply value or the
 :class:`~pion.client.errors.PionResponseError` the server answered for that command.
-It returns the operation's result or raises. The drivers in :mod:`.cache` and
-:mod:`.aio` only move batches over a connection (and follow worker redirects by
-running a fresh plan on the owner's port), so the logic here, the ``-COLDMISS`` retry
-included, exists once and is testable without a socket.
+It returns the operation's result or raises. The driver in :mod:`.base` addresses
+each batch to a port (following a worker redirect by running a fresh plan on the
+owner's port) and the shells :mod:`.cache` and :mod:`.aio` only move batches over a
+connection, so the logic here, the ``-COLDMISS`` retry included, exists once and is
+testable without a socket.
 
 Round trips per operation: one each, except ``fetch`` without ``n_tokens`` and
 ``store`` of fp16 arrays (two: V.INFO first, then the data), and ``attend_query``

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pion.client.errors import PionProtocolError
+from pion.wire import namespace_sids
 
 __all__ = [
     "Arg",
@@ -71,7 +72,8 @@ def make_namespace(*parts: str) -> str:
 
 def session_ids(ns: str) -> tuple[str, str]:
     """The V-store sessions holding a namespace's keys and values."""
-    return f"{ns}_pk", f"{ns}_pv"
+    k, v = namespace_sids(ns.encode())
+    return k.decode(), v.decode()
 
 
 def attend_sid(ns: str) -> str:

@@ -13,7 +13,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from types import MappingProxyType
 
-from pion.commands import generic, hashes, keys, persist, prefix, strings, vstore, zsets
+from pion.commands import (
+    generic,
+    hashes,
+    keys,
+    persist,
+    prefix,
+    rollback,
+    strings,
+    vstore,
+    zsets,
+)
 from pion.commands.state import Command, CommandTable
 
 __all__ = ["COMMAND_TABLE", "build_table"]
@@ -21,6 +31,7 @@ __all__ = ["COMMAND_TABLE", "build_table"]
 _FAMILIES: tuple[Iterable[Command], ...] = (
     generic.COMMANDS,
     vstore.COMMANDS,
+    rollback.COMMANDS,
     prefix.COMMANDS,
     persist.COMMANDS,
     keys.COMMANDS,

@@ -12,16 +12,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pion.codecs import FORMAT_NAMES
+from pion.codecs import FORMAT_NAMES, SCHEMA_ONLY_FORMATS
 from pion.commands.args import Args
 from pion.commands.state import Command, Context
+from pion.commands.vstore import format_name
 from pion.errors import PionError
 from pion.resp.reply import Reply, Simple
 
 __all__ = ["COMMANDS"]
 
 MAX_NS_LEN = 200
-MAX_KV_DIM = 8192
 MAX_BLOCK_SIZE = 8192
 MAX_HASH_COUNT = 1_048_576
 MAX_PREFILL_MS = 86_400_000  # one day
@@ -56,10 +56,16 @@ def _register(ctx: Context, args: Sequence[bytes]) -> Reply:
     cmd = "KV.PREFIX.REGISTER"
     cur = Args(args, cmd)
     ns = _ns(cur, cmd)
-    kv_dim = cur.integer("kv_dim", 1, MAX_KV_DIM, f"{cmd}: kv_dim out of range (1..{MAX_KV_DIM})")
-    vquant = cur.arg("vquant").decode("utf-8", "replace")
-    if vquant not in FORMAT_NAMES:
-        raise PionError(f"{cmd}: unknown vquant '{vquant}' (want {'|'.join(FORMAT_NAMES)})")
+    max_dim = ctx.state.config.vstore.max_dim
+    kv_dim = cur.integer("kv_dim", 1, max_dim, f"{cmd}: kv_dim out of range (1..{max_dim})")
+    raw_vquant = cur.arg("vquant")
+    vquant = format_name(raw_vquant)
+    if vquant is None:
+        shown = raw_vquant[:64].decode("utf-8", "replace")
+        # A SCHEMA-only format cannot be a whole namespace's: say where it does belong.
+        schema_only = format_name(raw_vquant, SCHEMA_ONLY_FORMATS) is not None
+        hint = "; it is per layer: V.CREATE ... SCHEMA" if schema_only else ""
+        raise PionError(f"{cmd}: unknown vquant '{shown}' (want {'|'.join(FORMAT_NAMES)}){hint}")
     blocks: tuple[int, np.ndarray] | None = None
     prefill_ms = 0
     while not cur.done():

@@ -78,6 +78,7 @@ class ServerCounters:
     rejected_connections: int = 0
     protocol_errors: int = 0
     internal_errors: int = 0
+    evicted_clients: int = 0  # disconnected by the maxmemory-clients bound
 
     def reset(self) -> None:
         self.total_connections_received = 0
@@ -85,6 +86,7 @@ class ServerCounters:
         self.rejected_connections = 0
         self.protocol_errors = 0
         self.internal_errors = 0
+        self.evicted_clients = 0
 
 
 @dataclass
@@ -105,6 +107,8 @@ class ServerState:
     request_shutdown: Callable[[bool], None] | None = None
     # Installed by the server: close the connection of client id.
     kill_client: Callable[[int], bool] | None = None
+    # Installed by the server: bytes all clients' query and reply buffers hold now.
+    client_memory: Callable[[], int] | None = None
     # The plain keyspace (strings, hashes, sorted sets), beside the V-store.
     keyspace: Keyspace = field(default_factory=Keyspace)
     # Built from vstore and receipt: the KV.PREFIX registry over them.
@@ -138,6 +142,7 @@ class ClientState:
     created: float = 0.0
     last_command: str = ""
     closing: bool = False  # set by QUIT / CLIENT KILL: close after the reply
+    no_evict: bool = False  # CLIENT NO-EVICT ON: exempt from maxmemory-clients
 
 
 @dataclass(frozen=True)

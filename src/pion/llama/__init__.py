@@ -12,8 +12,10 @@ The pi-prefix-cache behaviour (seed 003, DESIGN section 11) in Python. Reading o
 - :mod:`~pion.llama.warmer`      the state machine: hit / restore + verify / cold + save
 - :mod:`~pion.llama.proxy`       the OpenAI-compatible reverse proxy
 - :mod:`~pion.llama.cli`         ``pion llama proxy|warm|status|gc``
-- :mod:`~pion.llama.launcher`, :mod:`~pion.llama.testmodel`, :mod:`~pion.llama.paths`:
-  a real llama-server and tiny GGUF models for tests and benchmarks
+- :mod:`~pion.llama.paths`       the cache root and the default log file
+
+A real llama-server and tiny GGUF models for tests and benchmarks are development
+scaffolding, in ``scripts/pion_testing`` (not installed).
 
 A harness that is not Pi uses the warmer directly::
 

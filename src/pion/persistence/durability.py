@@ -153,6 +153,14 @@ class Persistence:
         self.recovered = res
         self.snapshot_bytes = res.snapshot_bytes
         self._base_seq = res.last_seq
+        for store in self.stores:
+            if store.name in res.started_empty:
+                # The reset recipe: this store starts empty. Its snapshot must exist and
+                # cover the sequence the new log continues from, or the next start would
+                # take the new log's records for ones that need a lost snapshot.
+                path = store_snapshot_path(self.dir, store.name, self.worker)
+                header = SnapshotHeader(self.worker, res.last_seq)
+                write_frames(store.frames(), store.unit_ops, path, header)
         if self.wal is not None:
             if res.wal_action == "continue":
                 self.wal.open(res.wal_bytes, res.last_seq)
@@ -162,6 +170,8 @@ class Persistence:
         for store in self.stores:
             store.attach(self)
         self.loading = False
+        # Pion's wording, which operators' log greps look for.
+        log.info("WAL replayed: %d records", res.replayed)
         units = ", ".join(f"{n} in the {s}" for s, n in res.snapshot_units.items()) or "nothing"
         log.info(
             "recovered %s from the snapshots (%d bytes) and replayed %d log records in %.3f s",

@@ -12,13 +12,16 @@ Order and rules:
    replays all of it. If the log starts later, a SAVE completed and wrote every
    store's file; so when the V-store's file (which every Pion data directory has) is
    there and another store's is not, that store did not exist then (a directory
-   written before it): it counts as covered like the V-store's, with a warning. A
-   missing V-store file with a reset log is a lost snapshot and stops startup.
+   written before it): it counts as covered like the V-store's, with a warning.
 3. The log is replayed from its header's ``start``, each record into the store that
    owns its op code. A record with ``seq <=`` its store's ``covered`` is already in
    that store's snapshot (a crash hit between the renames of SAVE and the log's reset)
    and is skipped, never applied twice. A log starting after the oldest ``covered + 1``
-   has lost records and stops startup.
+   has lost records and stops startup, with one exception: a snapshot file is missing
+   and the log holds no records. That is the reset recipe (delete the snapshot after a
+   SAVE emptied the log): nothing acknowledged depends on the missing file, so that
+   store starts empty, with a warning naming it. A log whose records do need the
+   missing snapshot still stops startup, naming both files and the fix.
 4. A torn tail (see ``reader.py``) is cut off with a warning: those bytes were never
    acknowledged as durable. Corruption before the tail stops startup with a message
    naming the file, the offset and ``pion check-wal --fix``.
@@ -40,6 +43,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from pion.errors import PionError
 from pion.persistence import faults
@@ -101,6 +105,12 @@ class RecoveryResult:
     # shorter than a header, or holding only records every snapshot covers).
     wal_action: str = "reset"
     seconds: float = 0.0
+    # The snapshot path when there was no snapshot file (the log must then not need one).
+    snapshot_missing: Path | None = None
+    # Stores started empty by the reset recipe (their file missing, the log empty): the
+    # caller writes their empty snapshots before the new log, so the next start finds
+    # every file covering the sequence the log continues from.
+    started_empty: list[str] = field(default_factory=list)
 
 
 def _repair_hint(path: Path, offset: int) -> str:
@@ -158,10 +168,10 @@ def _load_snapshot(
     res.snapshot_units[store.name] = store.units()
 
 
-def _cover_missing(missing: list[str], log_start: int, res: RecoveryResult) -> None:
+def _cover_missing(missing: list[tuple[str, Path]], log_start: int, res: RecoveryResult) -> None:
     """Step 2's rule for stores without a snapshot file (see the module docstring)."""
     anchor = res.covered_by.get(ANCHOR_STORE)
-    for name in missing:
+    for name, _ in missing:
         if log_start > 1 and anchor is not None and name != ANCHOR_STORE:
             log.warning(
                 "no snapshot of the %s beside the V-store's (covering record %d) and the "
@@ -180,7 +190,7 @@ def _replay_log(
     path: Path,
     worker: int,
     res: RecoveryResult,
-    missing: list[str],
+    missing: list[tuple[str, Path]],
 ) -> Iterator[None]:
     size = path.stat().st_size if path.exists() else 0
     if path.exists() and size < WAL_HEADER_SIZE:
@@ -210,6 +220,32 @@ def _replay_log(
     with open(path, "rb", buffering=_READ_BUFFER) as f:
         if header.worker != worker:
             raise RecoveryError(f"{path} belongs to worker {header.worker}, not {worker}")
+        lost = [p for name, p in missing if covered.get(name, 0) == 0]
+        if header.start > oldest + 1 and lost:
+            files = ", ".join(str(p) for p in lost)
+            if not _holds_records(f, size, header.start):
+                stores = " and ".join(f"an empty {n}" for n, p in missing if p in lost)
+                log.warning(
+                    "%s %s missing and %s holds no records (it starts at record %d): "
+                    "starting with %s and a new log. If the snapshot was not removed on "
+                    "purpose, stop the server and put it back before any write.",
+                    files,
+                    "is" if len(lost) == 1 else "are",
+                    path,
+                    header.start,
+                    stores.replace("vstore", "V-store"),
+                )
+                res.started_empty = [n for n, p in missing if p in lost]
+                return
+            names = " and ".join(p.name for p in lost)
+            move = "both" if len(lost) == 1 else "all of"
+            raise RecoveryError(
+                f"{path} starts at record {header.start}: its records need the snapshot "
+                f"{files} (which held records 1..{header.start - 1}), and that file is "
+                f"missing. Startup stopped so that no acknowledged write is dropped "
+                f"silently. Put {names} back from a backup; or, to start empty on "
+                f"purpose, move {move} {names} and {path.name} out of {path.parent}."
+            )
         if header.start > oldest + 1:
             raise RecoveryError(
                 f"{path} starts at record {header.start} but the snapshot covers only up "
@@ -270,6 +306,17 @@ def _replay_log(
     res.wal_action = "continue" if continues else "reset"
 
 
+def _holds_records(f: BinaryIO, size: int, start: int) -> bool:
+    """Whether the log holds a record. A torn first record is none: a crash cut it, so
+    it was never acknowledged."""
+    try:
+        for _ in read_records(f, WAL_HEADER_SIZE, size, start):
+            return True
+    except LogDamage as exc:
+        return not exc.damage.torn
+    return False
+
+
 def _truncate(path: Path, size: int) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
@@ -293,12 +340,14 @@ def _steps(
     stores: Sequence[StoreFile], wal: Path, worker: int, res: RecoveryResult
 ) -> Iterator[None]:
     _remove_leftovers([*(path for _, path in stores), wal])
-    missing: list[str] = []
+    missing: list[tuple[str, Path]] = []
     for store, path in stores:
         if path.exists():
             yield from _load_snapshot(store, path, worker, res)
         else:
-            missing.append(store.name)
+            missing.append((store.name, path))
+    if missing:
+        res.snapshot_missing = missing[0][1]
     for store, _ in stores:
         if isinstance(store, VStoreDurable):
             res.snapshot_sessions = res.snapshot_units.get(store.name, 0)

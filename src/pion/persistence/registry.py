@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from pion.persistence import keyspace_format
-from pion.persistence.format import OP_CREATE, Buffer, FormatError, decode_mutation
+from pion.persistence.format import (
+    OP_CREATE,
+    OP_CREATE_ROPES,
+    Buffer,
+    FormatError,
+    decode_mutation,
+)
 from pion.persistence.format import OPS as VSTORE_OPS
 from pion.vstore import DropSession
 
@@ -40,7 +46,7 @@ def _describe_vstore(op: int, payload: Buffer) -> str:
 
 
 FAMILIES: tuple[RecordFamily, ...] = (
-    RecordFamily("vstore", VSTORE_OPS, frozenset({OP_CREATE}), _describe_vstore),
+    RecordFamily("vstore", VSTORE_OPS, frozenset({OP_CREATE, OP_CREATE_ROPES}), _describe_vstore),
     RecordFamily(
         "keyspace", keyspace_format.OPS, keyspace_format.UNIT_OPS, keyspace_format.describe
     ),

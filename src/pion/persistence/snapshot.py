@@ -40,6 +40,7 @@ from pion.persistence.files import fsync_dir, write_all
 from pion.persistence.format import (
     END,
     OP_CREATE,
+    OP_CREATE_ROPES,
     SNAPSHOT_CHUNK,
     SNAPSHOT_HEADER,
     Buffer,
@@ -71,8 +72,8 @@ SNAPSHOT_HEADER_SIZE = SNAPSHOT_HEADER.size + 4
 # Small records are gathered and written together; large payloads go out on their own.
 _FLUSH_BYTES = 1 << 20
 _FLUSH_PARTS = 512  # well under IOV_MAX (1024 on Linux)
-# A V-store snapshot's unit is a session, opened by its CREATE record.
-VSTORE_UNIT_OPS = frozenset({OP_CREATE})
+# A V-store snapshot's unit is a session, opened by its CREATE (or CREATE_ROPES) record.
+VSTORE_UNIT_OPS = frozenset({OP_CREATE, OP_CREATE_ROPES})
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,16 @@ bytearray grown chunk by chunk would copy a multi-megabyte payload two or three 
 (reallocations, then the copy out); this way it is copied once, as Redis does with its
 pre-sized query buffer for big arguments.
 
+Lengths are read as Redis's string2ll reads them: digits only, no ``+``, no spaces and
+no leading zeros (``$04`` and ``*01`` are protocol errors, as in Redis).
+
+Until the connection has authenticated to a server with a password, the caller sets
+:attr:`RequestDecoder.authenticated` to False and the tighter ``max_unauth_*`` limits
+apply (Redis 7: ``unauthenticated multibulk length`` / ``unauthenticated bulk
+length``). The flag is read when a header is checked, so setting it between two
+:meth:`~RequestDecoder.get` calls governs the next command: an ``AUTH`` followed by a
+big command in the same packet works.
+
 Error texts follow Redis (``invalid multibulk length``, ``invalid bulk length``,
 ``expected '$', got 'x'``, ``too big inline request``, ``unbalanced quotes in
 request``); the caller sends ``-ERR Protocol error: <text>`` and closes.
@@ -23,8 +33,8 @@ request``); the caller sends ``-ERR Protocol error: <text>`` and closes.
 
 from __future__ import annotations
 
-from pion.config import ProtocolLimits
 from pion.errors import ProtocolError
+from pion.resp.limits import ProtocolLimits
 
 __all__ = ["RequestDecoder", "split_inline"]
 
@@ -40,12 +50,12 @@ _LARGE_BULK = 256 * 1024
 
 
 def _parse_len(line: bytes | bytearray | memoryview) -> int | None:
-    """Parse a header's decimal length (after the type byte); None if malformed."""
+    """Parse a header's decimal length (after the type byte) as Redis's string2ll
+    does; None if malformed (empty, a sign other than a leading ``-``, a leading
+    zero, ``-0``, more than 19 digits)."""
     raw = bytes(line)
-    if not raw or len(raw) > 20:
-        return None
     body = raw[1:] if raw[:1] == b"-" else raw
-    if not body.isdigit():
+    if not body.isdigit() or len(body) > 19 or (body[0] == 0x30 and (len(body) > 1 or raw != body)):
         return None
     return int(raw)
 
@@ -55,6 +65,7 @@ class RequestDecoder:
 
     __slots__ = (
         "_args",
+        "_args_bytes",
         "_buf",
         "_bulk_len",
         "_declared",
@@ -63,6 +74,7 @@ class RequestDecoder:
         "_limits",
         "_pos",
         "_remaining",
+        "authenticated",
     )
 
     def __init__(self, limits: ProtocolLimits | None = None) -> None:
@@ -71,9 +83,12 @@ class RequestDecoder:
         self._pos = 0
         # State of a multibulk command being read across feeds.
         self._args: list[bytes] | None = None
+        self._args_bytes = 0  # payload bytes already copied into _args
         self._remaining = 0
         self._bulk_len = -1  # -1: waiting for the next "$<n>" header
         self._declared = 0  # bytes promised so far by this command's bulk headers
+        # False while the connection owes a password: the max_unauth_* limits apply.
+        self.authenticated = True
         # A large bulk being collected: its chunks (payload, CRLF and whatever follows
         # them) and how many bytes they hold; None otherwise.
         self._large: list[bytes] | None = None
@@ -84,6 +99,12 @@ class RequestDecoder:
         """Bytes held but not yet consumed."""
         return len(self._buf) - self._pos + self._large_have
 
+    @property
+    def held(self) -> int:
+        """Bytes of memory this decoder holds for its client: the receive buffer and
+        the arguments of a command still being read (the client's query buffer)."""
+        return len(self._buf) + self._args_bytes + self._large_have
+
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._large is not None:
             # Kept as they are (a bytes object is immutable, so keeping it is safe).
@@ -92,6 +113,38 @@ class RequestDecoder:
             self._large_have += len(chunk)
         else:
             self._buf += data
+
+    def clear(self) -> None:
+        """Drop everything held (the connection is gone)."""
+        self._large = None
+        self._large_have = 0
+        self._buf = bytearray()
+        self._pos = 0
+        self._args = None
+        self._args_bytes = 0
+        self._remaining = 0
+        self._bulk_len = -1
+        self._declared = 0
+
+    def _too_many(self, count: int) -> str | None:
+        """The error for a ``*<count>`` header, or None if it is allowed."""
+        limits = self._limits
+        if count > limits.max_array_len:
+            return "invalid multibulk length"
+        if count > limits.max_unauth_array_len and not self.authenticated:
+            return "unauthenticated multibulk length"
+        return None
+
+    def _max_bulk(self) -> int:
+        limits = self._limits
+        if self.authenticated:
+            return limits.max_bulk_len
+        return min(limits.max_bulk_len, limits.max_unauth_bulk_len)
+
+    def _bulk_error(self, n: int) -> str:
+        if n > self._limits.max_bulk_len:
+            return "invalid bulk length"
+        return "unauthenticated bulk length"
 
     def get(self) -> list[bytes] | None:
         """The next complete command, or None when more bytes are needed."""
@@ -129,10 +182,17 @@ class RequestDecoder:
                 raise ProtocolError("too big mbulk count string")
             return False
         digits = buf[pos + 1 : end]
-        # The common case inline (this runs once per request); signs and junk below.
-        count = int(digits) if digits.isdigit() and len(digits) <= 19 else _parse_len(digits)
-        if count is None or count > self._limits.max_array_len:
+        # The common case inline (this runs once per request); signs, leading zeros
+        # and junk below.
+        if digits.isdigit() and len(digits) <= 19 and (digits[0] != 0x30 or len(digits) == 1):
+            count: int | None = int(digits)
+        else:
+            count = _parse_len(digits)
+        if count is None:
             raise ProtocolError("invalid multibulk length")
+        refusal = self._too_many(count)
+        if refusal is not None:
+            raise ProtocolError(refusal)
         self._pos = end + 2
         self._args = []
         # *0 and *-1 are empty commands, skipped as Redis does.
@@ -154,7 +214,7 @@ class RequestDecoder:
         pos = self._pos
         remaining = self._remaining
         n = self._bulk_len
-        max_bulk = self._limits.max_bulk_len
+        max_bulk = self._max_bulk()
         try:
             while remaining > 0:
                 if n < 0:
@@ -168,12 +228,17 @@ class RequestDecoder:
                             raise ProtocolError("too big bulk count string")
                         return None
                     digits = buf[pos + 1 : end]
-                    # Strict: digits only (no sign, space or '_', which int() takes).
-                    if not digits.isdigit() or len(digits) > 19:
+                    # Strict: digits only (no sign, space or '_', which int() takes),
+                    # and no leading zero, as Redis's string2ll.
+                    if (
+                        not digits.isdigit()
+                        or len(digits) > 19
+                        or (digits[0] == 0x30 and len(digits) > 1)
+                    ):
                         raise ProtocolError("invalid bulk length")
                     n = int(digits)
                     if n > max_bulk:
-                        raise ProtocolError("invalid bulk length")
+                        raise ProtocolError(self._bulk_error(n))
                     self._declared += n
                     if self._declared > self._limits.max_query_buffer:
                         raise ProtocolError("command exceeds the query buffer limit")
@@ -196,6 +261,7 @@ class RequestDecoder:
                     # so the buffer can still be resized.
                     with memoryview(buf) as view:
                         args.append(bytes(view[pos:stop]))
+                self._args_bytes += n
                 pos = stop + 2
                 n = -1
                 remaining -= 1
@@ -204,6 +270,7 @@ class RequestDecoder:
             self._remaining = remaining
             self._bulk_len = n
         self._args = None
+        self._args_bytes = 0
         return args
 
     def _finish_large(self, args: list[bytes]) -> bool:
@@ -231,6 +298,7 @@ class RequestDecoder:
         if rest[:2] != _CRLF:
             raise ProtocolError("bulk payload not terminated by CRLF")
         args.append(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+        self._args_bytes += n
         self._large = None
         self._large_have = 0
         self._buf = bytearray(rest[2:])

@@ -10,6 +10,7 @@ port 0 and read ``.port``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import logging
 import signal
@@ -28,9 +29,18 @@ from pion.persistence import Persistence, RecoveryAborted
 from pion.persistence.keyspace_durable import KeyspaceDurable
 from pion.prefix.receipt import Receipt
 from pion.server.app import PionServer
+from pion.server.fdlimit import fit_maxclients
 from pion.vstore import VStore
 
-__all__ = ["ServerThread", "bind_socket", "build_state", "check_bind_safety", "run", "serve"]
+__all__ = [
+    "ServerThread",
+    "bind_socket",
+    "build_state",
+    "check_bind_safety",
+    "check_password",
+    "run",
+    "serve",
+]
 
 log = logging.getLogger("pion.server")
 
@@ -43,7 +53,10 @@ except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
 
 def build_state(config: ServerConfig) -> ServerState:
     """The worker's state. Its persistence takes the data directory (a second server on
-    the same directory is refused here); the data itself is loaded by :func:`serve`."""
+    the same directory is refused here); the data itself is loaded by :func:`serve`.
+    A configuration that is not safe to serve (:func:`check_password`) is refused
+    before anything is opened."""
+    check_password(config)
     vstore = VStore(
         config.vstore,
         max_sessions=config.vstore_max_sessions,
@@ -66,9 +79,21 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def check_password(config: ServerConfig) -> None:
+    """Refuse an empty password: it is no password, and a server started with one
+    would look protected while ``AUTH ""`` opened it to anyone."""
+    if config.requirepass is not None and not config.requirepass.strip():
+        raise PionError(
+            "the password is empty, and an empty password is no password: give a real "
+            "one (--requirepass, --requirepass-file or PION_REQUIREPASS), or none at all"
+        )
+
+
 def check_bind_safety(config: ServerConfig) -> None:
-    """Refuse to expose an unauthenticated server beyond loopback (DESIGN section 9)."""
-    if not _is_loopback(config.bind) and config.requirepass is None and not config.unsafe_no_auth:
+    """Refuse to expose an unauthenticated server beyond loopback, and refuse an empty
+    password anywhere."""
+    check_password(config)
+    if not _is_loopback(config.bind) and not config.auth_required and not config.unsafe_no_auth:
         raise PionError(
             f"refusing to bind {config.bind} without a password: set --requirepass "
             "(or --requirepass-file), or pass --unsafe-no-auth if the network is trusted"
@@ -162,6 +187,9 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 def run(config: ServerConfig) -> int:
     """Run a worker in the foreground; returns the process exit code."""
     check_bind_safety(config)
+    maxclients = fit_maxclients(config.maxclients)
+    if maxclients != config.maxclients:
+        config = dataclasses.replace(config, maxclients=maxclients)
     state = build_state(config)
     sock = bind_socket(config.bind, config.port)
     port = sock.getsockname()[1]
@@ -199,8 +227,14 @@ class ServerThread:
     ) -> None:
         self.config = config
         self.table = table
-        self.state = state if state is not None else build_state(config)
+        # Bind before taking the data directory: a port that is taken must not leave
+        # the directory locked by a server that never started.
         self._sock = bind_socket(config.bind, config.port)
+        try:
+            self.state = state if state is not None else build_state(config)
+        except BaseException:
+            self._sock.close()
+            raise
         self.host = config.bind
         self.port: int = self._sock.getsockname()[1]
         self._loop: asyncio.AbstractEventLoop | None = None

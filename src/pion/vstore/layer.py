@@ -13,15 +13,21 @@ so resident memory stays near ``tpl * row_bytes`` (DESIGN section 7: within ~1.3
 
 Reads hand out numpy views of the buffer (the fp16 ``FMT NATIVE`` path replies without
 copying). A view may still be queued on a socket when a later command overwrites the
-same rows, so writes are copy-on-write: if anything besides the layer references the
-buffer, the layer moves to a fresh copy first and the reader keeps the old bytes.
+same rows, so writes are copy-on-write: the layer keeps a weak reference to every view
+it handed out, and while any of them is alive a write first moves the layer to a fresh
+copy, so the reader keeps the old bytes. Correctness rests on object lifetime (a
+weak reference dies only once nothing holds the view), not on reference-count values,
+so it holds on every Python; an interpreter that frees late only costs extra copies.
+The lease is on the view object itself: numpy points a derived view's ``base`` at the
+buffer, not at the view it came from, so the view a read returns must be what the
+reply holds (``V.FETCH`` hands it to the encoder as it is).
 
 Not here: sessions, LRU, accounting and the journal (``pion.vstore.store``).
 """
 
 from __future__ import annotations
 
-import sys
+import weakref
 
 import numpy as np
 import numpy.typing as npt
@@ -41,15 +47,11 @@ DECODE_CHUNK_BYTES = 16 << 20
 
 U8Array = npt.NDArray[np.uint8]
 
-# References to a layer's buffer when nobody else holds it: the attribute itself and
-# the argument of sys.getrefcount.
-_UNSHARED_REFS = 2
-
 
 class Layer:
     """Rows of one (session, layer): ``dim`` values per row, stored by ``codec``."""
 
-    __slots__ = ("buf", "codec", "dim", "row_bytes", "tpl")
+    __slots__ = ("_readers", "buf", "codec", "dim", "row_bytes", "tpl")
 
     def __init__(self, codec: Codec, dim: int) -> None:
         self.codec = codec
@@ -57,6 +59,17 @@ class Layer:
         self.row_bytes = codec.row_bytes(dim)
         self.buf: U8Array = np.zeros((0, self.row_bytes), dtype=np.uint8)
         self.tpl = 0
+        # Views of ``buf`` handed to readers (see the module docstring).
+        self._readers: list[weakref.ref[npt.NDArray[np.generic]]] = []
+
+    def _lend(self, view: npt.NDArray[np.generic]) -> None:
+        view.flags.writeable = False
+        self._readers = [r for r in self._readers if r() is not None]
+        self._readers.append(weakref.ref(view))
+
+    def _lent(self) -> bool:
+        """True while a view handed out earlier is still alive somewhere."""
+        return any(r() is not None for r in self._readers)
 
     @property
     def capacity(self) -> int:
@@ -81,7 +94,7 @@ class Layer:
         end = start + int(rows.shape[0])
         if end > self.capacity:
             self._grow(end, max_rows)
-        elif sys.getrefcount(self.buf) > _UNSHARED_REFS:
+        elif self._lent():
             self._reallocate(self.capacity)
         self.buf[start:end] = rows
         grown = max(0, end - self.tpl)
@@ -100,6 +113,7 @@ class Layer:
         fresh = np.zeros((capacity, self.row_bytes), dtype=np.uint8)
         fresh[: self.tpl] = self.buf[: self.tpl]
         self.buf = fresh
+        self._readers = []  # their views point into the old buffer
 
     def trim(self) -> int:
         """Shrink the capacity to ``tpl``; returns the bytes released."""
@@ -108,10 +122,33 @@ class Layer:
             self._reallocate(self.tpl)
         return released
 
+    def truncate(self, length: int) -> int:
+        """Cut the layer back to ``length`` rows (V.RESTORE); returns the rows removed.
+        Never grows it. Rows are self-contained in every format (each row carries its
+        own block scales, biases or norms), so the rows below ``length`` decode exactly
+        as before without any saved state.
+
+        The cut rows become zero bytes again (the invariant of the module docstring).
+        A cut of at most half the layer zeroes them in place and keeps the capacity, so
+        a speculative decoder's append/rollback cycle never copies the layer; a larger
+        one moves the rows to a buffer of ``GROWTH`` times what is left. A buffer a
+        reader may still hold is never written: it is replaced, like a write does."""
+        if length >= self.tpl:
+            return 0
+        removed = self.tpl - length
+        self.tpl = length
+        if self.capacity > 2 * length:
+            self._reallocate(int(length * GROWTH))
+        elif self._lent():
+            self._reallocate(self.capacity)
+        else:
+            self.buf[length : length + removed] = 0
+        return removed
+
     def stored(self) -> U8Array:
         """A read-only view of the stored rows ``[tpl, row_bytes]``."""
         view = self.buf[: self.tpl]
-        view.flags.writeable = False
+        self._lend(view)
         return view
 
     def read(self, start: int, end: int, native: bool) -> npt.NDArray[np.generic]:
@@ -122,7 +159,7 @@ class Layer:
             if end <= self.capacity:
                 # Rows past tpl are zero bytes = +0.0 in fp16: a view is the answer.
                 view = self.buf[start:end].view("<f2")
-                view.flags.writeable = False
+                self._lend(view)
                 return view
             out16 = np.zeros((end - start, self.dim), dtype="<f2")
             out16[: live - start] = self.buf[start:live].view("<f2")

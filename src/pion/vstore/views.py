@@ -11,19 +11,17 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["BlockTable", "LayerInfo", "SessionInfo", "namespace_of"]
+from pion.wire import namespace_for, namespace_sids
 
-_HALVES = (b"_pk", b"_pv")
+__all__ = ["BlockTable", "LayerInfo", "SessionInfo", "namespace_of"]
 
 
 def namespace_of(sid: bytes) -> tuple[bytes, ...]:
-    """The eviction group of ``sid`` (DESIGN section 7): a ``<ns>_pk``/``<ns>_pv`` sid
-    belongs to namespace ``ns`` with both halves; any other sid stands alone. Returned
-    as the sids of the group, whether or not they exist."""
-    if sid.endswith(_HALVES):
-        ns = sid[:-3]
-        return (ns + b"_pk", ns + b"_pv")
-    return (sid,)
+    """The eviction group of ``sid``: a ``<ns>_pk``/``<ns>_pv`` sid belongs to
+    namespace ``ns`` with both halves; any other sid stands alone. Returned as the sids
+    of the group, whether or not they exist."""
+    ns = namespace_for(sid)
+    return (sid,) if ns is None else namespace_sids(ns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +32,7 @@ class LayerInfo:
     format_id: int
     row_bytes: int
     tpl: int  # row high-water mark: the largest start+count stored
+    rope: int = 0  # bf16_rope_fp8_body's bf16 prefix length; 0 for other formats
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ warmer needs (``-np``, ``--slot-save-path``, a small ``-c``), waits for ``/healt
 stops the process (terminate, then kill). The server's output goes to a log file that error
 messages quote, so a failed start explains itself.
 
-Does not own building the binary (:func:`pion.llama.paths.ensure_llama_server`).
+Does not own building the binary (:func:`pion_testing.paths.ensure_llama_server`).
 """
 
 from __future__ import annotations

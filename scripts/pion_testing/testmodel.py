@@ -7,8 +7,8 @@ and a chat template in the metadata. The weights are random (fixed seed), so the
 model writes is noise, but prompt processing, prompt caching and slot save/restore are the
 real thing, which is all the `pion llama` tests and benchmark need.
 
-Does not own: building llama-server or starting it (:mod:`pion.llama.paths`,
-:mod:`pion.llama.launcher`). Generated models go to temporary or cache directories and are
+Does not own: building llama-server or starting it (:mod:`pion_testing.paths`,
+:mod:`pion_testing.launcher`). Generated models go to temporary or cache directories and are
 never committed (``*.gguf`` is ignored).
 
 The chat template renders the tool list *before* the system message (as the seed's
@@ -26,7 +26,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from pion.llama.paths import vocab_file
+from pion_testing.paths import vocab_file
 
 __all__ = ["CHAT_TEMPLATE", "ModelSpec", "main", "make_model"]
 

@@ -1,0 +1,10 @@
+"""Development scaffolding for Pion's tests and benchmarks, not shipped with the package:
+
+- :mod:`pion_testing.paths`     the llama.cpp tree and the llama-server binary built by
+  ``scripts/build-llama-server``
+- :mod:`pion_testing.launcher`  start and stop a real llama-server on a free port
+- :mod:`pion_testing.testmodel` tiny random-weight GGUF models (``scripts/make-test-model``)
+
+Tests reach it through pytest's ``pythonpath`` setting; benchmarks through
+``bench/_common.py``.
+"""

@@ -1,0 +1,374 @@
+"""Helpers shared by the test packages (on pytest's ``pythonpath``: ``import support``).
+
+- V-store: :func:`make_store`, :func:`rows`, :func:`durable_state` (everything durable
+  about a store, comparable with ``==``), recording and failing journals.
+- Persistence: :func:`open_store` (a store recovered from a real data directory),
+  :func:`small_workload`, :class:`StateRecorder`, wire helpers for real servers.
+- Real server processes: :class:`ServerProcess` / :func:`running_server` (a
+  ``pion-server`` whose RSS and log a test reads), :func:`encode_command`,
+  :func:`read_reply_line`, :func:`store_fetchable`.
+- `pion llama`: chat requests and ``[prefix-cache]`` log reading.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import numpy.typing as npt
+import psutil
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from pion.config import ServerConfig, VStoreLimits
+from pion.errors import MisconfError
+from pion.llama.timings import Timings
+from pion.persistence import Persistence
+from pion.vstore import Mutation, SetBlocks, StoreRows, VStore
+
+# -- V-store ---------------------------------------------------------------------------
+
+
+class RecordingJournal:
+    """Keeps a copy of every record (payloads are only valid during append)."""
+
+    def __init__(self) -> None:
+        self.records: list[Mutation] = []
+
+    def append(self, mutation: Mutation) -> None:
+        if isinstance(mutation, StoreRows):
+            mutation = dataclasses.replace(mutation, data=bytes(mutation.data))
+        elif isinstance(mutation, SetBlocks):
+            mutation = dataclasses.replace(mutation, hashes=bytes(mutation.hashes))
+        self.records.append(mutation)
+
+
+class FailingJournal:
+    """A WAL whose disk is failing: every append raises MISCONF."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def append(self, mutation: Mutation) -> None:
+        self.calls += 1
+        raise MisconfError("Errors writing to the WAL")
+
+
+def rows(n: int, dim: int, seed: int = 0) -> npt.NDArray[np.float32]:
+    return np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+
+
+def f16_rows(n: int, dim: int, seed: int) -> bytes:
+    """fp16 bit patterns for V.STOREBATCH ... FMT F16 (stored verbatim: bit-exact)."""
+    return rows(n, dim, seed).astype("<f2").tobytes()
+
+
+def make_store(**kw: Any) -> VStore:
+    limits = kw.pop("limits", VStoreLimits())
+    return VStore(limits, **kw)
+
+
+def durable_state(vs: VStore) -> list[tuple[Any, ...]]:
+    """Everything durable about a store, comparable with ``==``: its records in a
+    canonical order (not its LRU order: reads are not logged), then its totals."""
+    out: list[tuple[Any, ...]] = []
+    for m in vs.dump():
+        if isinstance(m, StoreRows):
+            out.append(
+                ("rows", m.sid, m.layer, m.start, m.count, m.format_id, m.dim, bytes(m.data))
+            )
+        elif isinstance(m, SetBlocks):
+            out.append(("blocks", m.sid, m.block_size, bytes(m.hashes)))
+        else:
+            out.append((type(m).__name__, *dataclasses.astuple(m)))
+    out.sort()
+    out.append(("totals", vs.vstore_bytes, vs.total_tokens, len(vs)))
+    return out
+
+
+# -- persistence -----------------------------------------------------------------------
+
+
+def open_store(data_dir: Path, **overrides: Any) -> tuple[VStore, Persistence]:
+    """A store recovered from ``data_dir`` with a live Persistence as its journal."""
+    overrides.setdefault("appendfsync", "no")
+    config = dataclasses.replace(ServerConfig(), dir=data_dir, **overrides)
+    vs = VStore(config.vstore, max_sessions=config.vstore_max_sessions, maxmemory=config.maxmemory)
+    p = Persistence(config, vs)
+    p.open()
+    p.recover_now()
+    return vs, p
+
+
+def fresh_store() -> VStore:
+    return VStore(ServerConfig().vstore)
+
+
+class StateRecorder:
+    """A journal wrapper: the canonical state before each record is appended, so
+    ``states[k]`` is the state after the first k records."""
+
+    def __init__(self, vs: VStore, inner: Any) -> None:
+        self.vs = vs
+        self.inner = inner
+        self.states: list[list[tuple[Any, ...]]] = []
+
+    def append(self, m: Mutation) -> None:
+        self.states.append(durable_state(self.vs))
+        self.inner.append(m)
+
+    def finish(self) -> list[list[tuple[Any, ...]]]:
+        return [*self.states, durable_state(self.vs)]
+
+
+def small_workload(vs: VStore) -> None:
+    """Every kind of record, a SCHEMA session, a drop and (with ``max_sessions`` 4) an
+    LRU eviction of ``s``, in about 3 KB of log."""
+    vs.create(b"a_pk", 16, "int8")
+    vs.create(b"a_pv", 16, "fp16")
+    vs.store(b"a_pk", 0, 0, rows(4, 16, 1))
+    vs.store(b"a_pv", 1, 2, rows(3, 16, 2))
+    vs.set_blocks(b"a_pk", 4, np.array([7, 3, 9], dtype=np.uint64))
+    vs.create_schema(b"s", 0, [("fp8", 8), ("turbo4", 32)])
+    vs.store(b"s", 1, 0, rows(2, 32, 3))
+    vs.create(b"gone", 8, "mlx4g32")
+    vs.store(b"gone", 0, 0, rows(2, 8, 4))
+    vs.drop(b"gone")
+    vs.store(b"a_pk", 0, 2, rows(3, 16, 5))  # overwrite and extend
+    vs.create(b"e1", 8, "fp16")
+    vs.store(b"e1", 0, 0, rows(1, 8, 6))
+    vs.create(b"e2", 8, "int8")  # the fifth session: evicts s, the least recently used
+
+
+def no_retry() -> Retry:
+    """redis-py retries ConnectionError (and BusyLoadingError, its subclass) with
+    backoff by default; tests that expect a dropped connection or -LOADING must see
+    the first answer."""
+    return Retry(NoBackoff(), 0)
+
+
+def wait_loaded(r: redis.Redis, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if r.info("persistence").get("loading") == 0:
+                return
+        except redis.exceptions.BusyLoadingError:
+            pass
+        time.sleep(0.02)
+    raise TimeoutError("server still loading")
+
+
+# -- real server processes (hardening) ---------------------------------------------------
+# A `pion-server` process whose memory is judged by its own resident set size (psutil)
+# and whose log goes to a file (a pipe nobody drains would stall a server that logs a
+# lot), and the raw-socket helpers the hostile clients of those tests share.
+
+MiB = 1024 * 1024
+_READY = re.compile(rb"pion-server ready port=(\d+)")
+_WITH_NOFILE = (
+    "import resource, runpy, sys; "
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (%d, %d)); "
+    "sys.argv[0] = 'pion'; runpy.run_module('pion', run_name='__main__', alter_sys=True)"
+)
+
+
+class ServerProcess:
+    """``python -m pion server --port 0 <args>``; stderr goes to ``log_path``."""
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        args: Sequence[str],
+        *,
+        password: str | None = None,
+        env: dict[str, str] | None = None,
+        nofile: tuple[int, int] | None = None,
+    ) -> None:
+        self.password = password
+        self.log_path = tmp_path / f"server-{time.monotonic_ns()}.log"
+        argv = list(args)
+        if "--dir" not in argv:
+            argv += ["--dir", str(tmp_path / "data")]
+        if password is not None:
+            argv += ["--requirepass", password]
+        cmd = [sys.executable, "-m", "pion", "server", "--port", "0", *argv]
+        if nofile is not None:
+            # Start the server under this open-files limit (soft, hard), as `ulimit -n`.
+            cmd[1:3] = ["-c", _WITH_NOFILE % nofile]
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env={**os.environ, **(env or {})},
+        )
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            m = _READY.search(line)
+            if m:
+                self.port = int(m.group(1))
+                self._ps = psutil.Process(self.proc.pid)
+                return
+        self.stop()
+        raise RuntimeError(f"pion-server did not start:\n{self.log()}")
+
+    def rss(self) -> int:
+        """The server's resident set size in bytes, now."""
+        return int(self._ps.memory_info().rss)
+
+    def client(self, **kw: Any) -> redis.Redis:
+        kw.setdefault("socket_timeout", 30)
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, **kw)
+
+    def connect(self, timeout: float = 10) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+
+    def info(self, section: str) -> dict[str, Any]:
+        with self.client() as r:
+            return dict(r.info(section))
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._log.close()
+
+
+@contextmanager
+def running_server(tmp_path: Path, *args: str, **kw: Any) -> Iterator[ServerProcess]:
+    srv = ServerProcess(tmp_path, args, **kw)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def encode_command(*parts: bytes | str | int) -> bytes:
+    """One request encoded as a RESP multibulk."""
+    out = [b"*%d\r\n" % len(parts)]
+    for p in parts:
+        b = p if isinstance(p, bytes) else str(p).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+def read_reply_line(sock: socket.socket, timeout: float = 10) -> bytes:
+    """Bytes up to the first CRLF (or what came before the peer closed)."""
+    sock.settimeout(timeout)
+    got = b""
+    while b"\r\n" not in got:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
+def store_fetchable(r: redis.Redis, sid: str, rows: int, dim: int) -> np.ndarray:
+    """A one-layer fp16 session whose ``V.FETCH sid 0 RANGE 0 rows`` reply is
+    ``rows * dim * 4`` bytes of fp32; returns what it holds."""
+    r.execute_command("V.CREATE", sid, dim, "VQUANT", "fp16")
+    values = (np.arange(rows * dim, dtype=np.float32) % 1024).reshape(rows, dim)
+    r.execute_command("V.STOREBATCH", sid, 0, 0, rows, values.tobytes())
+    return values
+
+
+# -- pion llama ------------------------------------------------------------------------
+
+
+def chat(base_url: str, body: dict[str, Any], **headers: str) -> tuple[dict[str, Any], Timings]:
+    """Send a non-streamed chat request; return the JSON and its timings."""
+    resp = httpx.post(base_url + "/v1/chat/completions", json=body, headers=headers, timeout=120)
+    resp.raise_for_status()
+    data = resp.json()
+    timings = Timings.from_json(data)
+    assert timings is not None, data
+    return data, timings
+
+
+def log_lines(path: Path | None) -> list[str]:
+    """The ``[prefix-cache]`` messages of a log file, without the timestamps."""
+    if path is None or not path.exists():
+        return []
+    return [line.split("[prefix-cache] ", 1)[1] for line in path.read_text().splitlines()]
+
+
+def count(lines: list[str], needle: str) -> int:
+    return sum(needle in line for line in lines)
+
+
+def wait_log(path: Path | None, needle: str, n: int = 1, timeout: float = 10.0) -> list[str]:
+    """Wait until ``needle`` occurs ``n`` times in the log; return its lines.
+
+    The proxy logs the observed reuse after the last byte went to the client, so a client
+    can read its answer a moment before that line is written.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = log_lines(path)
+        if count(lines, needle) >= n or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.02)
+
+
+# -- raw sockets -----------------------------------------------------------------------
+
+
+def raw_exchange(
+    port: int,
+    data: bytes,
+    *,
+    read_until_close: bool = True,
+    timeout: float = 10,
+    expect: bytes | None = None,
+) -> bytes:
+    """Send bytes on a fresh socket and collect what comes back until close/timeout
+    (or, with ``expect``, until what came back ends with it)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        chunks = []
+        try:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                if expect is not None:
+                    if b"".join(chunks).endswith(expect):
+                        break
+                elif not read_until_close:
+                    break
+        except TimeoutError:
+            pass
+        return b"".join(chunks)
