@@ -212,6 +212,9 @@ def test_info(client: redis.Redis) -> None:
     stats = client.info("stats")
     assert stats["keyspace_hits"] == 1 and stats["keyspace_misses"] == 1
     assert client.info("memory")["keyspace_bytes"] > 0
+    assert client.config_resetstat() is True
+    stats = client.info("stats")
+    assert stats["keyspace_hits"] == 0 and stats["keyspace_misses"] == 0
 
 
 def test_active_expiry_removes_keys_nobody_reads(client: redis.Redis) -> None:

@@ -111,6 +111,10 @@ class Keyspace:
     def __contains__(self, key: object) -> bool:
         return key in self._data
 
+    def reset_stats(self) -> None:
+        """CONFIG RESETSTAT: zero the INFO counters (as Redis does for these three)."""
+        self.expired_keys = self.hits = self.misses = 0
+
     @property
     def volatile(self) -> int:
         """How many keys have a deadline."""
