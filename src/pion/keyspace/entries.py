@@ -1,4 +1,5 @@
-"""What the keyspace stores per key, and what each key counts against ``--maxmemory``.
+"""What the keyspace stores per key, what each key counts against ``--maxmemory``, and
+the small helpers its snapshot and replay paths share.
 
 ``used_bytes`` counts every key, field, member and value's bytes plus a fixed
 per-object overhead: the constants below, measured for CPython 3.11 on 64-bit with
@@ -9,20 +10,27 @@ within a fraction of a percent of the memory really held.
 
 from __future__ import annotations
 
-from typing import Literal, TypeAlias
+from collections.abc import Callable, Iterable, Iterator
+from typing import Literal, TypeAlias, TypeVar
 
+from pion.keyspace.mutations import Payload
 from pion.keyspace.sortedset import SortedSet
 
 __all__ = [
+    "DUMP_CHUNK",
     "FIELD_OVERHEAD",
     "KEY_OVERHEAD",
     "MEMBER_OVERHEAD",
     "Entry",
     "Kind",
     "Value",
+    "chunks",
     "kind_of",
+    "own",
     "value_size",
 ]
+
+_T = TypeVar("_T")
 
 Value: TypeAlias = bytes | dict[bytes, bytes] | SortedSet
 Kind = Literal["string", "hash", "zset"]
@@ -64,3 +72,26 @@ def value_size(key: bytes, value: Value) -> int:
     if isinstance(value, dict):
         return size + sum(len(f) + len(v) + FIELD_OVERHEAD for f, v in value.items())
     return size + sum(len(m) + MEMBER_OVERHEAD for m in value.scores)
+
+
+# A hash or sorted set is written to a snapshot in records of about this many bytes.
+DUMP_CHUNK = 16 << 20
+
+
+def own(data: Payload) -> bytes:
+    """A payload as bytes we may keep (replayed payloads are views of a read buffer)."""
+    return data if isinstance(data, bytes) else bytes(data)
+
+
+def chunks(items: Iterable[_T], size_of: Callable[[_T], int]) -> Iterator[tuple[_T, ...]]:
+    """``items`` in tuples of about DUMP_CHUNK bytes (as ``size_of`` counts them)."""
+    batch: list[_T] = []
+    held = 0
+    for item in items:
+        batch.append(item)
+        held += size_of(item)
+        if held >= DUMP_CHUNK:
+            yield tuple(batch)
+            batch, held = [], 0
+    if batch:
+        yield tuple(batch)

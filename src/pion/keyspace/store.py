@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol, TypeAlias, TypeVar, cast
+from typing import Protocol, TypeAlias, cast
 
 from pion.errors import PionError, WrongTypeError
 from pion.keyspace.entries import (
@@ -37,7 +37,9 @@ from pion.keyspace.entries import (
     Entry,
     Kind,
     Value,
+    chunks,
     kind_of,
+    own,
     value_size,
 )
 from pion.keyspace.expiry import Deadlines, now_ms
@@ -49,7 +51,6 @@ from pion.keyspace.mutations import (
     Flush,
     KeyMutation,
     NewKey,
-    Payload,
     SetDeadline,
     SetFields,
     SetScores,
@@ -59,14 +60,9 @@ from pion.keyspace.mutations import (
 from pion.keyspace.scan import SlotTable
 from pion.keyspace.sortedset import SortedSet
 
-__all__ = ["DUMP_CHUNK", "Budget", "KeyJournal", "Keyspace"]
+__all__ = ["Budget", "KeyJournal", "Keyspace"]
 
 log = logging.getLogger("pion.keyspace")
-
-_T = TypeVar("_T")
-
-# A hash or sorted set is written to a snapshot in records of about this many bytes.
-DUMP_CHUNK = 16 << 20
 
 
 class KeyJournal(Protocol):
@@ -79,11 +75,6 @@ class KeyJournal(Protocol):
 Budget: TypeAlias = Callable[[int], None]
 """Asked for the bytes a write adds before it is journaled; raises ``OOMError`` when
 they cannot be had (see ``pion.commands.budget``)."""
-
-
-def _own(data: Payload) -> bytes:
-    """A payload as bytes we may keep (replayed payloads are views of a read buffer)."""
-    return data if isinstance(data, bytes) else bytes(data)
 
 
 class Keyspace:
@@ -367,11 +358,11 @@ class Keyspace:
                 yield SetString(key, v, e.deadline)
             elif isinstance(v, dict):
                 yield NewKey(key, "hash", e.deadline)
-                for fields in _chunks(v.items(), lambda i: len(i[0]) + len(i[1])):
+                for fields in chunks(v.items(), lambda i: len(i[0]) + len(i[1])):
                     yield SetFields(key, fields)
             else:
                 yield NewKey(key, "zset", e.deadline)
-                for members in _chunks(iter(v), lambda i: len(i[1]) + 8):
+                for members in chunks(iter(v), lambda i: len(i[1]) + 8):
                     yield SetScores(key, members)
 
     def apply(self, m: KeyMutation) -> None:
@@ -379,10 +370,10 @@ class Keyspace:
         asking the budget; raises PionError for a record that contradicts the state
         (a hash record on a string key: the log and snapshot do not belong together)."""
         if isinstance(m, SetString):
-            self._put(m.key, _own(m.value), m.deadline)
+            self._put(m.key, own(m.value), m.deadline)
         elif isinstance(m, SetStrings):
             for key, value in m.items:
-                self._put(key, _own(value), 0)
+                self._put(key, own(value), 0)
         elif isinstance(m, DeleteKeys):
             for key in m.keys:
                 if key in self._data:
@@ -393,7 +384,7 @@ class Keyspace:
                 self._set_deadline(m.key, e, m.deadline)
         elif isinstance(m, SetFields):
             self._typed(m.key, dict)
-            self._apply_fields(m.key, ((f, _own(v)) for f, v in m.items))
+            self._apply_fields(m.key, ((f, own(v)) for f, v in m.items))
         elif isinstance(m, DeleteFields):
             if self._typed(m.key, dict):
                 self._apply_delete_fields(m.key, m.fields)
@@ -490,7 +481,7 @@ class Keyspace:
         z = cast(SortedSet, e.value)
         grow = 0
         for score, m in items:
-            if z.add(_own(m), score):
+            if z.add(own(m), score):
                 grow += len(m) + MEMBER_OVERHEAD
         e.size += grow
         self.used_bytes += grow
@@ -506,16 +497,3 @@ class Keyspace:
         self.used_bytes -= shrink
         if not len(z):
             self._drop(key)
-
-
-def _chunks(items: Iterable[_T], size_of: Callable[[_T], int]) -> Iterator[tuple[_T, ...]]:
-    batch: list[_T] = []
-    held = 0
-    for item in items:
-        batch.append(item)
-        held += size_of(item)
-        if held >= DUMP_CHUNK:
-            yield tuple(batch)
-            batch, held = [], 0
-    if batch:
-        yield tuple(batch)
