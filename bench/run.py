@@ -27,6 +27,7 @@ BENCHES = [
     "llama_prefix",
     "client_memory",
     "attend",
+    "keyspace",
 ]
 
 

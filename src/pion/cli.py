@@ -115,7 +115,7 @@ def _server_options(fn: Any) -> Any:
             "--maxmemory",
             default=None,
             callback=_memory,
-            help="Byte budget for stored K/V (e.g. 8gb); 0/unset = none.",
+            help="Byte budget for stored K/V and plain keys (e.g. 8gb); 0/unset = none.",
         ),
         click.option(
             "--appendfsync",

@@ -16,6 +16,7 @@ Tree::
       MisconfError            code MISCONF  (persistence failing: writes refused)
       OOMError                code OOM      (a write larger than --maxmemory)
       ColdMissError           code COLDMISS (attention slot demoted to the cold tier)
+      WrongTypeError          code WRONGTYPE (a keyspace command on a key of another type)
       CodecError              code ERR   a value a storage format cannot hold
       SessionNotFoundError    code ERR   unknown V-store session
       WrongWorkerError        code ERR   the session lives on another worker
@@ -44,6 +45,7 @@ __all__ = [
     "SessionNotFoundError",
     "TierError",
     "WrongPassError",
+    "WrongTypeError",
     "WrongWorkerError",
 ]
 
@@ -117,6 +119,15 @@ class OOMError(PionError):
 
 class ColdMissError(PionError):
     code = "COLDMISS"
+
+
+class WrongTypeError(PionError):
+    code = "WRONGTYPE"
+
+    def __init__(
+        self, message: str = "Operation against a key holding the wrong kind of value"
+    ) -> None:
+        super().__init__(message)
 
 
 class CodecError(PionError):

@@ -167,7 +167,7 @@ def test_reset_recipe_beside_the_ssm_store_snapshot(tmp_path: Path) -> None:
     snapshot_path(data, 0).unlink()
     vs2, ssm2, p2 = open_stores_with_ssm(data)
     assert len(vs2) == 0 and ssm2.get(b"x", 0) == b"state"
-    assert p2.recovered.reset_recipe and p2.recovered.replayed == 0
+    assert p2.recovered.started_empty == ["vstore"] and p2.recovered.replayed == 0
     assert p2.info()["wal_seq"] == 3
     vs2.create(b"y", 8, "int8")
     vs2.store(b"y", 0, 0, rows(2, 8))
@@ -176,7 +176,7 @@ def test_reset_recipe_beside_the_ssm_store_snapshot(tmp_path: Path) -> None:
     p2.close()
     for _ in range(2):
         vs3, ssm3, p3 = open_stores_with_ssm(data)
-        assert not p3.recovered.reset_recipe and p3.recovered.replayed == 3
+        assert not p3.recovered.started_empty and p3.recovered.replayed == 3
         assert canonical(vs3) == expected
         assert ssm3.get(b"x", 0) == b"state" and ssm3.get(b"y", 1) == b"after"
         p3.close()

@@ -170,11 +170,12 @@ class Persistence:
         ]
 
     def _finish_recovery(self, res: recovery.RecoveryResult) -> None:
-        if res.reset_recipe and res.last_seq > 0:
-            self._record_reset_recipe(res.last_seq)
         self.recovered = res
         self.snapshot_bytes = res.snapshot_bytes
         self._base_seq = res.last_seq
+        for store in self.stores:
+            if store.name in res.started_empty:
+                self._record_reset_recipe(store, res.last_seq)
         if self.wal is not None:
             if res.wal_action == "continue":
                 self.wal.open(res.wal_bytes, res.last_seq)
@@ -195,25 +196,23 @@ class Persistence:
             res.seconds,
         )
 
-    def _record_reset_recipe(self, covered: int) -> None:
-        """The V-store started empty without its snapshot (the reset recipe) while
-        another store's snapshot covers records up to ``covered``, so the new log starts
-        at ``covered + 1``, not 1. Without a V-store snapshot, a log starting past 1
-        whose records were written on this empty V-store would read at the next start
-        as needing the removed file; an empty V-store snapshot covering ``covered``,
-        written before the log is reset, says what the V-store held there."""
-        vstore = VStoreDurable(self.store)
-        header = SnapshotHeader(self.worker, covered)
+    def _record_reset_recipe(self, store: DurableStore, covered: int) -> None:
+        """``store`` started empty without its snapshot (the reset recipe). Its empty
+        snapshot, covering ``covered``, is written before the log is reset: otherwise a
+        new log starting past 1 (another store's snapshot keeps the numbering) would read
+        at the next start as needing the removed file."""
+        path = store_snapshot_path(self.dir, store.name, self.worker)
         try:
-            write_frames(vstore.frames(), vstore.unit_ops, self.snapshot_path, header)
+            write_frames(store.frames(), store.unit_ops, path, SnapshotHeader(self.worker, covered))
         except OSError as exc:
             raise recovery.RecoveryError(
-                f"starting with an empty V-store: cannot write its empty snapshot "
-                f"{self.snapshot_path}: {exc.strerror or exc}"
+                f"starting the {store.name} empty: cannot write its empty snapshot "
+                f"{path}: {exc.strerror or exc}"
             ) from None
         log.warning(
-            "wrote an empty V-store snapshot %s covering record %d (the reset recipe)",
-            self.snapshot_path,
+            "wrote an empty %s snapshot %s covering record %d (the reset recipe)",
+            store.name,
+            path,
             covered,
         )
 

@@ -12,22 +12,19 @@ Order and rules:
    replays all of it. If the log starts later, a SAVE completed and wrote every
    store's file; so when the V-store's file (which every Pion data directory has) is
    there and another store's is not, that store did not exist then (a directory
-   written before it): it counts as covered like the V-store's, with a warning. A
-   missing V-store file with a reset log is a lost snapshot and stops startup.
+   written before it): it counts as covered like the V-store's, with a warning.
 3. The log is replayed from its header's ``start``, each record into the store that
    owns its op code. A record with ``seq <=`` its store's ``covered`` is already in
    that store's snapshot (a crash hit between the renames of SAVE and the log's reset)
    and is skipped, never applied twice. A log starting after the oldest ``covered + 1``
-   has lost records and stops startup, with one exception: the V-store's snapshot
-   file is missing and the log holds no records. That is the reset recipe (delete the
-   snapshot after a SAVE emptied the log): nothing acknowledged depends on the missing
-   file, so the server starts empty, with a warning naming it (``reset_recipe``; when
-   another store's snapshot keeps the new log's numbering past 1, ``Persistence``
-   first writes an empty V-store snapshot, so that the records logged from then on
-   do not read at the next start as needing the removed file). A log whose records do
-   need the missing snapshot still stops startup, naming both files and the fix (a
-   complete first record that fails its checksum counts as a record: it may have been
-   acknowledged).
+   has lost records and stops startup, with one exception: a snapshot file is missing
+   and the log holds no records. That is the reset recipe (delete the snapshot after a
+   SAVE emptied the log): nothing acknowledged depends on the missing file, so that
+   store starts empty, with a warning naming it (``started_empty``: ``Persistence``
+   then writes that store's empty snapshot before the new log, so the records logged
+   from then on do not read at the next start as needing the removed file). A log
+   whose records do need the missing snapshot still stops startup, naming both files
+   and the fix.
 4. A torn write (an incomplete last record, see ``reader.py``) is cut off with a
    warning: it was never wholly fsynced, so never acknowledged under ``always``.
    Corruption (a complete record that fails its checksum, last or not, or damage
@@ -115,8 +112,10 @@ class RecoveryResult:
     seconds: float = 0.0
     # The snapshot path when there was no snapshot file (the log must then not need one).
     snapshot_missing: Path | None = None
-    # The reset recipe was taken: the V-store starts empty without its snapshot file.
-    reset_recipe: bool = False
+    # Stores started empty by the reset recipe (their file missing, the log empty): the
+    # caller writes their empty snapshots before the new log, so the next start finds
+    # every file covering the sequence the log continues from.
+    started_empty: list[str] = field(default_factory=list)
 
 
 def _repair_hint(path: Path, offset: int) -> str:
@@ -181,10 +180,10 @@ def _load_snapshot(
     res.snapshot_units[store.name] = store.units()
 
 
-def _cover_missing(missing: list[str], log_start: int, res: RecoveryResult) -> None:
+def _cover_missing(missing: list[tuple[str, Path]], log_start: int, res: RecoveryResult) -> None:
     """Step 2's rule for stores without a snapshot file (see the module docstring)."""
     anchor = res.covered_by.get(ANCHOR_STORE)
-    for name in missing:
+    for name, _ in missing:
         if log_start > 1 and anchor is not None and name != ANCHOR_STORE:
             log.warning(
                 "no snapshot of the %s beside the V-store's (covering record %d) and the "
@@ -203,7 +202,7 @@ def _replay_log(
     path: Path,
     worker: int,
     res: RecoveryResult,
-    missing: list[str],
+    missing: list[tuple[str, Path]],
 ) -> Iterator[None]:
     size = path.stat().st_size if path.exists() else 0
     if path.exists() and size < WAL_HEADER_SIZE:
@@ -233,26 +232,31 @@ def _replay_log(
     with open(path, "rb", buffering=_READ_BUFFER) as f:
         if header.worker != worker:
             raise RecoveryError(f"{path} belongs to worker {header.worker}, not {worker}")
-        if header.start > oldest + 1 and res.snapshot_missing is not None:
+        lost = [p for name, p in missing if covered.get(name, 0) == 0]
+        if header.start > oldest + 1 and lost:
+            files = ", ".join(str(p) for p in lost)
             if not _holds_records(f, size, header.start):
+                stores = " and ".join(f"an empty {n}" for n, p in missing if p in lost)
                 log.warning(
-                    "%s is missing and %s holds no records (it starts at record %d): "
-                    "starting with an empty V-store and a new log. If the snapshot was "
-                    "not removed on purpose, stop the server and put it back before "
-                    "any write.",
-                    res.snapshot_missing,
+                    "%s %s missing and %s holds no records (it starts at record %d): "
+                    "starting with %s and a new log. If the snapshot was not removed on "
+                    "purpose, stop the server and put it back before any write.",
+                    files,
+                    "is" if len(lost) == 1 else "are",
                     path,
                     header.start,
+                    stores.replace("vstore", "V-store"),
                 )
-                res.reset_recipe = True
+                res.started_empty = [n for n, p in missing if p in lost]
                 return
-            lost = res.snapshot_missing
+            names = " and ".join(p.name for p in lost)
+            move = "both" if len(lost) == 1 else "all of"
             raise RecoveryError(
                 f"{path} starts at record {header.start}: its records need the snapshot "
-                f"{lost} (which held records 1..{header.start - 1}), and that file is "
+                f"{files} (which held records 1..{header.start - 1}), and that file is "
                 f"missing. Startup stopped so that no acknowledged write is dropped "
-                f"silently. Put {lost.name} back from a backup; or, to start empty on "
-                f"purpose, move both {lost.name} and {path.name} out of {path.parent}."
+                f"silently. Put {names} back from a backup; or, to start empty on "
+                f"purpose, move {move} {names} and {path.name} out of {path.parent}."
             )
         if header.start > oldest + 1:
             raise RecoveryError(
@@ -358,14 +362,14 @@ def _steps(
     stores: Sequence[StoreFile], wal: Path, worker: int, res: RecoveryResult
 ) -> Iterator[None]:
     _remove_leftovers([*(path for _, path in stores), wal])
-    missing: list[str] = []
+    missing: list[tuple[str, Path]] = []
     for store, path in stores:
         if path.exists():
             yield from _load_snapshot(store, path, worker, res)
         else:
-            missing.append(store.name)
-            if store.name == ANCHOR_STORE:
-                res.snapshot_missing = path
+            missing.append((store.name, path))
+    if missing:
+        res.snapshot_missing = missing[0][1]
     for store, _ in stores:
         if isinstance(store, VStoreDurable):
             res.snapshot_sessions = res.snapshot_units.get(store.name, 0)

@@ -11,7 +11,9 @@ Definitions (also what ``V.INFO`` and ``KV.PREFIX.INFO`` report):
   stored rows leaves a hole that is not held: holes cost nothing in memory, in the
   log or in snapshots.
 - ``vstore_bytes`` = sum over layers of ``held * row_bytes``: the K/V bytes held, in
-  stored format. It is what ``--maxmemory`` budgets and what a snapshot writes.
+  stored format. It is what ``--maxmemory`` budgets, together with
+  ``external_bytes()`` (what other stores hold under the same budget: the keyspace),
+  and what a snapshot writes.
 - ``bytes_allocated`` = sum of run buffer capacities: at most ``GROWTH`` (1.25) times
   ``vstore_bytes`` for rows written in ascending order (the slack of a run grown by
   appends), at most 1.5 times when runs also grew downward, at most 2 times after a
@@ -47,7 +49,7 @@ so the WAL and a cluster tier plug in behind it.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -91,6 +93,10 @@ MAX_ZERO_FILL_BYTES = 1 << 20
 MAX_RUNS = 16
 
 
+def _nothing() -> int:
+    return 0
+
+
 class VStore:
     """Sessions of K/V rows. See the module docstring for the definitions it keeps."""
 
@@ -103,7 +109,9 @@ class VStore:
     ) -> None:
         self.limits = limits
         self.max_sessions = max_sessions
-        self.maxmemory = maxmemory  # bytes of vstore_bytes; 0 = no budget
+        self.maxmemory = maxmemory  # bytes of vstore_bytes + external_bytes(); 0 = none
+        # Bytes other stores hold under the same --maxmemory (set by the server).
+        self.external_bytes: Callable[[], int] = _nothing
         # Attached after recovery: replay goes through apply(), which never journals.
         self.journal = journal
         self._sessions: dict[bytes, Session] = {}
@@ -272,6 +280,12 @@ class VStore:
         self._journal(SetBlocks(sid, block_size, bytes_of(data)))
         s.blocks = BlockTable.build(block_size, data)
         self._touch(s)
+
+    def make_room(self, nbytes: int) -> None:
+        """Make ``nbytes`` fit under ``maxmemory`` for another store sharing the budget
+        (the keyspace): evict LRU namespaces as a V-store write would, or raise
+        ``OOMError`` and evict nothing."""
+        self._make_room_for_bytes((), nbytes)
 
     # -- rollback snapshots (V.SNAPSHOT / V.RESTORE / V.COMMIT; see rollback.py) -----
 
@@ -537,19 +551,22 @@ class VStore:
         write growing ``vstore_bytes`` by ``grow`` fits the budget; evict nothing and
         raise OOMError when it cannot fit. Examines only the groups it evicts."""
         budget = self.maxmemory
-        if budget <= 0 or grow <= 0 or self.vstore_bytes + grow <= budget:
+        if budget <= 0 or grow <= 0:
+            return
+        used = self.vstore_bytes + self.external_bytes()
+        if used + grow <= budget:
             return
         if grow > budget:
             raise OOMError(
                 f"command not allowed: a write of {grow} bytes is larger than "
                 f"maxmemory ({budget} bytes)"
             )
-        excess = self.vstore_bytes + grow - budget
+        excess = used + grow - budget
         evictable = self.vstore_bytes - self._lru.bytes_of(spare)
         if evictable < excess:
             raise OOMError(
                 f"command not allowed when used memory > 'maxmemory': the write needs "
-                f"{grow} bytes, {self.vstore_bytes} of {budget} are held and only "
+                f"{grow} bytes, {used} of {budget} are held and only "
                 f"{evictable} are evictable"
             )
         plan: list[Group] = []
