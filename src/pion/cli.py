@@ -118,6 +118,30 @@ def _server_options(fn: Any) -> Any:
             is_flag=True,
             help="Required with -w N>1: each worker has its own store.",
         ),
+        click.option(
+            "--tls-cert",
+            default=None,
+            type=click.Path(dir_okay=False, exists=True, path_type=Path),
+            help="PEM certificate chain: serve TLS on the RESP and affinity ports.",
+        ),
+        click.option(
+            "--tls-key",
+            default=None,
+            type=click.Path(dir_okay=False, exists=True, path_type=Path),
+            help="PEM private key of --tls-cert.",
+        ),
+        click.option(
+            "--tls-ca",
+            default=None,
+            type=click.Path(dir_okay=False, exists=True, path_type=Path),
+            help="PEM CA bundle: require client certificates signed by it.",
+        ),
+        click.option(
+            "--metrics-port",
+            default=None,
+            type=click.IntRange(0, 65535),
+            help="Serve Prometheus metrics on this port (0 picks a free one).",
+        ),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -133,10 +157,16 @@ def _build_config(opts: dict[str, Any]) -> ServerConfig:
             raise click.UsageError("--requirepass-file is empty")
     if opts["workers"] > 1 and not opts["independent_workers"]:
         raise click.UsageError(
-            "-w N needs --independent-workers: each worker keeps its own V-store"
+            "-w N needs --independent-workers: each worker process keeps its own V-store, "
+            "write-ahead log and receipt, and a namespace lives on the worker that "
+            "registered it (other workers answer LOOKUP from a shared directory and "
+            "redirect V.FETCH/V.STOREBATCH with 'session lives on worker N'); pass "
+            "--independent-workers to accept that"
         )
-    if opts["workers"] > 1:
-        raise click.UsageError("multi-worker mode (-w N > 1) is not available in this build")
+    if (opts["tls_cert"] is None) != (opts["tls_key"] is None):
+        raise click.UsageError("TLS needs both --tls-cert and --tls-key")
+    if opts["tls_ca"] is not None and opts["tls_cert"] is None:
+        raise click.UsageError("--tls-ca (client certificates) needs --tls-cert and --tls-key")
     return ServerConfig(
         bind=opts["bind"],
         port=opts["port"],
@@ -149,6 +179,11 @@ def _build_config(opts: dict[str, Any]) -> ServerConfig:
         appendfsync=opts["appendfsync"],
         wal_enabled=not opts["no_wal"],
         save_interval=opts["save_interval"],
+        workers=opts["workers"],
+        tls_cert=opts["tls_cert"],
+        tls_key=opts["tls_key"],
+        tls_ca=opts["tls_ca"],
+        metrics_port=opts["metrics_port"],
     )
 
 
@@ -158,7 +193,12 @@ def _run_server(opts: dict[str, Any]) -> None:
     config = _build_config(opts)
     configure_logging(config.log_level)
     try:
-        code = run(config)
+        if config.workers > 1:
+            from pion.server.supervisor import supervise
+
+            code = supervise(config)
+        else:
+            code = run(config)
     except PionError as exc:
         click.echo(f"pion-server: {exc.message}", err=True)
         sys.exit(1)

@@ -15,6 +15,12 @@ import numpy as np
 from pion.codecs import FORMAT_NAMES
 from pion.commands.args import Args
 from pion.commands.state import Command, Context
+from pion.commands.workers import (
+    directory_fields,
+    owner_of,
+    redirect_namespace,
+    redirect_namespaces,
+)
 from pion.errors import PionError
 from pion.resp.reply import Reply, Simple
 
@@ -111,18 +117,18 @@ def _drop(ctx: Context, args: Sequence[bytes]) -> Reply:
     cmd = "KV.PREFIX.DROP"
     cur = Args(args, cmd)
     namespaces = [_ns(cur, cmd) for _ in range(len(args))]
+    redirect_namespaces(ctx, namespaces, cmd)
     return sum(ctx.state.registry.drop(ns) for ns in dict.fromkeys(namespaces))
 
 
 def _owner(ctx: Context, args: Sequence[bytes]) -> Reply:
     ns = _ns(Args(args, "KV.PREFIX.OWNER"), "KV.PREFIX.OWNER")
-    if ctx.state.registry.holds_any(ns):
-        return Simple(str(ctx.state.config.worker_id))
-    return Simple("-1")
+    return Simple(str(owner_of(ctx, ns)))
 
 
 def _blocks(ctx: Context, args: Sequence[bytes]) -> Reply:
     ns = _ns(Args(args, "KV.PREFIX.BLOCKS"), "KV.PREFIX.BLOCKS")
+    redirect_namespace(ctx, ns, "KV.PREFIX.BLOCKS")
     table = ctx.state.registry.block_table(ns)
     if table is None:
         return _UNKNOWN
@@ -136,6 +142,7 @@ def _membership(ctx: Context, args: Sequence[bytes]) -> Reply:
     cur = Args(args, cmd)
     ns = _ns(cur, cmd)
     probes = _hash_blob(cur, cmd, f"hash_count out of range (0..{MAX_HASH_COUNT})")
+    redirect_namespace(ctx, ns, cmd)
     table = ctx.state.registry.block_table(ns)
     if table is None:
         return _UNKNOWN
@@ -160,10 +167,7 @@ def _info(ctx: Context, args: Sequence[bytes]) -> Reply:
         ("wal_bytes", wal.get("wal_bytes", 0)),
         ("wal_appended", wal.get("wal_appended", 0)),
         ("wal_replayed", wal.get("wal_replayed", 0)),
-        # Single-worker server: no cross-worker directory.
-        ("directory_enabled", 0),
-        ("my_worker_id", state.config.worker_id),
-        ("directory_entries", 0),
+        *directory_fields(state),
         # No attention tier in this build: its counters stay 0.
         ("sdpa_warm", 0),
         ("sdpa_cold", 0),

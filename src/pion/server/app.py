@@ -18,6 +18,7 @@ from pion.commands import COMMAND_TABLE
 from pion.commands.state import CommandTable, ServerState
 from pion.server.connection import Connection
 from pion.server.replies import ReplySink
+from pion.server.tls import HANDSHAKE_TIMEOUT_S, server_context
 
 __all__ = ["PionServer"]
 
@@ -32,6 +33,8 @@ class PionServer:
         self.state = state
         self.table = table
         self.sink = ReplySink(state.persistence)
+        # One TLS context for every listener of this server (None: plain TCP).
+        self.ssl = server_context(state.config)
         self.connections: dict[int, Connection] = {}
         self._ids = itertools.count(1)
         self._servers: list[asyncio.Server] = []
@@ -46,7 +49,13 @@ class PionServer:
         loop = asyncio.get_running_loop()
         for sock in sockets:
             sock.setblocking(False)
-            srv = await loop.create_server(self._connection, sock=sock, backlog=1024)
+            srv = await loop.create_server(
+                self._connection,
+                sock=sock,
+                backlog=1024,
+                ssl=self.ssl,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if self.ssl is not None else None,
+            )
             self._servers.append(srv)
 
     def _connection(self) -> Connection:

@@ -26,6 +26,7 @@ from pion.errors import PionError
 from pion.persistence import Persistence, RecoveryAborted
 from pion.prefix.receipt import Receipt
 from pion.server.app import PionServer
+from pion.server.metrics import MetricsEndpoint, WorkerMetrics
 from pion.vstore import VStore
 
 __all__ = ["ServerThread", "bind_socket", "build_state", "check_bind_safety", "run", "serve"]
@@ -140,12 +141,19 @@ def run(config: ServerConfig) -> int:
     sock = bind_socket(config.bind, config.port)
     port = sock.getsockname()[1]
     _install_uvloop()
+    # --metrics-port: commands counted and timed through a metered table.
+    metrics = WorkerMetrics(state) if config.metrics_port is not None else None
+    table = COMMAND_TABLE if metrics is None else metrics.meter(COMMAND_TABLE)
+    endpoints: list[MetricsEndpoint] = []
 
     def ready(server: PionServer) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(server.shutdown()))
         log.info("pion-server ready on %s:%d (worker %d)", config.bind, port, config.worker_id)
+        if metrics is not None:
+            endpoints.append(metrics.serve(config))
+            print(f"pion-server metrics port={endpoints[0].port}", flush=True)
         # A machine-readable line for scripts and tests that start us on port 0.
         print(f"pion-server ready port={port}", flush=True)
 
@@ -154,10 +162,13 @@ def run(config: ServerConfig) -> int:
         print(f"pion-server loading port={port}", flush=True)
 
     try:
-        asyncio.run(serve(state, [sock], ready, on_listening=listening))
+        asyncio.run(serve(state, [sock], ready, on_listening=listening, table=table))
     except PionError as exc:
         log.critical("%s", exc.message)
         raise
+    finally:
+        for endpoint in endpoints:
+            endpoint.close()
     log.info("pion-server stopped")
     return 0
 
