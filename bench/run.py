@@ -16,7 +16,15 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHES = ["decoder", "vstore_throughput", "registry", "persistence", "fidelity", "llama_prefix"]
+BENCHES = [
+    "decoder",
+    "vstore_throughput",
+    "registry",
+    "workers",
+    "persistence",
+    "fidelity",
+    "llama_prefix",
+]
 
 
 def main() -> int:

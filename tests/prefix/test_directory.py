@@ -24,6 +24,7 @@ from pion.prefix.directory import (
     DirectoryFull,
     DirectoryJournal,
     DirectoryTable,
+    Entry,
     slots_for,
 )
 from pion.vstore import DropSession
@@ -107,6 +108,33 @@ def test_resync_withdraws_publishes_and_reports_conflicts(table: DirectoryTable)
     assert w1.owner(b"kept") == 0 and w1.owner(b"new") == 0 and w0.owner(b"theirs") == 1
     assert table.lookup(b"kept").prefill_ms == 0  # type: ignore[union-attr]
     assert w0.entries() == 3
+
+
+def test_readers_see_every_write_and_a_dead_writer_disables_the_cache(
+    table: DirectoryTable,
+) -> None:
+    # Two views of one table, as two workers have: each keeps its own cache.
+    other = DirectoryTable.attach(table.fileno())
+    try:
+        reader = Directory(other, 1)
+        assert reader.owner(b"ns") == -1  # cached for this generation
+        assert reader.owner(b"ns") == -1
+        Directory(table, 0).claim(b"ns", 5, 8)
+        assert reader.owner(b"ns") == 0  # the write moved the generation on
+        table.claim(b"ns", 0, 9, 8)
+        assert other.lookup(b"ns") == Entry(b"ns", 0, 9, 8)
+        table.release(b"ns", 0)
+        assert reader.remote(b"ns") is None
+        # A writer killed holding the lock leaves the generation odd: readers go to
+        # the table every time (and keep nothing) until the next write.
+        table._mm[32:40] = struct.pack("<Q", table._gen() | 1)
+        assert reader.owner(b"late") == -1
+        table._claim(b"late", 2, 0, 8)  # the dead writer's insert: no generation bump
+        assert reader.owner(b"late") == 2
+        Directory(table, 2).release(b"late")  # the next write makes it even again
+        assert table._gen() % 2 == 0 and reader.owner(b"late") == -1
+    finally:
+        other.close()
 
 
 def test_attach_refuses_what_is_not_a_directory(tmp_path: object) -> None:

@@ -11,12 +11,20 @@ is visible to all as soon as the write returns. That is how ``KV.PREFIX.REGISTER
 replies only after its entry is visible everywhere: the entry is written before the
 reply, into memory every worker reads.
 
-Concurrency. Readers take a shared POSIX record lock (``fcntl.lockf``) on the table,
-writers an exclusive one. Record locks belong to a process, not to a file description,
-so workers that inherited the same descriptor still exclude each other; the kernel
-drops a dead process's lock. Claiming a namespace is one locked step (find, else
-insert), so two workers registering the same namespace at once get one owner and one
-redirect. Locking also gives the memory ordering a reader needs on every CPU.
+Concurrency. Writers take an exclusive POSIX record lock (``fcntl.lockf``) on the
+table, readers a shared one. Record locks belong to a process, not to a file
+description, so workers that inherited the same descriptor still exclude each other;
+the kernel drops a dead process's lock. Claiming a namespace is one locked step (find,
+else insert), so two workers registering the same namespace at once get one owner and
+one redirect. Locking also gives the memory ordering a reader needs on every CPU.
+
+Writes are rare (REGISTER, DROP, eviction); cross-worker LOOKUPs are not. So a writer
+also makes the table's *generation* odd while it holds the lock and bumps it to the
+next even number as it lets go, and each worker keeps what it read in a small cache
+valid for one generation. A lookup first reads the generation (one aligned 8-byte
+load, no lock): unchanged and even, the cached answer stands; otherwise it reads the
+table under the lock and caches that. A writer killed mid-write leaves the generation
+odd, which only sends readers to the locked path until the next write.
 
 Crash safety. A worker may be killed mid-write while holding the lock, so every change
 a reader can see is one store: an entry's body is written before its state byte flips
@@ -34,7 +42,9 @@ Layout (all integers little-endian)::
     16      4     u32 active table (0 or 1)
     20      4     u32 live entries (hint)
     24      4     u32 used slots, live + removed (hint)
-    28      36    reserved (zero)
+    28      4     reserved (zero)
+    32      8     u64 generation: odd while a writer holds the lock
+    40      24    reserved (zero)
     64            table 0: slots x 256-byte slots, then table 1 (same size)
 
     slot:
@@ -62,7 +72,7 @@ import struct
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import xxhash
 
@@ -102,8 +112,12 @@ MAX_LOAD = 0.5
 REBUILD_LOAD = 0.75
 
 _EMPTY, _LIVE, _REMOVED = 0, 1, 2
-_OFF_ACTIVE, _OFF_LIVE, _OFF_USED = 16, 20, 24
+_OFF_ACTIVE, _OFF_LIVE, _OFF_USED, _OFF_GEN = 16, 20, 24, 32
 _U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+# Answers a worker keeps for the current generation; past this the cache starts over
+# (LOOKUPs of ever new namespaces must not grow it without bound).
+CACHE_ENTRIES = 4096
 
 
 def slots_for(workers: int, max_sessions: int) -> int:
@@ -118,8 +132,7 @@ def _hash(ns: bytes) -> int:
     return xxhash.xxh3_64_intdigest(ns)
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
     """A live directory entry."""
 
     ns: bytes
@@ -150,6 +163,9 @@ class DirectoryTable:
             raise PionError("worker directory: table size does not match its header")
         self.slots: int = slots
         self._mask = slots - 1
+        # Answers read under the lock at generation _cache_gen (None: no entry).
+        self._cache: dict[bytes, Entry | None] = {}
+        self._cache_gen = -1
 
     @classmethod
     def create(cls, slots: int) -> DirectoryTable:
@@ -185,11 +201,25 @@ class DirectoryTable:
 
     @contextmanager
     def _locked(self, exclusive: bool) -> Iterator[None]:
+        """The table under a shared (read) or exclusive (write) lock. A writer's
+        generation is odd until it lets go, then the next even number."""
         fcntl.lockf(self._fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         try:
-            yield
+            if not exclusive:
+                yield
+                return
+            gen = self._gen() | 1
+            _U64.pack_into(self._mm, _OFF_GEN, gen)
+            try:
+                yield
+            finally:
+                _U64.pack_into(self._mm, _OFF_GEN, gen + 1)
         finally:
             fcntl.lockf(self._fd, fcntl.LOCK_UN)
+
+    def _gen(self) -> int:
+        gen: int = _U64.unpack_from(self._mm, _OFF_GEN)[0]
+        return gen
 
     # -- reading (lock held) ------------------------------------------------------------
 
@@ -243,9 +273,26 @@ class DirectoryTable:
                 yield off
 
     def lookup(self, ns: bytes) -> Entry | None:
+        """``ns``'s entry, or None. Without a lock while nothing was written since
+        this worker last looked (see the module docstring)."""
+        if self._gen() == self._cache_gen and ns in self._cache:
+            return self._cache[ns]
+        gen, entry = self.read(ns)
+        if gen & 1:  # a writer died mid-write: nothing read now may be kept
+            return entry
+        if gen != self._cache_gen or len(self._cache) >= CACHE_ENTRIES:
+            self._cache.clear()
+            self._cache_gen = gen
+        self._cache[ns] = entry
+        return entry
+
+    def read(self, ns: bytes) -> tuple[int, Entry | None]:
+        """``ns``'s entry read under the shared lock, with the generation it was
+        read at (the path :meth:`lookup` takes when its cache cannot answer)."""
         with self._locked(exclusive=False):
+            gen = self._gen()
             off, _ = self._find(self._base(self._u32(_OFF_ACTIVE)), ns, _hash(ns))
-            return None if off < 0 else self._entry(off)
+            return gen, None if off < 0 else self._entry(off)
 
     def live_count(self) -> int:
         with self._locked(exclusive=False):
