@@ -200,8 +200,6 @@ class Supervisor:
                     self.workers,
                 )
                 await self._stop.wait()
-            else:
-                self._exit_code = 1
         finally:
             await self._stop_workers(watchers)
             if endpoint is not None:
@@ -210,6 +208,7 @@ class Supervisor:
             reservation.close()
         if self._failed is not None:
             log.critical("%s", self._failed)
+            return 1
         return self._exit_code
 
     async def _start_up(self) -> bool:
@@ -235,7 +234,18 @@ class Supervisor:
     # -- one worker -----------------------------------------------------------------
 
     async def _watch(self, slot: _Slot, table: DirectoryTable) -> None:
-        """Run worker ``slot.index``; restart it whenever it dies, until stopped."""
+        """Run worker ``slot.index``; restart it whenever it dies, until stopped. A
+        bug here must not leave the worker unsupervised: it stops the server."""
+        try:
+            await self._supervise(slot, table)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("supervising worker %d failed", slot.index)
+            self._failed = f"supervising worker {slot.index} failed: {exc!r}"
+            self._stop.set()
+
+    async def _supervise(self, slot: _Slot, table: DirectoryTable) -> None:
         while not self._stopping:
             try:
                 await self._spawn(slot, table)

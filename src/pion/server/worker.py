@@ -121,8 +121,12 @@ class _Worker:
             self._out.write(control.encode_frame(kind, payload))
 
     def stop(self) -> None:
-        if not self.stopping and self.server is not None:
-            self.stopping = True
+        """Shut down gracefully (once). Before the server exists, it is remembered and
+        done as soon as the server listens."""
+        if self._shutdown is not None:
+            return
+        self.stopping = True
+        if self.server is not None:
             self._shutdown = asyncio.ensure_future(self.server.shutdown())
 
     def listening(self, server: PionServer) -> None:
@@ -140,6 +144,8 @@ class _Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
         self.send(control.LISTENING)
+        if self.stopping:  # the supervisor went away while we were starting
+            self.stop()
 
     def ready(self, server: PionServer) -> None:
         rejoin(self.state, self.directory)
