@@ -46,9 +46,9 @@ class ServerConfig:
     wal_enabled: bool = True
     save_interval: float = 0.0  # seconds between automatic snapshots; 0 = off
     worker_id: int = 0
-    # -w N --independent-workers: N worker processes under a supervisor (DESIGN 8).
+    # -w N --independent-workers: N worker processes under a supervisor.
     workers: int = 1
-    # TLS on the RESP port and the affinity ports (DESIGN 9): a PEM certificate chain
+    # TLS on the RESP port and the affinity ports: a PEM certificate chain
     # and its key; with tls_ca, clients must present a certificate signed by it.
     tls_cert: Path | None = None
     tls_key: Path | None = None

@@ -1,10 +1,10 @@
 """What a command asks about other workers under ``-w N --independent-workers``
-(DESIGN section 8): the redirects, ``KV.PREFIX.OWNER`` and the directory fields of
+(docs/deployment.md, docs/protocol.md "Multi-worker mode"): the redirects, ``KV.PREFIX.OWNER`` and the directory fields of
 ``KV.PREFIX.INFO``. Not a command family: helpers the families call in one line.
 
 A worker answers from its own V-store first. Only when it does not hold the session
 (or namespace) does it consult the directory, and when another worker owns it the
-command is refused with the redirect clients match (DESIGN section 3):
+command is refused with the redirect clients match:
 
 - ``V.STOREBATCH``/``V.FETCH``/``V.INFO <sid>``: ``session lives on worker N (this
   is worker M); reconnect for <CMD>``;

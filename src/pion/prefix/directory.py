@@ -1,5 +1,5 @@
 """The cross-worker directory of a multi-worker server: which worker owns each
-registered namespace (DESIGN section 8).
+registered namespace (docs/deployment.md, "Workers").
 
 Every worker of ``-w N --independent-workers`` keeps its own V-store. A namespace is
 *owned* by the worker that registered it; the directory lets every other worker answer
@@ -100,7 +100,7 @@ HEADER_SIZE = 64
 SLOT = struct.Struct("<BxHiQII")
 SLOT_SIZE = 256
 NS_OFFSET = SLOT.size  # 24
-# The longest namespace KV.PREFIX.REGISTER accepts (DESIGN 4.3): it fits a slot.
+# The longest namespace KV.PREFIX.REGISTER accepts: it fits a slot.
 MAX_NS_LEN = 200
 # Bounds on the table size: the smallest is 512 KiB of shared memory, the largest
 # 2 x 64 MiB (pages are only allocated where entries land).

@@ -1,4 +1,5 @@
-"""Prometheus metrics (``--metrics-port``), with ``prometheus_client`` (DESIGN 9).
+"""Prometheus metrics (``--metrics-port``), with ``prometheus_client``
+(docs/deployment.md, "Metrics").
 
 What a worker exports, every series labelled ``worker``:
 

@@ -1,4 +1,5 @@
-"""The supervisor of ``pion-server -w N --independent-workers`` (DESIGN section 8).
+"""The supervisor of ``pion-server -w N --independent-workers`` (docs/deployment.md,
+"Workers").
 
 It owns what the workers share and nothing they serve:
 

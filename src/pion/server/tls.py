@@ -1,4 +1,5 @@
-"""TLS for the server's listeners, with the standard :mod:`ssl` module (DESIGN 9).
+"""TLS for the server's listeners, with the standard :mod:`ssl` module (docs/deployment.md,
+"TLS").
 
 ``--tls-cert``/``--tls-key`` turn TLS on for the RESP port and, under ``-w N``, every
 affinity port; ``--tls-ca`` also requires each client to present a certificate signed
