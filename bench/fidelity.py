@@ -11,8 +11,14 @@ Per storage format:
   prompt), greedy agreement over ``NEW_TOKENS`` generated tokens, and whether the
   next token (argmax) held on every prompt;
 * speed, at ``--timing-prefix`` tokens (2048): median prefill time (the same-run
-  baseline, DESIGN section 12) against median restore time (LOOKUP + fetch + building
+  baseline) against median restore time (LOOKUP + fetch + building
   the ``DynamicCache``), and their ratio.
+
+The eighth format, ``bf16_rope_fp8_body``, exists only per layer (SCHEMA), so its row
+stores keys in it (the first ``ROPE`` values of each row in bf16, the rest fp8) and
+values in fp8: the namespace's sessions are created with V.CREATE ... SCHEMA before
+the prefix is registered (REGISTER keeps an existing layout). A Llama has no
+decoupled rotary part, so the row measures the format's fidelity, not MLA's benefit.
 
     python bench/fidelity.py [--quick] [--prompts 4] [--prefix 300] [--timing-prefix 2048]
 
@@ -28,6 +34,7 @@ import time
 from typing import Any
 
 import numpy as np
+import redis
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -42,7 +49,10 @@ from pion.integrations.transformers import (
     store_prefix,
 )
 
-FORMATS = ["fp16", "int8", "fp8", "mlx4g32", "turbo4", "turbo3", "turbo2"]
+SCHEMA_FORMAT = "bf16_rope_fp8_body"
+FORMATS = ["fp16", "int8", "fp8", "mlx4g32", "turbo4", "turbo3", "turbo2", SCHEMA_FORMAT]
+# bf16 values at the start of each key row for the SCHEMA-only format (of kv_dim 64).
+ROPE = 16
 NEW_TOKENS = 16
 QUESTION = 8
 MODEL = {
@@ -94,8 +104,21 @@ def rel_mse(restored: list[np.ndarray], prefilled: list[np.ndarray]) -> float:
     return num / den
 
 
+def prepare(r: redis.Redis, model: Any, ns: str, vquant: str) -> str:
+    """The format to register ``ns`` with. For the SCHEMA-only format, first create the
+    namespace's sessions with their per-layer layout (keys in it, values in fp8)."""
+    if vquant != SCHEMA_FORMAT:
+        return vquant
+    n_layers, kv_heads, head_dim = kv_layout(model)
+    kv_dim = kv_heads * head_dim
+    spec = f"fmt={SCHEMA_FORMAT},dim={kv_dim},rope={ROPE}"
+    r.execute_command("V.CREATE", f"{ns}_pk", 0, "SCHEMA", n_layers, *[spec] * n_layers)
+    r.execute_command("V.CREATE", f"{ns}_pv", kv_dim, "VQUANT", "fp8")
+    return "fp8"
+
+
 def quality(
-    pc: PionPromptCache, model: Any, vquant: str, cases: list[tuple[Any, Any]]
+    pc: PionPromptCache, r: redis.Redis, model: Any, vquant: str, cases: list[tuple[Any, Any]]
 ) -> dict[str, Any]:
     n_layers = kv_layout(model)[0]
     k_mse, v_mse, cosines, agreement, held = [], [], [], [], True
@@ -106,7 +129,7 @@ def quality(
         ref_tokens = greedy(model, full)
         ns = prefix_namespace(model, prefix, vquant, model_id="bench/tiny-llama")
         pc.drop(ns)
-        prefilled = store_prefix(pc, ns, model, prefix, vquant)
+        prefilled = store_prefix(pc, ns, model, prefix, prepare(r, model, ns, vquant))
         restored = load_prefix(pc, ns, model)
         assert restored is not None
         want_k, want_v = cache_to_arrays(prefilled, n_layers)
@@ -132,13 +155,13 @@ def quality(
 
 
 def timing(
-    pc: PionPromptCache, model: Any, vquant: str, prefix: Any, repeat: int
+    pc: PionPromptCache, r: redis.Redis, model: Any, vquant: str, prefix: Any, *, repeat: int
 ) -> tuple[list[float], list[float]]:
     """``repeat`` prefill and restore times (seconds), interleaved so both see the same
     machine load."""
     ns = prefix_namespace(model, prefix, vquant, model_id="bench/tiny-llama")
     pc.drop(ns)
-    store_prefix(pc, ns, model, prefix, vquant)
+    store_prefix(pc, ns, model, prefix, prepare(r, model, ns, vquant))
     prefill, restore = [], []
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -160,6 +183,9 @@ def main() -> None:
     ap.add_argument("--prefix", type=int, default=300)
     ap.add_argument("--timing-prefix", type=int, default=2048)
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument(
+        "--formats", nargs="+", default=FORMATS, choices=FORMATS, help="rows to measure"
+    )
     args = ap.parse_args()
     if args.quick:
         args.prompts, args.timing_prefix, args.repeat = 2, 512, 3
@@ -171,11 +197,14 @@ def main() -> None:
     server = start_pion()
     rows: list[dict[str, Any]] = []
     try:
+        r = redis.Redis("127.0.0.1", server.port)
         with PionPromptCache("127.0.0.1", server.port) as pc:
             prefills: list[float] = []
-            for vquant in FORMATS:
-                row = {"vquant": vquant, **quality(pc, model, vquant, cases)}
-                prefill, restore = timing(pc, model, vquant, timing_prefix, args.repeat)
+            for vquant in args.formats:
+                row = {"vquant": vquant, **quality(pc, r, model, vquant, cases)}
+                if vquant == SCHEMA_FORMAT:
+                    row["layout"] = f"K {SCHEMA_FORMAT} rope={ROPE}, V fp8"
+                prefill, restore = timing(pc, r, model, vquant, timing_prefix, repeat=args.repeat)
                 prefills += prefill
                 row["restore_ms"] = statistics.median(restore) * 1000
                 rows.append(row)

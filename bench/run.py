@@ -24,6 +24,8 @@ BENCHES = [
     "persistence",
     "fidelity",
     "llama_prefix",
+    "client_memory",
+    "attend",
 ]
 
 

@@ -7,6 +7,7 @@ Thin by design: parse flags, build a config, call library code.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,6 +25,10 @@ __all__ = ["main", "server_main"]
 _DEFAULTS = ServerConfig()
 
 
+# The environment variable a password may come from (keeps it out of `ps` output).
+PASSWORD_ENV = "PION_REQUIREPASS"
+
+
 def _memory(ctx: click.Context, param: click.Parameter, value: str | None) -> int:
     if value is None:
         return 0
@@ -31,6 +36,12 @@ def _memory(ctx: click.Context, param: click.Parameter, value: str | None) -> in
         return parse_memory(value)
     except PionError as exc:
         raise click.BadParameter(exc.message) from None
+
+
+def _maxmemory_clients(ctx: click.Context, param: click.Parameter, value: str | None) -> int:
+    if value is None:
+        return _DEFAULTS.maxmemory_clients
+    return _memory(ctx, param, value)
 
 
 def _server_options(fn: Any) -> Any:
@@ -56,12 +67,31 @@ def _server_options(fn: Any) -> Any:
             type=click.Path(file_okay=False, path_type=Path),
             help="Data directory (snapshots, write-ahead log).",
         ),
-        click.option("--requirepass", default=None, help="Password clients must AUTH with."),
+        click.option(
+            "--requirepass",
+            default=None,
+            help=f"Password clients must AUTH with (or set {PASSWORD_ENV}); never empty.",
+        ),
         click.option(
             "--requirepass-file",
             default=None,
             type=click.Path(dir_okay=False, exists=True, path_type=Path),
             help="Read the password from a file (first line).",
+        ),
+        click.option(
+            "--maxclients",
+            default=_DEFAULTS.maxclients,
+            show_default=True,
+            type=click.IntRange(1, 1_000_000),
+            help="Connections served at once; the next is refused (Redis's default).",
+        ),
+        click.option(
+            "--maxmemory-clients",
+            "maxmemory_clients",
+            default=None,
+            callback=_maxmemory_clients,
+            help="Bytes all client buffers may hold together before the largest holders "
+            "are disconnected (default 2gb; 0 = no bound).",
         ),
         click.option(
             "--unsafe-no-auth", is_flag=True, help="Allow a non-loopback bind without a password."
@@ -94,6 +124,47 @@ def _server_options(fn: Any) -> Any:
             type=click.FloatRange(0),
             help="Seconds between automatic snapshots (0 = off).",
         ),
+        click.option(
+            "--fa-window",
+            default=0,
+            show_default=True,
+            type=click.IntRange(0),
+            help="Attention queries' default sliding window: the last N prefix tokens "
+            "(0 = full attention).",
+        ),
+        click.option(
+            "--attend-slots",
+            default=256,
+            show_default=True,
+            type=click.IntRange(1, 1_000_000),
+            help="WARM attention slots ((session, layer) K/V held for queries).",
+        ),
+        click.option(
+            "--attend-cold-slots",
+            default=1024,
+            show_default=True,
+            type=click.IntRange(0, 10_000_000),
+            help="COLD registry entries (demoted slots KV.PREFIX.WARM can bring back).",
+        ),
+        click.option(
+            "--attend-maxmemory",
+            default=None,
+            callback=_memory,
+            help="Byte budget for K/V in WARM attention slots (e.g. 4gb); 0/unset = none.",
+        ),
+        click.option(
+            "--ssm-maxmemory",
+            default=None,
+            callback=_memory,
+            help="Byte budget for SSM.PREFIX state blobs; 0/unset = none.",
+        ),
+        click.option(
+            "--binary-port",
+            default=None,
+            type=click.IntRange(0, 65535),
+            help="Port of the binary lane (default: the RESP port + 1).",
+        ),
+        click.option("--no-binary-lane", is_flag=True, help="Do not open the binary lane."),
         click.option(
             "--log-level",
             default=_DEFAULTS.log_level,
@@ -148,13 +219,37 @@ def _server_options(fn: Any) -> Any:
     return fn
 
 
+_EMPTY_PASSWORD = (
+    "{source} is empty, and an empty password is no password: give a real one, or "
+    "none at all (a loopback server then needs none; any other bind refuses to start "
+    "without one unless --unsafe-no-auth is given)"
+)
+
+
+def _password(opts: dict[str, Any]) -> str | None:
+    """The password from exactly one source: --requirepass, --requirepass-file, or
+    else the environment. A source that is given but empty is refused, never read as
+    "no password" nor accepted as the password ""."""
+    flag: str | None = opts["requirepass"]
+    path: Path | None = opts["requirepass_file"]
+    if flag is not None and path is not None:
+        raise click.UsageError("give --requirepass or --requirepass-file, not both")
+    if path is not None:
+        lines = path.read_text().splitlines()
+        password, source = (lines[0].strip() if lines else ""), f"--requirepass-file {path}"
+    elif flag is not None:
+        password, source = flag, "--requirepass"
+    elif PASSWORD_ENV in os.environ:
+        password, source = os.environ[PASSWORD_ENV], PASSWORD_ENV
+    else:
+        return None
+    if not password.strip():
+        raise click.UsageError(_EMPTY_PASSWORD.format(source=source))
+    return password
+
+
 def _build_config(opts: dict[str, Any]) -> ServerConfig:
-    password = opts["requirepass"]
-    if opts["requirepass_file"] is not None:
-        lines = opts["requirepass_file"].read_text().splitlines()
-        password = lines[0].strip() if lines else ""
-        if not password:
-            raise click.UsageError("--requirepass-file is empty")
+    password = _password(opts)
     if opts["workers"] > 1 and not opts["independent_workers"]:
         raise click.UsageError(
             "-w N needs --independent-workers: each worker process keeps its own V-store, "
@@ -173,12 +268,21 @@ def _build_config(opts: dict[str, Any]) -> ServerConfig:
         dir=opts["data_dir"],
         requirepass=password,
         unsafe_no_auth=opts["unsafe_no_auth"],
+        maxclients=opts["maxclients"],
+        maxmemory_clients=opts["maxmemory_clients"],
         vstore_max_sessions=opts["vstore_max_sessions"],
         maxmemory=opts["maxmemory"],
         log_level=opts["log_level"],
         appendfsync=opts["appendfsync"],
         wal_enabled=not opts["no_wal"],
         save_interval=opts["save_interval"],
+        fa_window=opts["fa_window"],
+        attend_warm_slots=opts["attend_slots"],
+        attend_cold_slots=opts["attend_cold_slots"],
+        attend_maxmemory=opts["attend_maxmemory"],
+        ssm_maxmemory=opts["ssm_maxmemory"],
+        binary_lane=not opts["no_binary_lane"],
+        binary_port=opts["binary_port"],
         workers=opts["workers"],
         tls_cert=opts["tls_cert"],
         tls_key=opts["tls_key"],

@@ -75,3 +75,22 @@ def test_snapshot_and_foreign_files(tmp_path: Path) -> None:
     other.write_bytes(b"hello")
     foreign = CliRunner().invoke(check_wal_command, [str(other)])
     assert foreign.exit_code == 2 and "not a Pion log or snapshot" in foreign.output
+
+
+def test_rollback_and_rope_records_are_named(tmp_path: Path) -> None:
+    vs, p = open_store(tmp_path / "d")
+    vs.create_schema(b"m", 0, [("bf16_rope_fp8_body", 64)], [16])
+    snap = vs.snapshot(b"m")
+    vs.restore(b"m", snap)
+    vs.release(b"m", snap)
+    vs.snapshot(b"m")
+    log = CliRunner().invoke(check_wal_command, [str(wal_path(tmp_path / "d", 0))])
+    assert log.exit_code == 0, log.output
+    for name in ("CREATE_ROPES 1", "VSNAP 2", "VRESTORE 1", "VCOMMIT 1"):
+        assert name in log.output, log.output
+    p.save(None)
+    p.close()
+    snap_file = CliRunner().invoke(check_wal_command, [str(snapshot_path(tmp_path / "d", 0))])
+    assert snap_file.exit_code == 0, snap_file.output
+    for name in ("SNAPIDS 1", "CREATE_ROPES 1", "VSNAP 1"):
+        assert name in snap_file.output, snap_file.output

@@ -19,7 +19,16 @@ from pion.persistence.format import (
     encode_record,
 )
 from pion.persistence.reader import LogDamage, read_records
-from pion.vstore import CreateSession, DropSession, SetBlocks, StoreRows
+from pion.vstore import (
+    CreateSession,
+    DropSession,
+    ReleaseSnapshot,
+    RestoreSnapshot,
+    SetBlocks,
+    SnapshotIds,
+    StoreRows,
+    TakeSnapshot,
+)
 
 
 def _join(parts: list[fmt.Buffer]) -> bytes:
@@ -82,6 +91,31 @@ def test_store_record_golden() -> None:
     )
 
 
+def _payload_of(m: object, op: int) -> bytes:
+    raw = _join(encode_record(3, m)[0])  # type: ignore[arg-type]
+    length, got_op, seq = struct.unpack_from("<IBQ", raw)
+    assert (got_op, seq) == (op, 3)
+    return raw[17 : 17 + length]
+
+
+def test_rollback_records_golden() -> None:
+    sid = struct.pack("<H", 2) + b"ab"
+    snap = TakeSnapshot(b"ab", 9, ((0, 100), (3, 7)))
+    assert _payload_of(snap, 5) == sid + struct.pack("<QHHIHI", 9, 2, 0, 100, 3, 7)
+    assert _payload_of(RestoreSnapshot(b"ab", 9), 6) == sid + struct.pack("<Q", 9)
+    assert _payload_of(ReleaseSnapshot(b"ab", 9), 7) == sid + struct.pack("<Q", 9)
+    assert _payload_of(SnapshotIds(41), 8) == struct.pack("<Q", 41)
+
+
+def test_create_with_ropes_golden() -> None:
+    m = CreateSession(b"ab", 0, "bf16_rope_fp8_body", (("bf16_rope_fp8_body", 576), ("fp8", 64)))
+    plain = struct.pack("<H", 2) + b"ab" + struct.pack("<IBH", 0, 8, 2)
+    # Without ropes it would be a plain CREATE (and refused by the store on replay).
+    assert _payload_of(m, 1) == plain + struct.pack("<BIBI", 8, 576, 6, 64)
+    with_ropes = CreateSession(m.sid, 0, m.default_fmt, m.schema, (64, 0))
+    assert _payload_of(with_ropes, 9) == plain + struct.pack("<BIIBII", 8, 576, 64, 6, 64, 0)
+
+
 def test_store_payload_is_passed_through_not_copied() -> None:
     arr = np.arange(64, dtype=np.uint8)
     parts, _ = encode_record(1, StoreRows(b"s", 0, 0, 4, 5, 8, memoryview(arr)))
@@ -98,6 +132,14 @@ MUTATIONS = [
     DropSession(b"e", "evict"),
     SetBlocks(b"b", 8192, np.arange(5, dtype="<u8").tobytes()),
     SetBlocks(b"b", 1, b""),
+    CreateSession(
+        b"mla", 0, "bf16_rope_fp8_body", (("bf16_rope_fp8_body", 576), ("int8", 512)), (64, 0)
+    ),
+    TakeSnapshot(b"t", 1, ()),
+    TakeSnapshot(b"t", 2**63, ((0, 5), (79, 199_999))),
+    RestoreSnapshot(b"t", 7),
+    ReleaseSnapshot(b"t", 7),
+    SnapshotIds(123),
 ]
 
 
@@ -126,7 +168,13 @@ def test_round_trip(m: object) -> None:
         (3, b"\x01\x00a\x07", "drop reason"),
         (1, b"\x01\x00a" + struct.pack("<IBH", 8, 99, 0), "format id 99"),
         (4, b"\x01\x00a" + struct.pack("<II", 4, 1_000_000), "shorter than its"),
-        (9, b"\x01\x00a", "op code"),
+        (10, b"\x01\x00a", "op code"),
+        (9, b"\x01\x00a" + struct.pack("<IBH", 0, 8, 0), "without a schema"),
+        (9, b"\x01\x00a" + struct.pack("<IBHBI", 0, 8, 1, 8, 64), "shorter than its fields"),
+        (5, b"\x01\x00a" + struct.pack("<QH", 1, 2) + struct.pack("<HI", 0, 1), "shorter"),
+        (6, b"\x01\x00a" + struct.pack("<Q", 1) + b"\x00", "trailing"),
+        (7, b"\x01\x00a", "shorter than its fields"),
+        (8, struct.pack("<Q", 1) + b"\x00", "trailing"),
     ],
 )
 def test_malformed_payloads(op: int, payload: bytes, error: str) -> None:

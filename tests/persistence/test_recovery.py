@@ -152,8 +152,17 @@ def test_a_log_that_starts_after_the_snapshot_is_refused(tmp_path: Path) -> None
     p.save(None)
     vs.create(b"y", 8, "int8")
     p.close()
-    snapshot_path(data, 0).unlink()  # the snapshot the log continues is gone
-    with pytest.raises(RecoveryError, match=r"records 1\.\.1 are missing"):
+    older = snapshot_path(data, 0).read_bytes()
+    vs2, p2 = open_store(data)
+    vs2.create(b"z", 8, "int8")
+    p2.save(None)  # a newer snapshot; the log now starts after it
+    vs2.create(b"w", 8, "int8")
+    p2.close()
+    snapshot_path(data, 0).write_bytes(older)  # replaced by an older one
+    with pytest.raises(RecoveryError, match=r"records 2\.\.3 are missing"):
+        recover_sync(make_store(), snapshot_path(data, 0), wal_path(data, 0))
+    snapshot_path(data, 0).unlink()  # gone entirely: named, with the fix
+    with pytest.raises(RecoveryError, match=r"its records need the snapshot .*pion\.vstore\.0"):
         recover_sync(make_store(), snapshot_path(data, 0), wal_path(data, 0))
 
 

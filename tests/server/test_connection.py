@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from pion.config import ServerConfig
+from pion.config import ProtocolLimits, ServerConfig
 from pion.server.app import PionServer
 from pion.server.connection import Connection
 from pion.server.run import build_state
@@ -22,6 +22,9 @@ class FakeTransport:
     def writelines(self, chunks: list[Any]) -> None:
         for c in chunks:
             self.written += bytes(c)
+
+    def write(self, data: bytes) -> None:
+        self.written += data
 
     def is_closing(self) -> bool:
         return self.closed
@@ -48,16 +51,54 @@ class FakeTransport:
         return 0
 
 
-def connect(tmp_path: Path) -> tuple[Connection, FakeTransport]:
-    state = build_state(ServerConfig(port=0, wal_enabled=False, dir=tmp_path))
+class PeerNotReading(FakeTransport):
+    """A transport whose peer reads nothing: every byte written stays buffered, and
+    like asyncio's transports it calls pause_writing() once over its high mark."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.protocol: Connection | None = None
+        self.high = 0
+        self.buffered = 0
+        self.paused = False
+
+    def set_write_buffer_limits(self, high: int) -> None:
+        self.high = high
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def writelines(self, chunks: list[Any]) -> None:
+        super().writelines(chunks)
+        self.buffered += sum(len(bytes(c)) for c in chunks)
+        if self.buffered > self.high and not self.paused and self.protocol is not None:
+            self.paused = True
+            self.protocol.pause_writing()
+
+    def drain(self) -> None:
+        """The peer read everything."""
+        self.buffered = 0
+        if self.paused and self.protocol is not None:
+            self.paused = False
+            self.protocol.resume_writing()
+
+
+def connect(
+    tmp_path: Path, transport: FakeTransport | None = None, **config: Any
+) -> tuple[Connection, FakeTransport]:
+    state = build_state(ServerConfig(port=0, wal_enabled=False, dir=tmp_path, **config))
     # Pure protocol tests: no data directory behind this state.
     assert state.persistence is not None
     state.persistence.close()
     state.persistence = None
     state.loading = False
     server = PionServer(state)
-    conn = Connection(state, server.table, server.sink, 1, server.connections)
-    transport = FakeTransport()
+    conn = Connection(
+        state, server.table, server.sink, 1, server.connections, memory=server.client_memory
+    )
+    transport = transport or FakeTransport()
+    if isinstance(transport, PeerNotReading):
+        transport.protocol = conn
     conn.connection_made(transport)  # type: ignore[arg-type]
     return conn, transport
 
@@ -118,5 +159,90 @@ def test_connection_lost_unregisters_the_client(tmp_path: Path) -> None:
         assert conn.client.id in state.clients
         conn.connection_lost(None)
         assert conn.client.id not in state.clients
+
+    run(body)
+
+
+def _echo(i: int, size: int = 500) -> bytes:
+    payload = b"%05d" % i + b"x" * (size - 5)
+    return b"*2\r\n$4\r\nECHO\r\n$%d\r\n%s\r\n" % (len(payload), payload)
+
+
+def test_commands_stop_at_the_high_water_mark_checked_per_command(tmp_path: Path) -> None:
+    """One read holding 100 commands whose replies (~507 bytes each) the peer never
+    reads: with a 2000-byte mark only a handful run, not all 100."""
+
+    async def body() -> None:
+        t = PeerNotReading()
+        conn, _ = connect(tmp_path, t, protocol=ProtocolLimits(reply_high_water=2000))
+        state = conn._state
+        conn.data_received(b"".join(_echo(i) for i in range(100)))
+        ran = state.counters.total_commands_processed
+        assert 1 <= ran <= 5
+        assert not t.reading  # and the socket is not read meanwhile
+        # The peer reads; the rest runs, mark by mark, in order.
+        while state.counters.total_commands_processed < 100:
+            before = state.counters.total_commands_processed
+            t.drain()
+            await asyncio.sleep(0)
+            assert state.counters.total_commands_processed > before
+        t.drain()
+        assert t.reading
+        replies = bytes(t.written).split(b"\r\n")[1::2]
+        assert [r[:5] for r in replies] == [b"%05d" % i for i in range(100)]
+
+    run(body)
+
+
+def test_no_command_runs_once_the_socket_is_closing(tmp_path: Path) -> None:
+    """The peer went away (a write failed, the transport is closing): whatever it had
+    pipelined builds no replies."""
+
+    class FailsOnWrite(FakeTransport):
+        def writelines(self, chunks: list[Any]) -> None:
+            self.closed = True  # as a transport does when send() fails: EPIPE
+
+    async def body() -> None:
+        conn, _ = connect(tmp_path, FailsOnWrite())
+        state = conn._state
+        conn.data_received(b"".join(_echo(i, 70_000) for i in range(20)))
+        assert state.counters.total_commands_processed == 1
+
+    run(body)
+
+
+def test_small_replies_are_gathered_into_few_writes(tmp_path: Path) -> None:
+    class Counting(FakeTransport):
+        calls = 0
+
+        def writelines(self, chunks: list[Any]) -> None:
+            Counting.calls += 1
+            super().writelines(chunks)
+
+    async def body() -> None:
+        conn, t = connect(tmp_path, Counting())
+        conn.data_received(b"PING\r\n" * 10_000)
+        assert bytes(t.written) == b"+PONG\r\n" * 10_000
+        assert Counting.calls <= 3
+
+    run(body)
+
+
+def test_past_maxclients_the_connection_is_refused(tmp_path: Path) -> None:
+    async def body() -> None:
+        conn, _ = connect(tmp_path, maxclients=1)
+        state = conn._state
+        server_connections = conn._registry
+        extra = Connection(
+            state, conn._ctx.table, conn._sink, 2, server_connections, memory=conn._memory
+        )
+        t2 = FakeTransport()
+        extra.connection_made(t2)  # type: ignore[arg-type]
+        assert bytes(t2.written) == b"-ERR max number of clients reached\r\n"
+        assert t2.closed
+        assert 2 not in state.clients
+        assert state.counters.rejected_connections == 1
+        extra.connection_lost(None)
+        assert 1 in state.clients  # the refused one's loss touches nobody else
 
     run(body)

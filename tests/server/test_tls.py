@@ -21,6 +21,7 @@ from multiworker import Certs, Server, make_certs, scrape, stats
 from pion.client import PionPromptCache
 from pion.config import ServerConfig
 from pion.errors import PionError
+from pion.server.binary_wire import HEADER, MAGIC, OP_AUTH, OP_PING, STATUS_OK
 from pion.server.run import ServerThread
 from pion.server.tls import server_context
 from pion.wire import affinity_port
@@ -153,6 +154,34 @@ def test_pion_prompt_cache_over_tls(tls_server: Callable[..., ServerThread], cer
         got_k, _ = pc.fetch("cache-tls")
         assert np.array_equal(got_k[1], keys[1])
         assert pc.lookup("cache-tls") is True
+
+
+def _binary_call(sock: socket.socket, opcode: int, body: bytes = b"") -> tuple[int, int, int]:
+    """One binary-lane frame out, the reply's header back (magic, status, size)."""
+    sock.sendall(HEADER.pack(MAGIC, opcode, len(body)) + body)
+    head = b""
+    while len(head) < HEADER.size:
+        chunk = sock.recv(HEADER.size - len(head))
+        if not chunk:
+            raise ConnectionError("closed")
+        head += chunk
+    magic, status, size = HEADER.unpack(head)
+    return magic, status, size
+
+
+def test_binary_lane_over_tls(tls_server: Callable[..., ServerThread], certs: Certs) -> None:
+    srv = tls_server(requirepass="pw")
+    assert srv.binary_port
+    context = ssl.create_default_context(cafile=str(certs.ca))
+    raw = socket.create_connection(("127.0.0.1", srv.binary_port), timeout=10)
+    with context.wrap_socket(raw, server_hostname="127.0.0.1") as lane:
+        # AUTH frame, then PING, over TLS.
+        assert _binary_call(lane, OP_AUTH, b"pw") == (MAGIC, STATUS_OK, 0)
+        assert _binary_call(lane, OP_PING) == (MAGIC, STATUS_OK, 0)
+    # A plain-text frame on the TLS lane is refused like a plain RESP client.
+    with socket.create_connection(("127.0.0.1", srv.binary_port), timeout=10) as plain:
+        plain.sendall(HEADER.pack(MAGIC, OP_PING, 0))
+        assert plain.recv(64) == b""
 
 
 def test_bad_tls_configuration_is_refused(tmp_path: Path, certs: Certs) -> None:

@@ -127,6 +127,7 @@ def test_redirect_texts(cluster: Server) -> None:
             "KV.PREFIX.MEMBERSHIP session lives on worker 0"
         ),
         ("KV.PREFIX.DROP", "moved"): "KV.PREFIX.DROP session lives on worker 0",
+        ("KV.PREFIX.WARM", "moved", 2, 4): "KV.PREFIX.WARM session lives on worker 0",
         ("KV.PREFIX.REGISTER", "moved", 8, "fp16"): (
             "KV.PREFIX.REGISTER session lives on worker 0"
         ),

@@ -1,12 +1,14 @@
 """Storage formats for K/V rows: numpy encode/decode with frozen on-disk ids.
 
-Seven formats (DESIGN section 5), one module per family::
+Eight formats, one module per family::
 
     fp16.py    fp16      IEEE half, verbatim
     fp8.py     fp8       E4M3FN codes + fp16 scale per 32 values
     int8.py    int8      llama.cpp q8_0
     mlx4.py    mlx4g32   MLX affine int4, group 32 (bit-exact with mx.quantize)
     turbo.py   turbo4/3/2  rotated Lloyd-Max codes per 128 values
+    bf16rope.py  bf16_rope_fp8_body  bf16 rotary prefix + fp8 body (SCHEMA only,
+               one parameter: ``rope``)
     base.py    the Codec base class, CodecValueError, shared helpers
     registry.py  name/id table (ids are frozen; see its docstring)
 
@@ -25,6 +27,25 @@ This package imports nothing else from ``pion`` except ``pion.errors``.
 from __future__ import annotations
 
 from pion.codecs.base import MAX_DIM, Codec, CodecValueError
-from pion.codecs.registry import FORMAT_NAMES, codec_by_id, get_codec
+from pion.codecs.registry import (
+    ALL_FORMAT_NAMES,
+    FORMAT_NAMES,
+    SCHEMA_ONLY_FORMATS,
+    codec_by_id,
+    format_id_of,
+    format_name,
+    get_codec,
+)
 
-__all__ = ["FORMAT_NAMES", "MAX_DIM", "Codec", "CodecValueError", "codec_by_id", "get_codec"]
+__all__ = [
+    "ALL_FORMAT_NAMES",
+    "FORMAT_NAMES",
+    "MAX_DIM",
+    "SCHEMA_ONLY_FORMATS",
+    "Codec",
+    "CodecValueError",
+    "codec_by_id",
+    "format_id_of",
+    "format_name",
+    "get_codec",
+]

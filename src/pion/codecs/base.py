@@ -50,7 +50,7 @@ __all__ = [
     "unpack4",
 ]
 
-# DESIGN section 4.2: a layer's dim is 1..8192 (V.CREATE / SCHEMA refuse anything else).
+# Pion's bound: a layer's dim is 1..8192 (V.CREATE / SCHEMA refuse anything else).
 MAX_DIM = 8192
 # Largest finite IEEE binary16 value.
 FP16_MAX = 65504.0
@@ -134,6 +134,12 @@ class Codec(abc.ABC):
 
     name: ClassVar[str]
     format_id: ClassVar[int]
+
+    @property
+    def rope(self) -> int:
+        """The layout parameter of a parametrized format (``bf16_rope_fp8_body``'s
+        bf16 prefix length); 0 for every format without one."""
+        return 0
 
     @abc.abstractmethod
     def row_bytes(self, dim: int) -> int:

@@ -70,7 +70,6 @@ from pion.codecs.base import (
     F32Array,
     U8Array,
     blocks_of,
-    first_bad_row,
     interleave_blocks,
     pack2,
     pack4,
@@ -208,19 +207,26 @@ class _TurboCodec(Codec):
             np.greater(a, t, out=above)
             mag += above.view(np.uint8)
         payload = self._pack(sign, mag)
-        stored = norm / np.sqrt(self._centroid_norm2(payload))
+        centroid_norm = np.sqrt(self._centroid_norm2(payload))
+        stored = norm / centroid_norm
         bad = ~(stored <= FP16_MAX)  # also catches inf from squaring huge fp32 values
         if bad.any():
-            row = first_bad_row(bad.reshape(n, g))
-            # Report the input's own group norm, recomputed in fp64 so it is finite.
-            padded = np.zeros(g * GROUP, np.float64)
-            padded[:dim] = x[row]
-            worst = float(np.sqrt((padded.reshape(g, GROUP) ** 2).sum(axis=1)).max())
-            raise CodecValueError.overflow(
-                worst, row, f"the fp16 norm of {self.name}", label="group norm"
-            )
+            first = int(np.argmax(bad))  # groups are row-major: row * g + group
+            raise self._overflow(x, first // g, first % g, float(centroid_norm[first]))
         return interleave_blocks(
             stored.astype(F16_LE).reshape(n, g), payload.reshape(n, g, self._payload)
+        )
+
+    def _overflow(self, x: F32Array, row: int, group: int, centroid_norm: float) -> CodecValueError:
+        """The error for the first group whose stored norm does not fit fp16. What
+        overflows is that stored value, ``group norm / ||C[idx]||``, so the message
+        names it; the group norm is recomputed in fp64 so it is finite even when the
+        fp32 squares overflowed."""
+        values = x[row, group * GROUP : (group + 1) * GROUP].astype(np.float64)
+        value = math.sqrt(float(np.dot(values, values))) / centroid_norm
+        head, what = f"stored norm {value:g} of group {group}", f"the fp16 norm of {self.name}"
+        return CodecValueError(
+            f"{head} at row {row} overflows {what}", row, f"{head} overflows {what}"
         )
 
     def _decode(self, data: U8Array, dim: int) -> F32Array:

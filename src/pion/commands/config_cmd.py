@@ -1,9 +1,11 @@
 """CONFIG GET|SET|RESETSTAT over a documented subset of the server's settings.
 
 Readable: bind, port, dir, requirepass, maxmemory, vstore-max-sessions, appendonly,
-appendfsync, save, databases, loglevel, worker-id. Settable at runtime: maxmemory,
-vstore-max-sessions, loglevel. Anything else answers an error naming the parameter,
-so a client never believes a setting took effect when it did not.
+appendfsync, save, databases, loglevel, worker-id, maxclients, maxmemory-clients.
+Settable at runtime: maxmemory, vstore-max-sessions, loglevel, maxclients,
+maxmemory-clients. Anything else answers an error naming the parameter, so a client
+never believes a setting took effect when it did not. ``CONFIG SET`` with several
+pairs is atomic, as in Redis 7: all are checked first, then all applied, or none.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import dataclasses
 import fnmatch
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from pion.commands.args import Args
-from pion.commands.state import Context
+from pion.commands.state import Context, ServerState
 from pion.errors import PionError
 from pion.resp.reply import Reply, Simple
 
@@ -58,29 +61,105 @@ def _getters(ctx: Context) -> dict[str, Callable[[], str]]:
         "databases": lambda: "1",
         "loglevel": lambda: cfg.log_level,
         "worker-id": lambda: str(cfg.worker_id),
+        "maxclients": lambda: str(cfg.maxclients),
+        "maxmemory-clients": lambda: str(cfg.maxmemory_clients),
     }
 
 
-def _set(ctx: Context, name: str, value: str) -> None:
-    state = ctx.state
-    if name == "maxmemory":
-        n = parse_memory(value)
+# A setting's parser: the value as sent -> what applies it. Parsing raises PionError
+# and changes nothing; applying cannot fail, which is what makes CONFIG SET atomic.
+_Apply = Callable[[ServerState], None]
+_Parser = Callable[[str], _Apply]
+
+
+def _replace(state: ServerState, **changes: Any) -> None:
+    state.config = dataclasses.replace(state.config, **changes)
+
+
+def _int_in(value: str, lo: int, hi: int) -> int:
+    if not value.isdigit() or len(value) > 19 or not lo <= int(value) <= hi:
+        raise PionError(f"argument must be an integer between {lo} and {hi}")
+    return int(value)
+
+
+def _maxmemory(value: str) -> _Apply:
+    n = parse_memory(value)
+
+    def apply(state: ServerState) -> None:
         state.vstore.set_limits(maxmemory=n)
-        state.config = dataclasses.replace(state.config, maxmemory=n)
-    elif name == "vstore-max-sessions":
-        if not value.isdigit() or not 1 <= int(value) <= 1_000_000:
-            raise PionError("CONFIG SET vstore-max-sessions: want an integer 1..1000000")
-        n = int(value)
+        _replace(state, maxmemory=n)
+
+    return apply
+
+
+def _max_sessions(value: str) -> _Apply:
+    n = _int_in(value, 1, 1_000_000)
+
+    def apply(state: ServerState) -> None:
         state.vstore.set_limits(max_sessions=n)
-        state.config = dataclasses.replace(state.config, vstore_max_sessions=n)
-    elif name == "loglevel":
-        level = value.lower()
-        if level not in ("debug", "info", "notice", "warning", "error"):
-            raise PionError(f"Invalid argument '{value}' for CONFIG SET 'loglevel'")
+        _replace(state, vstore_max_sessions=n)
+
+    return apply
+
+
+def _loglevel(value: str) -> _Apply:
+    level = value.lower()
+    if level not in _LEVELS:
+        raise PionError(f"argument(s) must be one of the following: {', '.join(_LEVELS)}")
+
+    def apply(state: ServerState) -> None:
         logging.getLogger("pion").setLevel("WARNING" if level == "notice" else level.upper())
-        state.config = dataclasses.replace(state.config, log_level=level)
-    else:
-        raise PionError(f"Unknown option or number of arguments for CONFIG SET - '{name}'")
+        _replace(state, log_level=level)
+
+    return apply
+
+
+def _maxclients(value: str) -> _Apply:
+    # Connections beyond a lowered limit stay; new ones are refused (as in Redis).
+    n = _int_in(value, 1, 1_000_000)
+    return lambda state: _replace(state, maxclients=n)
+
+
+def _maxmemory_clients(value: str) -> _Apply:
+    n = parse_memory(value)
+    return lambda state: _replace(state, maxmemory_clients=n)
+
+
+_LEVELS = ("debug", "info", "notice", "warning", "error")
+_SETTABLE: dict[str, _Parser] = {
+    "maxmemory": _maxmemory,
+    "vstore-max-sessions": _max_sessions,
+    "loglevel": _loglevel,
+    "maxclients": _maxclients,
+    "maxmemory-clients": _maxmemory_clients,
+}
+
+
+def _config_set(ctx: Context, cur: Args) -> Reply:
+    """Redis 7's CONFIG SET: every name and value is checked before any is applied,
+    so ``CONFIG SET a x b bad`` changes nothing."""
+    appliers: list[_Apply] = []
+    seen: set[str] = set()
+    while not cur.done():
+        raw_name, raw_value = cur.arg("parameter"), cur.arg("value")
+        name = raw_name.decode("utf-8", "replace").lower()
+        parser = _SETTABLE.get(name)
+        if parser is None:
+            raise PionError(f"Unknown option or number of arguments for CONFIG SET - '{name}'")
+        if name in seen:
+            raise PionError(
+                f"CONFIG SET failed (possibly related to argument '{name}') - duplicate parameter"
+            )
+        seen.add(name)
+        try:
+            appliers.append(parser(raw_value.decode("utf-8", "replace")))
+        except PionError as exc:
+            raise PionError(
+                f"CONFIG SET failed (possibly related to argument '{name}') - {exc.message}"
+            ) from None
+    for apply in appliers:
+        apply(ctx.state)
+    return Simple("OK")
 
 
 def config(ctx: Context, args: Sequence[bytes]) -> Reply:
@@ -96,15 +175,7 @@ def config(ctx: Context, args: Sequence[bytes]) -> Reply:
                     found[name] = get()
         return found
     if sub == "SET" and len(cur) >= 2 and len(cur) % 2 == 0:
-        pairs = []
-        while not cur.done():
-            pairs.append((cur.text("parameter").lower(), cur.text("value")))
-        for name, _ in pairs:  # validate every name before changing anything
-            if name not in ("maxmemory", "vstore-max-sessions", "loglevel"):
-                raise PionError(f"Unknown option or number of arguments for CONFIG SET - '{name}'")
-        for name, value in pairs:
-            _set(ctx, name, value)
-        return Simple("OK")
+        return _config_set(ctx, cur)
     if sub == "RESETSTAT" and cur.done():
         ctx.state.counters.reset()
         ctx.state.receipt.reset()

@@ -43,16 +43,17 @@ def _echo(ctx: Context, args: Sequence[bytes]) -> Reply:
     return Args(args, "ECHO").arg("message")
 
 
-def _check_password(ctx: Context, user: bytes, password: bytes) -> None:
+def _authenticate(ctx: Context, user: bytes, password: bytes) -> None:
+    """Authenticate the connection, or raise and leave it exactly as it was: a wrong
+    password never logs out a connection that had authenticated (as in Redis 7)."""
     expected = ctx.state.config.requirepass
-    if expected is None:
+    if not expected:
         raise PionError(
             "AUTH <password> called without any password configured for the default "
             "user. Are you sure your configuration is correct?"
         )
     # Only the default user exists; compare in constant time.
     if user != b"default" or not hmac.compare_digest(password, expected.encode("utf-8")):
-        ctx.client.authenticated = False
         raise WrongPassError()
     ctx.client.authenticated = True
 
@@ -60,16 +61,18 @@ def _check_password(ctx: Context, user: bytes, password: bytes) -> None:
 def _auth(ctx: Context, args: Sequence[bytes]) -> Reply:
     cur = Args(args, "AUTH")
     if len(cur) == 1:
-        _check_password(ctx, b"default", cur.arg("password"))
+        _authenticate(ctx, b"default", cur.arg("password"))
     elif len(cur) == 2:
         user = cur.arg("username")
-        _check_password(ctx, user, cur.arg("password"))
+        _authenticate(ctx, user, cur.arg("password"))
     else:
         raise PionError("syntax error")
     return Simple("OK")
 
 
 def _hello(ctx: Context, args: Sequence[bytes]) -> Reply:
+    """Redis 7's order: parse every option (a syntax error changes nothing), then
+    authenticate, then require authentication, then apply SETNAME and the protocol."""
     cur = Args(args, "HELLO")
     proto = ctx.client.proto
     if not cur.done():
@@ -80,19 +83,18 @@ def _hello(ctx: Context, args: Sequence[bytes]) -> Reply:
         if proto not in (2, 3):
             raise NoProtoError()
     name: str | None = None
-    authed_now = False
+    credentials: tuple[bytes, bytes] | None = None
     while not cur.done():
         opt = cur.keyword()
         if opt == "AUTH" and len(cur) >= 2:
-            user, password = cur.arg("username"), cur.arg("password")
-            _check_password(ctx, user, password)
-            authed_now = True
+            credentials = (cur.arg("username"), cur.arg("password"))
         elif opt == "SETNAME" and len(cur) >= 1:
             name = _valid_name(cur.arg())
         else:
             raise PionError(f"Syntax error in HELLO option '{opt or '?'}'")
-    needs_auth = ctx.state.config.requirepass is not None
-    if needs_auth and not ctx.client.authenticated and not authed_now:
+    if credentials is not None:
+        _authenticate(ctx, *credentials)
+    if ctx.state.config.auth_required and not ctx.client.authenticated:
         raise NoAuthError(_HELLO_NOAUTH)
     ctx.client.proto = proto
     if name is not None:
@@ -115,8 +117,14 @@ def _select(ctx: Context, args: Sequence[bytes]) -> Reply:
     return Simple("OK")
 
 
+def _printable(raw: bytes) -> bool:
+    """Redis's validateClientName/validateClientAttr: only '!'..'~' (no spaces, no
+    control bytes, nothing outside ASCII)."""
+    return all(0x21 <= c <= 0x7E for c in raw)
+
+
 def _valid_name(raw: bytes) -> str:
-    if any(c <= 0x20 or c >= 0x7F for c in raw):
+    if not _printable(raw):
         raise PionError("Client names cannot contain spaces, newlines or special characters.")
     return raw.decode("ascii")
 
@@ -141,16 +149,18 @@ def _client(ctx: Context, args: Sequence[bytes]) -> Reply:
     if sub == "ID" and cur.done():
         return ctx.client.id
     if sub == "SETINFO" and len(cur) == 2:
-        attr = cur.keyword()
-        value = cur.text("value")
-        if any(c in value for c in " \r\n"):
-            raise PionError(f"{attr} cannot contain spaces, newlines or special characters.")
-        if attr == "LIB-NAME":
-            ctx.client.lib_name = value
-        elif attr == "LIB-VER":
-            ctx.client.lib_ver = value
-        else:
+        raw_attr = cur.arg("attribute")
+        attr = raw_attr.decode("utf-8", "replace")[:64]
+        value = cur.arg("value")
+        upper = attr.upper()
+        if upper not in ("LIB-NAME", "LIB-VER"):
             raise PionError(f"Unrecognized option '{attr}'")
+        if not _printable(value):
+            raise PionError(f"{attr} cannot contain spaces, newlines or special characters.")
+        if upper == "LIB-NAME":
+            ctx.client.lib_name = value.decode("ascii")
+        else:
+            ctx.client.lib_ver = value.decode("ascii")
         return Simple("OK")
     if sub == "INFO" and cur.done():
         return _client_line(ctx, ctx.client.id) + "\n"
@@ -162,6 +172,8 @@ def _client(ctx: Context, args: Sequence[bytes]) -> Reply:
         flag = cur.keyword()
         if flag not in ("ON", "OFF"):
             raise PionError("syntax error")
+        if sub == "NO-EVICT":  # exempt from the maxmemory-clients bound, as in Redis
+            ctx.client.no_evict = flag == "ON"
         return Simple("OK")
     if sub == "REPLY" and len(cur) == 1 and cur.peek_keyword() == "ON":
         return Simple("OK")

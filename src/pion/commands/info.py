@@ -3,6 +3,22 @@
 Sections: Server, Clients, Memory, Persistence, Stats, Pion, Keyspace. ``INFO`` and
 ``INFO default``/``all``/``everything`` give all of them; ``INFO <section>...`` those
 named (case-insensitive); an unknown section gives an empty reply, as in Redis.
+
+Memory carries the fields operators' Redis tools read, with true values for this
+process (Linux ``/proc/self/status``; the peak RSS elsewhere):
+
+``used_memory``       anonymous resident memory (``RssAnon``): what the process
+                      allocated and touched (heap, numpy buffers, the interpreter's
+                      arenas), without mapped code and files. Redis reports its
+                      allocator's total; this is the closest a Python process has.
+``used_memory_rss``   the whole resident set (``VmRSS``).
+``used_memory_peak``  the highest ``used_memory`` seen, sampled at every INFO (Redis
+                      samples on its cron); never below the current value.
+``maxmemory``         ``--maxmemory``: a budget on ``vstore_bytes`` (the K/V held in
+                      stored form), not on ``used_memory`` as in Redis; 0 is none.
+``maxmemory_policy``  ``allkeys-lru``: least recently used namespaces are evicted.
+
+and ``*_human`` forms written as Redis writes them (``1.50M``).
 """
 
 from __future__ import annotations
@@ -11,13 +27,18 @@ import os
 import platform
 import resource
 import sys
+import threading
 from collections.abc import Callable, Sequence
 
 from pion import __version__
 from pion.commands.state import Context
 from pion.resp.reply import Reply, Verbatim
 
-__all__ = ["info_command", "rss_bytes"]
+__all__ = ["MAXMEMORY_POLICY", "bytes_to_human", "info_command", "memory_usage", "rss_bytes"]
+
+# Redis's name for what the V-store does when over a limit: evict the least recently
+# used namespace, whatever it is.
+MAXMEMORY_POLICY = "allkeys-lru"
 
 
 def rss_bytes() -> int:
@@ -27,6 +48,55 @@ def rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _status_kb(field: bytes) -> int | None:
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(field):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class _Peak:
+    """The highest used_memory seen by this process (every server in it shares the
+    process's memory, so one peak serves them all)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # in-process test servers run on several threads
+        self.value = 0
+
+    def observe(self, used: int) -> int:
+        with self._lock:
+            self.value = max(self.value, used)
+            return self.value
+
+
+_PEAK = _Peak()
+
+
+def memory_usage() -> tuple[int, int, int]:
+    """``(used_memory, used_memory_rss, used_memory_peak)`` in bytes, now."""
+    rss = rss_bytes()
+    used = _status_kb(b"RssAnon:")
+    if used is None:
+        used = rss
+    return used, rss, _PEAK.observe(used)
+
+
+def bytes_to_human(n: int) -> str:
+    """Redis's bytesToHuman: ``512B``, ``1.50K``, ``12.00M``, ``3.25G`` ..."""
+    if n < 1024:
+        return f"{n}B"
+    value = float(n)
+    for unit in "KMGTP":
+        value /= 1024
+        if value < 1024 or unit == "P":
+            return f"{value:.2f}{unit}"
+    return f"{n}B"  # unreachable: the loop returns at P
 
 
 def _server(ctx: Context) -> list[str]:
@@ -45,18 +115,40 @@ def _server(ctx: Context) -> list[str]:
 
 
 def _clients(ctx: Context) -> list[str]:
-    return [f"connected_clients:{len(ctx.state.clients)}"]
+    return [
+        f"connected_clients:{len(ctx.state.clients)}",
+        f"maxclients:{ctx.state.config.maxclients}",
+    ]
 
 
 def _memory(ctx: Context) -> list[str]:
     vs = ctx.state.vstore
+    used, rss, peak = memory_usage()
+    maxmemory = vs.maxmemory
+    measure = ctx.state.client_memory
+    tables = ctx.state.attention
     return [
-        f"used_memory_rss:{rss_bytes()}",
-        f"peak_memory_rss:{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}",
+        f"used_memory:{used}",
+        f"used_memory_human:{bytes_to_human(used)}",
+        f"used_memory_rss:{rss}",
+        f"used_memory_rss_human:{bytes_to_human(rss)}",
+        f"used_memory_peak:{peak}",
+        f"used_memory_peak_human:{bytes_to_human(peak)}",
+        f"maxmemory:{maxmemory}",
+        f"maxmemory_human:{bytes_to_human(maxmemory)}",
+        f"maxmemory_policy:{MAXMEMORY_POLICY}",
         f"vstore_bytes:{vs.vstore_bytes}",
         f"vstore_bytes_allocated:{vs.bytes_allocated}",
-        f"maxmemory:{ctx.state.config.maxmemory}",
-        f"vstore_max_sessions:{ctx.state.config.vstore_max_sessions}",
+        # Redis's name: every client's query buffer and unsent replies, measured now.
+        f"mem_clients_normal:{measure() if measure is not None else 0}",
+        f"maxmemory_clients:{ctx.state.config.maxmemory_clients}",
+        f"vstore_max_sessions:{vs.max_sessions}",
+        f"sdpa_warm_bytes:{tables.bytes}",
+        f"attend_maxmemory:{tables.max_bytes}",
+        f"attend_slots:{tables.warm_slots}",
+        f"attend_cold_slots:{tables.cold_slots}",
+        f"ssm_bytes:{ctx.state.ssm.bytes}",
+        f"ssm_maxmemory:{ctx.state.ssm.max_bytes}",
     ]
 
 
@@ -72,14 +164,22 @@ def _persistence(ctx: Context) -> list[str]:
 def _stats(ctx: Context) -> list[str]:
     c = ctx.state.counters
     vs = ctx.state.vstore
+    tables = ctx.state.attention
     return [
         f"total_connections_received:{c.total_connections_received}",
         f"total_commands_processed:{c.total_commands_processed}",
         f"rejected_connections:{c.rejected_connections}",
+        f"evicted_clients:{c.evicted_clients}",
         f"total_protocol_errors:{c.protocol_errors}",
         f"total_internal_errors:{c.internal_errors}",
         f"vstore_total_fetches:{vs.total_fetches}",
         f"vstore_evictions:{vs.evictions}",
+        f"sdpa_warm:{tables.warm_count}",
+        f"sdpa_cold:{tables.cold_count}",
+        f"sdpa_demotions:{tables.demotions}",
+        f"sdpa_rehydrates:{tables.rehydrates}",
+        f"sdpa_cold_forgotten:{tables.forgotten}",
+        f"ssm_entries:{len(ctx.state.ssm)}",
     ]
 
 

@@ -12,9 +12,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pion.codecs import FORMAT_NAMES
+from pion.codecs import FORMAT_NAMES, SCHEMA_ONLY_FORMATS
 from pion.commands.args import Args
 from pion.commands.state import Command, Context
+from pion.commands.vstore import format_name
 from pion.commands.workers import (
     directory_fields,
     owner_of,
@@ -63,9 +64,14 @@ def _register(ctx: Context, args: Sequence[bytes]) -> Reply:
     ns = _ns(cur, cmd)
     max_dim = ctx.state.config.vstore.max_dim
     kv_dim = cur.integer("kv_dim", 1, max_dim, f"{cmd}: kv_dim out of range (1..{max_dim})")
-    vquant = cur.arg("vquant").decode("utf-8", "replace")
-    if vquant not in FORMAT_NAMES:
-        raise PionError(f"{cmd}: unknown vquant '{vquant}' (want {'|'.join(FORMAT_NAMES)})")
+    raw_vquant = cur.arg("vquant")
+    vquant = format_name(raw_vquant)
+    if vquant is None:
+        shown = raw_vquant[:64].decode("utf-8", "replace")
+        # A SCHEMA-only format cannot be a whole namespace's: say where it does belong.
+        schema_only = format_name(raw_vquant, SCHEMA_ONLY_FORMATS) is not None
+        hint = "; it is per layer: V.CREATE ... SCHEMA" if schema_only else ""
+        raise PionError(f"{cmd}: unknown vquant '{shown}' (want {'|'.join(FORMAT_NAMES)}){hint}")
     blocks: tuple[int, np.ndarray] | None = None
     prefill_ms = 0
     while not cur.done():
@@ -168,11 +174,11 @@ def _info(ctx: Context, args: Sequence[bytes]) -> Reply:
         ("wal_appended", wal.get("wal_appended", 0)),
         ("wal_replayed", wal.get("wal_replayed", 0)),
         *directory_fields(state),
-        # No attention tier in this build: its counters stay 0.
-        ("sdpa_warm", 0),
-        ("sdpa_cold", 0),
-        ("sdpa_demotions", 0),
-        ("sdpa_rehydrates", 0),
+        # The attention tier's slot tables (docs/attention.md).
+        ("sdpa_warm", state.attention.warm_count),
+        ("sdpa_cold", state.attention.cold_count),
+        ("sdpa_demotions", state.attention.demotions),
+        ("sdpa_rehydrates", state.attention.rehydrates),
     ]
     # A plain bulk string, as Pion sends it (not RESP3 verbatim).
     return "".join(f"{k}:{v}\r\n" for k, v in fields)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pion.attend import AttentionTables, SsmStore
 from pion.config import ServerConfig
 from pion.prefix.receipt import Receipt
 from pion.prefix.registry import PrefixRegistry
@@ -77,6 +78,7 @@ class ServerCounters:
     rejected_connections: int = 0
     protocol_errors: int = 0
     internal_errors: int = 0
+    evicted_clients: int = 0  # disconnected by the maxmemory-clients bound
 
     def reset(self) -> None:
         self.total_connections_received = 0
@@ -84,6 +86,7 @@ class ServerCounters:
         self.rejected_connections = 0
         self.protocol_errors = 0
         self.internal_errors = 0
+        self.evicted_clients = 0
 
 
 @dataclass
@@ -104,11 +107,21 @@ class ServerState:
     request_shutdown: Callable[[bool], None] | None = None
     # Installed by the server: close the connection of client id.
     kill_client: Callable[[int], bool] | None = None
+    # Installed by the server: bytes all clients' query and reply buffers hold now.
+    client_memory: Callable[[], int] | None = None
     # Built from vstore and receipt: the KV.PREFIX registry over them.
     registry: PrefixRegistry = field(init=False)
+    # Built from config: the attention tier's slot tables and the SSM state blobs.
+    attention: AttentionTables = field(init=False)
+    ssm: SsmStore = field(init=False)
 
     def __post_init__(self) -> None:
         self.registry = PrefixRegistry(self.vstore, self.receipt)
+        cfg = self.config
+        self.attention = AttentionTables(
+            cfg.attend_warm_slots, cfg.attend_cold_slots, cfg.attend_maxmemory
+        )
+        self.ssm = SsmStore(cfg.ssm_maxmemory)
 
     def uptime(self) -> int:
         return int(time.monotonic() - self.started_monotonic)
@@ -129,6 +142,7 @@ class ClientState:
     created: float = 0.0
     last_command: str = ""
     closing: bool = False  # set by QUIT / CLIENT KILL: close after the reply
+    no_evict: bool = False  # CLIENT NO-EVICT ON: exempt from maxmemory-clients
 
 
 @dataclass(frozen=True)

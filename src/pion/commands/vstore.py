@@ -1,4 +1,5 @@
-"""V-store commands: ``V.CREATE``, ``V.STOREBATCH``, ``V.FETCH``, ``V.INFO`` (DESIGN 4.2).
+"""V-store commands: ``V.CREATE``, ``V.STOREBATCH``, ``V.FETCH``, ``V.INFO``
+(``V.SNAPSHOT``/``V.RESTORE``/``V.COMMIT`` are in ``rollback.py``).
 
 Handlers parse and bound every argument with the ``Args`` cursor before touching the
 store, then call :class:`pion.vstore.VStore`. Sizes are declared, never inferred: a
@@ -16,6 +17,11 @@ Where Pion is silent or lax, we choose (and the tests pin):
   session's layer count), ``$-1`` for a layer absent or empty; the error
   ``session has no stored layers`` when the session holds no rows at all.
 - The legacy id list answers ``$-1`` when no id names a held row.
+- ``bf16_rope_fp8_body`` exists only per layer (``fmt=bf16_rope_fp8_body,dim=D,rope=R``,
+  ``1 <= R < D``); ``VQUANT bf16_rope_fp8_body`` is refused naming SCHEMA, and
+  ``rope=`` with any other format is refused (Pion ignores it there).
+- Every V.FETCH adds the payload bytes it delivers (RANGE, id list, BATCH, NATIVE) to
+  the value receipt's ``kvprefix_bytes_served``, as Pion's receipt defines it.
 """
 
 from __future__ import annotations
@@ -25,19 +31,23 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from pion.codecs import FORMAT_NAMES
+from pion.codecs import ALL_FORMAT_NAMES, FORMAT_NAMES, SCHEMA_ONLY_FORMATS
 from pion.commands.args import Args, parse_int
 from pion.commands.state import Command, Context
 from pion.commands.workers import redirect_session
 from pion.errors import PionError
 from pion.resp.reply import Reply, Simple
 
-__all__ = ["COMMANDS", "DEFAULT_FORMAT"]
+__all__ = ["COMMANDS", "DEFAULT_FORMAT", "format_name"]
 
 # Pion's V.CREATE default when VQUANT is absent (VFMT_INT8): same request, same format.
 DEFAULT_FORMAT = "int8"
 _WANT = "|".join(FORMAT_NAMES)
+_WANT_SPEC = "|".join(ALL_FORMAT_NAMES)
 _NATIVE_ERROR = "FMT NATIVE requires the RANGE or BATCH form"
+# One layer spec's text (``fmt=...,dim=...,rope=...`` is under 60 bytes): a bound on
+# what a spec may make the parser split and show back.
+MAX_SPEC_LEN = 256
 
 
 def _show(raw: bytes) -> str:
@@ -45,15 +55,21 @@ def _show(raw: bytes) -> str:
     return raw[:64].decode("utf-8", "replace")
 
 
-def _format_name(raw: bytes) -> str | None:
-    """The format named by ``raw`` (case-insensitive, as Pion), or None."""
-    name = raw.decode("ascii", "replace").lower()
-    return name if name in FORMAT_NAMES else None
+def format_name(raw: bytes, names: tuple[str, ...] = FORMAT_NAMES) -> str | None:
+    """The format among ``names`` named by ``raw``, or None: lenient about ASCII case,
+    strict about the set, as Pion's V.CREATE and KV.PREFIX.REGISTER both are (one
+    function for both, so they cannot drift apart). Only ASCII is folded, so no
+    Unicode look-alike maps to a format."""
+    name = raw.lower().decode("ascii", "replace")
+    return name if name in names else None
 
 
-def _bulk(array: npt.NDArray[np.generic]) -> memoryview:
-    """A flat byte view of a fetched array (no copy for a C-contiguous one)."""
-    return np.ascontiguousarray(array).data.cast("B")
+def _bulk(ctx: Context, array: npt.NDArray[np.generic]) -> memoryview:
+    """A flat byte view of a fetched array (no copy for a C-contiguous one), counted in
+    the receipt's bytes served."""
+    view = np.ascontiguousarray(array).data.cast("B")
+    ctx.state.receipt.credit_bytes(view.nbytes)
+    return view
 
 
 # -- V.CREATE ------------------------------------------------------------------------
@@ -83,8 +99,14 @@ def v_create(ctx: Context, argv: Sequence[bytes]) -> Reply:
         if a.done():
             raise PionError(f"V.CREATE: VQUANT requires a format (want {_WANT})")
         raw = a.arg()
-        named = _format_name(raw)
+        named = format_name(raw)
         if named is None:
+            if format_name(raw, SCHEMA_ONLY_FORMATS) is not None:
+                raise PionError(
+                    f"V.CREATE: {_show(raw).lower()} requires the SCHEMA form with a "
+                    "per-layer rope=N (V.CREATE sid 0 SCHEMA N "
+                    "fmt=bf16_rope_fp8_body,dim=D,rope=R ...)"
+                )
             raise PionError(f"V.CREATE: unknown VQUANT format '{_show(raw)}' (want {_WANT})")
         fmt = named
     return ctx.state.vstore.create(sid, dim, fmt)
@@ -95,44 +117,77 @@ def _create_schema(ctx: Context, a: Args, sid: bytes, default_dim: int) -> Reply
     if a.done():
         raise PionError("V.CREATE SCHEMA requires N (layer count)")
     n = a.integer("N")
-    if not 1 <= n <= limits.max_schema_layers:
+    top = limits.max_schema_layers
+    if n > top:
+        # "exceeds" is Pion's word for it; operators' tools look for it.
         raise PionError(
-            f"V.CREATE SCHEMA: N must be 1-{limits.max_schema_layers} "
-            "(split larger models into several sessions)"
+            f"V.CREATE SCHEMA: N {n} exceeds {top} (N must be 1-{top}; "
+            "split larger models into several sessions)"
         )
+    if n < 1:
+        raise PionError(f"V.CREATE SCHEMA: N must be 1-{top}")
     if len(a) != n:
         raise PionError(f"V.CREATE SCHEMA: expected {n} layer specs, got {len(a)}")
-    schema = [
+    specs = [
         _parse_spec(index, raw, default_dim, limits.max_dim) for index, raw in enumerate(a.rest())
     ]
-    return ctx.state.vstore.create_schema(sid, default_dim, schema)
+    schema = [(fmt, dim) for fmt, dim, _ in specs]
+    ropes = [rope for _, _, rope in specs]
+    return ctx.state.vstore.create_schema(sid, default_dim, schema, ropes)
 
 
-def _parse_spec(index: int, raw: bytes, default_dim: int, max_dim: int) -> tuple[str, int]:
-    """``fmt=<fmt>,dim=<d>`` (keys case-insensitive, either may be absent: ``fmt``
-    defaults to int8 as in Pion, ``dim`` to ``default_dim``)."""
+def _spec_int(value: bytes) -> int:
+    try:
+        return parse_int(value)
+    except PionError:
+        return -1
+
+
+def _parse_spec(index: int, raw: bytes, default_dim: int, max_dim: int) -> tuple[str, int, int]:
+    """``fmt=<fmt>,dim=<d>[,rope=<r>]`` -> (fmt, dim, rope). Keys are case-insensitive
+    and may be absent: ``fmt`` defaults to int8 as in Pion, ``dim`` to ``default_dim``,
+    ``rope`` to 0 (required, ``1 <= rope < dim``, for ``bf16_rope_fp8_body`` only)."""
     where = f"V.CREATE SCHEMA: layer {index}"
-    fmt, dim = DEFAULT_FORMAT, default_dim
+    if len(raw) > MAX_SPEC_LEN:
+        raise PionError(f"{where} spec longer than {MAX_SPEC_LEN} bytes")
+    fmt, dim, rope = DEFAULT_FORMAT, default_dim, 0
+    rope_given = False
     for segment in raw.split(b","):
         key, eq, value = segment.partition(b"=")
         key = key.lower()
         if eq and key == b"fmt":
-            named = _format_name(value)
+            named = format_name(value, ALL_FORMAT_NAMES)
             if named is None:
-                raise PionError(f"{where} unknown fmt '{_show(value)}' (want {_WANT})")
+                raise PionError(f"{where} unknown fmt '{_show(value)}' (want {_WANT_SPEC})")
             fmt = named
         elif eq and key == b"dim":
-            try:
-                dim = parse_int(value)
-            except PionError:
-                dim = -1
+            dim = _spec_int(value)
             if not 1 <= dim <= max_dim:
                 raise PionError(f"{where} dim must be 1-{max_dim}")
+        elif eq and key == b"rope":
+            rope, rope_given = _spec_int(value), True
+            if not 1 <= rope < max_dim:
+                raise PionError(f"{where} rope must be 1-{max_dim - 1}")
+        elif eq and key == b"s":
+            # Pion reserves a third per-layer tensor under `s=`; its text is matched.
+            raise PionError(
+                f"{where} S-tensor reserved: the s= key is not supported "
+                "(spec is fmt=<fmt>,dim=<d>[,rope=<r>])"
+            )
         else:
-            raise PionError(f"{where} unknown key '{_show(key)}' (spec is fmt=<fmt>,dim=<d>)")
+            raise PionError(
+                f"{where} unknown key '{_show(key)}' (spec is fmt=<fmt>,dim=<d>[,rope=<r>])"
+            )
     if dim == 0:
         raise PionError(f"{where} missing dim and no default supplied")
-    return fmt, dim
+    if fmt in SCHEMA_ONLY_FORMATS:
+        if not rope_given:
+            raise PionError(f"{where} {fmt} needs rope=N (0 < N < dim)")
+        if rope >= dim:
+            raise PionError(f"{where} {fmt} needs rope=N (0 < N < dim): rope {rope} >= dim {dim}")
+    elif rope_given:
+        raise PionError(f"{where} rope= applies only to fmt={'|'.join(SCHEMA_ONLY_FORMATS)}")
+    return fmt, dim, rope
 
 
 # -- V.STOREBATCH --------------------------------------------------------------------
@@ -201,7 +256,7 @@ def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply:
         layers = vs.fetch_batch(sid, start, end, num_layers, native=native)
         if layers is None:
             raise PionError("V.FETCH BATCH: session has no stored layers")
-        return [None if rows is None else _bulk(rows) for rows in layers]
+        return [None if rows is None else _bulk(ctx, rows) for rows in layers]
     layer = a.integer("layer_id")
     if a.peek_keyword() == "RANGE":
         a.arg()
@@ -211,7 +266,7 @@ def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply:
         if start < 0 or end <= start:
             raise PionError("invalid RANGE: end must exceed start (>=0)")
         rows = vs.fetch_range(sid, layer, start, end, native=native)
-        return None if rows is None else _bulk(rows)
+        return None if rows is None else _bulk(ctx, rows)
     raw_ids = a.rest()
     if len(raw_ids) > limits.max_fetch_ids:
         raise PionError(f"V.FETCH: too many ids ({len(raw_ids)} > {limits.max_fetch_ids})")
@@ -219,7 +274,7 @@ def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply:
         raise PionError(_NATIVE_ERROR)
     ids = [parse_int(raw, "id") for raw in raw_ids]
     found = vs.fetch_ids(sid, layer, ids)
-    return None if found is None else _bulk(found)
+    return None if found is None else _bulk(ctx, found)
 
 
 def _fetch_options(a: Args) -> bool:
@@ -269,6 +324,8 @@ def v_info(ctx: Context, argv: Sequence[bytes]) -> Reply:
         if hetero:
             lines.append(f"layer_{layer.index}_dim:{layer.dim}")
             lines.append(f"layer_{layer.index}_fmt:{layer.fmt}")
+        if layer.rope:
+            lines.append(f"layer_{layer.index}_rope:{layer.rope}")
     lines.append(f"total_tokens:{info.total_tokens}")
     return "".join(f"{line}\r\n" for line in lines).encode()
 

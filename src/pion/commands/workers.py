@@ -1,6 +1,7 @@
 """What a command asks about other workers under ``-w N --independent-workers``
-(docs/deployment.md, docs/protocol.md "Multi-worker mode"): the redirects, ``KV.PREFIX.OWNER`` and the directory fields of
-``KV.PREFIX.INFO``. Not a command family: helpers the families call in one line.
+(docs/protocol.md, "Multi-worker mode"): the redirects, ``KV.PREFIX.OWNER`` and the
+directory fields of ``KV.PREFIX.INFO``. Not a command family: helpers the families call
+in one line.
 
 A worker answers from its own V-store first. Only when it does not hold the session
 (or namespace) does it consult the directory, and when another worker owns it the

@@ -57,13 +57,30 @@ is a u8 id of :mod:`pion.codecs.registry` (frozen there)::
                quantizes again); nbytes must equal the rest of the payload
     3  DROP    sid, u8 reason (1 a client drop, 2 an LRU/budget eviction)
     4  BLOCKS  sid, u32 block_size, u32 count, then count x u64 hashes in token order
+    5  VSNAP   sid, u64 snap_id, u16 n, then n x (u16 layer, u32 length): a rollback
+               snapshot (V.SNAPSHOT) recording each layer's length
+    6  VRESTORE  sid, u64 snap_id: V.RESTORE, every layer cut back to that snapshot
+    7  VCOMMIT sid, u64 snap_id: V.COMMIT, the snapshot released
+    8  SNAPIDS u64 last: the last rollback snapshot id issued (no sid). Written at the
+               start of a snapshot file, so ids stay increasing across a restart even
+               when no live snapshot carries the highest one
+    9  CREATE_ROPES  as CREATE, but each schema entry is (u8 fmt, u32 dim, u32 rope),
+               n >= 1; written instead of CREATE when some layer has a rope (format
+               bf16_rope_fp8_body), so logs without such layers are unchanged
     127 END    snapshot only, last: u64 records before it, u64 sessions
-    5, 6       reserved for SSM state (store, drop)
+    10..15     reserved for the V-store; 16..31 the keyspace; 32..47 SSM/attention
 
-A snapshot is, per session in LRU order (least recent first, so loading restores the
-order): CREATE, one or more STOREs per layer holding rows 0..tpl in pieces of at most
-SNAPSHOT_CHUNK bytes (highest rows first, so the first piece sizes the layer's buffer
-exactly), then BLOCKS when the session has a table; then END and end of file.
+Op-code ranges, one per store, frozen (``stores.py``): 1..15 the V-store (above),
+16..31 the plain keyspace (specified in ``keyspace_format.py``), 32..47 SSM and
+attention state, 127 END. Every store's records share this framing and the log's one
+sequence; each store has its own snapshot file, ``pion.<store>.<w>``, with the header
+above.
+
+A V-store snapshot is SNAPIDS (when an id was ever issued), then per session in LRU
+order (least recent first, so loading restores the order): CREATE, one or more STOREs
+per layer holding rows 0..tpl in pieces of at most SNAPSHOT_CHUNK bytes (highest rows
+first, so the first piece sizes the layer's buffer exactly), BLOCKS when the session
+has a table, one VSNAP per live rollback snapshot; then END and end of file.
 
 Records hold no Python objects; this module turns them into the store's mutations
 (:mod:`pion.vstore.mutations`) and back. Reading them from files is ``reader.py``.
@@ -75,13 +92,24 @@ import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, TypeAlias
+from typing import Final, TypeAlias, cast
 
 import google_crc32c
 
-from pion.codecs import codec_by_id, get_codec
+from pion.codecs import format_id_of, format_name
 from pion.errors import PionError
-from pion.vstore import MAX_SID_LEN, CreateSession, DropSession, Mutation, SetBlocks, StoreRows
+from pion.vstore import (
+    MAX_SID_LEN,
+    CreateSession,
+    DropSession,
+    Mutation,
+    ReleaseSnapshot,
+    RestoreSnapshot,
+    SetBlocks,
+    SnapshotIds,
+    StoreRows,
+    TakeSnapshot,
+)
 from pion.vstore.mutations import DropReason
 
 __all__ = [
@@ -94,6 +122,7 @@ __all__ = [
     "SNAPSHOT_HEADER",
     "SNAP_MAGIC",
     "VERSION",
+    "VSTORE_UNIT_OPS",
     "WAL_HEADER",
     "WAL_MAGIC",
     "Buffer",
@@ -103,8 +132,10 @@ __all__ = [
     "crc32c",
     "decode_mutation",
     "encode_end",
+    "encode_frame",
     "encode_record",
     "op_of",
+    "vstore_payload",
 ]
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
@@ -117,8 +148,25 @@ OP_CREATE: Final = 1
 OP_STORE: Final = 2
 OP_DROP: Final = 3
 OP_BLOCKS: Final = 4
+OP_VSNAP: Final = 5
+OP_VRESTORE: Final = 6
+OP_VCOMMIT: Final = 7
+OP_SNAPIDS: Final = 8
+OP_CREATE_ROPES: Final = 9
 END: Final = 127
-OPS: Final = {OP_CREATE: "CREATE", OP_STORE: "STORE", OP_DROP: "DROP", OP_BLOCKS: "BLOCKS"}
+# The V-store records that open a unit (a session) in its snapshot.
+VSTORE_UNIT_OPS: Final = frozenset({OP_CREATE, OP_CREATE_ROPES})
+OPS: Final = {
+    OP_CREATE: "CREATE",
+    OP_STORE: "STORE",
+    OP_DROP: "DROP",
+    OP_BLOCKS: "BLOCKS",
+    OP_VSNAP: "VSNAP",
+    OP_VRESTORE: "VRESTORE",
+    OP_VCOMMIT: "VCOMMIT",
+    OP_SNAPIDS: "SNAPIDS",
+    OP_CREATE_ROPES: "CREATE_ROPES",
+}
 
 _REASONS: Final[dict[DropReason, int]] = {"drop": 1, "evict": 2}
 _REASON_NAMES: Final[dict[int, DropReason]] = {v: k for k, v in _REASONS.items()}
@@ -144,6 +192,14 @@ _STORE: Final = struct.Struct("<HIIBIQ")
 _DROP: Final = struct.Struct("<B")
 _BLOCKS: Final = struct.Struct("<II")
 _END: Final = struct.Struct("<QQ")
+_SCHEMA_ROPE_ENTRY: Final = struct.Struct("<BII")
+_SNAP: Final = struct.Struct("<QH")
+_SNAP_LAYER: Final = struct.Struct("<HI")
+_SNAP_ID: Final = struct.Struct("<Q")
+
+# Records up to this size whose payload is all bytes are joined into one buffer: a
+# copy this small costs less than a list of views and a writev.
+_JOIN_BELOW = 16 << 10
 
 # google_crc32c's C extension parses its argument with "y#", which refuses anything
 # with a buffer-release hook (memoryview, numpy, bytearray): only bytes. Large buffers
@@ -236,56 +292,116 @@ def _sid(sid: bytes) -> bytes:
 
 def _fmt_id(name: str) -> int:
     try:
-        return get_codec(name).format_id
+        return format_id_of(name)
     except KeyError:
         raise FormatError(f"unknown format {name!r}") from None
 
 
 def op_of(m: Mutation) -> int:
     if isinstance(m, CreateSession):
-        return OP_CREATE
+        return OP_CREATE if m.ropes is None else OP_CREATE_ROPES
     if isinstance(m, StoreRows):
         return OP_STORE
     if isinstance(m, DropSession):
         return OP_DROP
-    return OP_BLOCKS
+    if isinstance(m, SetBlocks):
+        return OP_BLOCKS
+    if isinstance(m, TakeSnapshot):
+        return OP_VSNAP
+    if isinstance(m, RestoreSnapshot):
+        return OP_VRESTORE
+    if isinstance(m, ReleaseSnapshot):
+        return OP_VCOMMIT
+    return OP_SNAPIDS
+
+
+def _encode_create(m: CreateSession) -> bytes:
+    schema = m.schema or ()
+    fixed = _sid(m.sid) + _CREATE.pack(m.default_dim, _fmt_id(m.default_fmt), len(schema))
+    if m.ropes is None:
+        return fixed + b"".join(_SCHEMA_ENTRY.pack(_fmt_id(f), d) for f, d in schema)
+    if not schema or len(m.ropes) != len(schema):
+        raise FormatError(f"{len(m.ropes)} ropes for a schema of {len(schema)} layers")
+    entries = (
+        _SCHEMA_ROPE_ENTRY.pack(_fmt_id(f), d, r) for (f, d), r in zip(schema, m.ropes, strict=True)
+    )
+    return fixed + b"".join(entries)
+
+
+def _encode_rollback(m: Mutation) -> bytes:
+    """The payload of VSNAP, VRESTORE, VCOMMIT and SNAPIDS records."""
+    if isinstance(m, TakeSnapshot):
+        head = _sid(m.sid) + _SNAP.pack(m.snap_id, len(m.lengths))
+        return head + b"".join(_SNAP_LAYER.pack(layer, n) for layer, n in m.lengths)
+    if isinstance(m, RestoreSnapshot | ReleaseSnapshot):
+        return _sid(m.sid) + _SNAP_ID.pack(m.snap_id)
+    if isinstance(m, SnapshotIds):
+        return _SNAP_ID.pack(m.last)
+    raise FormatError(f"no record for {type(m).__name__}")
 
 
 def _encode_payload(m: Mutation) -> tuple[bytes, memoryview | None]:
     """The payload as (fixed part, bulk data or None); the bulk is never copied."""
     if isinstance(m, CreateSession):
-        schema = m.schema or ()
-        fixed = _sid(m.sid) + _CREATE.pack(m.default_dim, _fmt_id(m.default_fmt), len(schema))
-        return fixed + b"".join(_SCHEMA_ENTRY.pack(_fmt_id(f), d) for f, d in schema), None
+        return _encode_create(m), None
     if isinstance(m, StoreRows):
         data = memoryview(m.data).cast("B")
         fixed = _STORE.pack(m.layer, m.start, m.count, m.format_id, m.dim, len(data))
         return _sid(m.sid) + fixed, data
     if isinstance(m, DropSession):
         return _sid(m.sid) + _DROP.pack(_REASONS[m.reason]), None
+    if not isinstance(m, SetBlocks):
+        return _encode_rollback(m), None
     hashes = memoryview(m.hashes).cast("B")
     if len(hashes) % 8:
         raise FormatError(f"block hashes of {len(hashes)} bytes (not a multiple of 8)")
     return _sid(m.sid) + _BLOCKS.pack(m.block_size, len(hashes) // 8), hashes
 
 
-def encode_record(seq: int, m: Mutation) -> tuple[list[Buffer], int]:
-    """The buffers of one record, ready for ``os.writev``, and their total size. Bulk
-    data (STORE rows, BLOCKS hashes) is passed through as a view, not copied."""
-    fixed, bulk = _encode_payload(m)
-    length = len(fixed) + (len(bulk) if bulk is not None else 0)
+def encode_frame(seq: int, op: int, payload: Sequence[Buffer]) -> tuple[list[Buffer], int]:
+    """The buffers of one record whose payload is ``payload`` concatenated, ready for
+    ``os.writev``, and their total size. The payload buffers are passed through as
+    they are (checksummed in place), never joined or copied; only a small record made
+    of ``bytes`` is joined into one buffer (one write, no views)."""
+    small = True
+    length = 0
+    for piece in payload:
+        if isinstance(piece, bytes):
+            length += len(piece)
+        else:
+            length += memoryview(piece).nbytes
+            small = False
     if length > MAX_PAYLOAD:
         raise PionError(
             f"a single write of {length} bytes exceeds the write-ahead log's record "
             f"limit of {MAX_PAYLOAD} bytes; send it in smaller batches"
         )
-    crc = crc32c(fixed)
-    parts: list[Buffer] = [record_head(length, op_of(m), seq), fixed]
-    if bulk is not None and len(bulk):
-        crc = crc32c(bulk, crc)
-        parts.append(bulk)
+    if small and length <= _JOIN_BELOW:
+        pieces = cast("Sequence[bytes]", payload)  # all bytes: checked above
+        body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        record = record_head(length, op, seq) + body + _U32.pack(crc32c(body))
+        return [record], RECORD_OVERHEAD + length
+    crc = 0
+    parts: list[Buffer] = [record_head(length, op, seq)]
+    for piece in payload:
+        if memoryview(piece).nbytes:
+            crc = crc32c(piece, crc)
+            parts.append(piece)
     parts.append(_U32.pack(crc))
     return parts, RECORD_OVERHEAD + length
+
+
+def vstore_payload(m: Mutation) -> list[Buffer]:
+    """The payload of a V-store mutation's record as buffers (bulk data as a view)."""
+    fixed, bulk = _encode_payload(m)
+    return [fixed] if bulk is None or not len(bulk) else [fixed, bulk]
+
+
+def encode_record(seq: int, m: Mutation) -> tuple[list[Buffer], int]:
+    """The buffers of one V-store record, ready for ``os.writev``, and their total
+    size. Bulk data (STORE rows, BLOCKS hashes) is passed through as a view, not
+    copied."""
+    return encode_frame(seq, op_of(m), vstore_payload(m))
 
 
 def encode_end(seq: int, records: int, sessions: int) -> bytes:
@@ -336,22 +452,52 @@ class _Cursor:
 
 def _fmt_name(format_id: int) -> str:
     try:
-        return codec_by_id(format_id).name
+        return format_name(format_id)
     except KeyError:
         raise FormatError(f"unknown format id {format_id}") from None
+
+
+def _decode_create_ropes(sid: bytes, cur: _Cursor) -> CreateSession:
+    default_dim, fmt, n = cur.unpack(_CREATE)
+    if n == 0:
+        raise FormatError("CREATE_ROPES without a schema")
+    entries = [cur.unpack(_SCHEMA_ROPE_ENTRY) for _ in range(n)]
+    schema = tuple((_fmt_name(f), d) for f, d, _ in entries)
+    ropes = tuple(r for _, _, r in entries)
+    return CreateSession(sid, default_dim, _fmt_name(fmt), schema, ropes)
+
+
+def _decode_snapshot(sid: bytes, cur: _Cursor) -> TakeSnapshot:
+    snap_id, n = cur.unpack(_SNAP)
+    lengths = tuple(
+        (layer, length) for layer, length in (cur.unpack(_SNAP_LAYER) for _ in range(n))
+    )
+    return TakeSnapshot(sid, snap_id, lengths)
 
 
 def decode_mutation(op: int, payload: Buffer) -> Mutation:
     """The mutation a record holds. STORE rows and BLOCKS hashes are views of
     ``payload`` (no copy): keep ``payload`` alive while the mutation is used."""
     cur = _Cursor(memoryview(payload).cast("B"))
-    sid = cur.sid()
     m: Mutation
+    if op == OP_SNAPIDS:
+        (last,) = cur.unpack(_SNAP_ID)
+        cur.done()
+        return SnapshotIds(last)
+    sid = cur.sid()
     if op == OP_CREATE:
         default_dim, fmt, n = cur.unpack(_CREATE)
         entries: Sequence[tuple[int, ...]] = [cur.unpack(_SCHEMA_ENTRY) for _ in range(n)]
         schema = tuple((_fmt_name(f), d) for f, d in entries) if n else None
         m = CreateSession(sid, default_dim, _fmt_name(fmt), schema)
+    elif op == OP_CREATE_ROPES:
+        m = _decode_create_ropes(sid, cur)
+    elif op == OP_VSNAP:
+        m = _decode_snapshot(sid, cur)
+    elif op == OP_VRESTORE:
+        m = RestoreSnapshot(sid, cur.unpack(_SNAP_ID)[0])
+    elif op == OP_VCOMMIT:
+        m = ReleaseSnapshot(sid, cur.unpack(_SNAP_ID)[0])
     elif op == OP_STORE:
         layer, start, count, fmt, dim, nbytes = cur.unpack(_STORE)
         _fmt_name(fmt)

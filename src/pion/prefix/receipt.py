@@ -1,6 +1,6 @@
 """The value receipt: what a worker's prefix hits are worth (``PION.STATS``).
 
-Crediting a ``KV.PREFIX.LOOKUP`` hit (DESIGN section 4.4):
+Crediting a ``KV.PREFIX.LOOKUP`` hit (docs/protocol.md, "Value receipt"):
 
 * tokens = the K side's layer-0 high-water mark (0 on a cross-worker directory hit),
   time = the PREFILL_MS registered with the prefix;
@@ -9,6 +9,10 @@ Crediting a ``KV.PREFIX.LOOKUP`` hit (DESIGN section 4.4):
 
 A time above 0 is counted as *measured*. Otherwise the hit is credited with an
 estimate of ``tokens x 555 us`` (Pion's constant: ~1.8k tokens/s of cold prefill).
+``kvprefix_bytes_served`` is what the seed defines: the payload bytes every V.FETCH
+delivered (RANGE, id lists, BATCH, NATIVE), counted as the reply is built, whichever
+session it read; a LOOKUP credits no bytes (the rows have not moved yet).
+
 The semantic/moe/vector fields belong to Pion subsystems we do not implement; they
 stay 0 so a dashboard built for Pion still parses our reply.
 """
@@ -42,10 +46,9 @@ class Receipt:
     prefill_us_saved: int = 0
     prefill_us_measured: int = 0
 
-    def credit_hit(self, tokens: int, prefill_ms: int, bytes_served: int = 0) -> None:
+    def credit_hit(self, tokens: int, prefill_ms: int) -> None:
         self.hits += 1
         self.tokens_served += tokens
-        self.bytes_served += bytes_served
         if prefill_ms > 0:
             us = prefill_ms * 1000
             self.hits_measured += 1
@@ -56,6 +59,10 @@ class Receipt:
 
     def credit_miss(self) -> None:
         self.misses += 1
+
+    def credit_bytes(self, nbytes: int) -> None:
+        """A V.FETCH delivered ``nbytes`` of payload."""
+        self.bytes_served += nbytes
 
     def reset(self) -> None:
         """PION.STATS RESET / CONFIG RESETSTAT; uptime is not a counter."""

@@ -7,7 +7,7 @@ What lives where, and why:
 * layouts, rows and block tables live in the V-store, so the WAL and snapshots cover
   them and eviction/drop remove them with the sessions;
 * PREFILL_MS lives here, in memory only: it describes the registering process's cold
-  prefill, and is deliberately not persisted (DESIGN section 4.3);
+  prefill, and is deliberately not persisted (docs/persistence.md);
 * crediting a hit goes to the :class:`~pion.prefix.receipt.Receipt`;
 * under ``-w N`` the :class:`~pion.prefix.directory.Directory` says which worker owns
   a namespace held elsewhere: REGISTER claims it there before creating anything, and
@@ -80,26 +80,22 @@ class PrefixRegistry:
         self._prune()
 
     def lookup(self, ns: bytes, tokens: int | None, prefill_ms: int | None) -> bool:
-        """HIT iff both halves exist; credits the receipt (DESIGN section 4.4)."""
+        """HIT iff both halves exist; credits the receipt (see ``receipt.py``)."""
         vs = self.vstore
         if not self.is_registered(ns):
             if self._credit_remote(ns, tokens, prefill_ms):
                 return True
             self.receipt.credit_miss()
             return False
-        own_tokens, k_bytes = vs.usage(k_sid(ns))
-        _, v_bytes = vs.usage(v_sid(ns))
+        own_tokens, _ = vs.usage(k_sid(ns))
+        vs.touch(v_sid(ns))
         if tokens is not None:
             credit_tokens, credit_ms = tokens, prefill_ms or 0
         else:
             credit_tokens = own_tokens
             credit_ms = prefill_ms if prefill_ms is not None else self._prefill_ms.get(ns, 0)
-        # Bytes served: the namespace's stored bytes, scaled to the credited tokens
-        # when the caller names a different count.
-        ns_bytes = k_bytes + v_bytes
-        if own_tokens > 0 and credit_tokens != own_tokens:
-            ns_bytes = ns_bytes * credit_tokens // own_tokens
-        self.receipt.credit_hit(credit_tokens, credit_ms, ns_bytes)
+        # No bytes here: kvprefix_bytes_served counts what V.FETCH delivers.
+        self.receipt.credit_hit(credit_tokens, credit_ms)
         return True
 
     def _claim(self, ns: bytes, kv_dim: int, prefill_ms: int) -> bool:

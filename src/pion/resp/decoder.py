@@ -9,6 +9,16 @@ waited for (as Redis's processMultibulkBuffer does). ``hiredis.Reader`` cannot r
 a header before buffering its payload, which is why this decoder is our own; it is
 checked against hiredis in a differential test.
 
+Lengths are read as Redis's string2ll reads them: digits only, no ``+``, no spaces and
+no leading zeros (``$04`` and ``*01`` are protocol errors, as in Redis).
+
+Until the connection has authenticated to a server with a password, the caller sets
+:attr:`RequestDecoder.authenticated` to False and the tighter ``max_unauth_*`` limits
+apply (Redis 7: ``unauthenticated multibulk length`` / ``unauthenticated bulk
+length``). The flag is read when a header is checked, so setting it between two
+:meth:`~RequestDecoder.get` calls governs the next command: an ``AUTH`` followed by a
+big command in the same packet works.
+
 Error texts follow Redis (``invalid multibulk length``, ``invalid bulk length``,
 ``expected '$', got 'x'``, ``too big inline request``, ``unbalanced quotes in
 request``); the caller sends ``-ERR Protocol error: <text>`` and closes.
@@ -29,12 +39,12 @@ _COMPACT_AT = 64 * 1024
 
 
 def _parse_len(line: bytes | bytearray | memoryview) -> int | None:
-    """Parse a header's decimal length (after the type byte); None if malformed."""
+    """Parse a header's decimal length (after the type byte) as Redis's string2ll
+    does; None if malformed (empty, a sign other than a leading ``-``, a leading
+    zero, ``-0``, more than 19 digits)."""
     raw = bytes(line)
-    if not raw or len(raw) > 20:
-        return None
     body = raw[1:] if raw[:1] == b"-" else raw
-    if not body.isdigit():
+    if not body.isdigit() or len(body) > 19 or (body[0] == 0x30 and (len(body) > 1 or raw != body)):
         return None
     return int(raw)
 
@@ -42,7 +52,17 @@ def _parse_len(line: bytes | bytearray | memoryview) -> int | None:
 class RequestDecoder:
     """Incremental request parser. Feed bytes, then call :meth:`get` until None."""
 
-    __slots__ = ("_args", "_buf", "_bulk_len", "_declared", "_limits", "_pos", "_remaining")
+    __slots__ = (
+        "_args",
+        "_args_bytes",
+        "_buf",
+        "_bulk_len",
+        "_declared",
+        "_limits",
+        "_pos",
+        "_remaining",
+        "authenticated",
+    )
 
     def __init__(self, limits: ProtocolLimits | None = None) -> None:
         self._limits = limits or ProtocolLimits()
@@ -50,17 +70,56 @@ class RequestDecoder:
         self._pos = 0
         # State of a multibulk command being read across feeds.
         self._args: list[bytes] | None = None
+        self._args_bytes = 0  # payload bytes already copied into _args
         self._remaining = 0
         self._bulk_len = -1  # -1: waiting for the next "$<n>" header
         self._declared = 0  # bytes promised so far by this command's bulk headers
+        # False while the connection owes a password: the max_unauth_* limits apply.
+        self.authenticated = True
 
     @property
     def buffered(self) -> int:
         """Bytes held but not yet consumed."""
         return len(self._buf) - self._pos
 
+    @property
+    def held(self) -> int:
+        """Bytes of memory this decoder holds for its client: the receive buffer and
+        the arguments of a command still being read (the client's query buffer)."""
+        return len(self._buf) + self._args_bytes
+
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         self._buf += data
+
+    def clear(self) -> None:
+        """Drop everything held (the connection is gone)."""
+        self._buf = bytearray()
+        self._pos = 0
+        self._args = None
+        self._args_bytes = 0
+        self._remaining = 0
+        self._bulk_len = -1
+        self._declared = 0
+
+    def _too_many(self, count: int) -> str | None:
+        """The error for a ``*<count>`` header, or None if it is allowed."""
+        limits = self._limits
+        if count > limits.max_array_len:
+            return "invalid multibulk length"
+        if count > limits.max_unauth_array_len and not self.authenticated:
+            return "unauthenticated multibulk length"
+        return None
+
+    def _max_bulk(self) -> int:
+        limits = self._limits
+        if self.authenticated:
+            return limits.max_bulk_len
+        return min(limits.max_bulk_len, limits.max_unauth_bulk_len)
+
+    def _bulk_error(self, n: int) -> str:
+        if n > self._limits.max_bulk_len:
+            return "invalid bulk length"
+        return "unauthenticated bulk length"
 
     def get(self) -> list[bytes] | None:
         """The next complete command, or None when more bytes are needed."""
@@ -98,10 +157,17 @@ class RequestDecoder:
                 raise ProtocolError("too big mbulk count string")
             return False
         digits = buf[pos + 1 : end]
-        # The common case inline (this runs once per request); signs and junk below.
-        count = int(digits) if digits.isdigit() and len(digits) <= 19 else _parse_len(digits)
-        if count is None or count > self._limits.max_array_len:
+        # The common case inline (this runs once per request); signs, leading zeros
+        # and junk below.
+        if digits.isdigit() and len(digits) <= 19 and (digits[0] != 0x30 or len(digits) == 1):
+            count: int | None = int(digits)
+        else:
+            count = _parse_len(digits)
+        if count is None:
             raise ProtocolError("invalid multibulk length")
+        refusal = self._too_many(count)
+        if refusal is not None:
+            raise ProtocolError(refusal)
         self._pos = end + 2
         self._args = []
         # *0 and *-1 are empty commands, skipped as Redis does.
@@ -121,7 +187,7 @@ class RequestDecoder:
         pos = self._pos
         remaining = self._remaining
         n = self._bulk_len
-        max_bulk = self._limits.max_bulk_len
+        max_bulk = self._max_bulk()
         try:
             while remaining > 0:
                 if n < 0:
@@ -135,12 +201,17 @@ class RequestDecoder:
                             raise ProtocolError("too big bulk count string")
                         return None
                     digits = buf[pos + 1 : end]
-                    # Strict: digits only (no sign, space or '_', which int() takes).
-                    if not digits.isdigit() or len(digits) > 19:
+                    # Strict: digits only (no sign, space or '_', which int() takes),
+                    # and no leading zero, as Redis's string2ll.
+                    if (
+                        not digits.isdigit()
+                        or len(digits) > 19
+                        or (digits[0] == 0x30 and len(digits) > 1)
+                    ):
                         raise ProtocolError("invalid bulk length")
                     n = int(digits)
                     if n > max_bulk:
-                        raise ProtocolError("invalid bulk length")
+                        raise ProtocolError(self._bulk_error(n))
                     self._declared += n
                     if self._declared > self._limits.max_query_buffer:
                         raise ProtocolError("command exceeds the query buffer limit")
@@ -157,6 +228,7 @@ class RequestDecoder:
                     # so the buffer can still be resized.
                     with memoryview(buf) as view:
                         args.append(bytes(view[pos:stop]))
+                self._args_bytes += n
                 pos = stop + 2
                 n = -1
                 remaining -= 1
@@ -165,6 +237,7 @@ class RequestDecoder:
             self._remaining = remaining
             self._bulk_len = n
         self._args = None
+        self._args_bytes = 0
         return args
 
     # -- inline -----------------------------------------------------------------

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 from pion.commands import COMMAND_TABLE
 from pion.commands.state import CommandTable, ServerState
+from pion.server.clientmem import ClientMemory
 from pion.server.connection import Connection
 from pion.server.replies import ReplySink
 from pion.server.tls import HANDSHAKE_TIMEOUT_S, server_context
@@ -36,12 +37,14 @@ class PionServer:
         # One TLS context for every listener of this server (None: plain TCP).
         self.ssl = server_context(state.config)
         self.connections: dict[int, Connection] = {}
+        self.client_memory = ClientMemory(state, self.connections)
         self._ids = itertools.count(1)
         self._servers: list[asyncio.Server] = []
         self._stopped = asyncio.Event()
         self._save_on_shutdown = False
         state.request_shutdown = self.request_shutdown
         state.kill_client = self.kill_client
+        state.client_memory = self.client_memory.measure
 
     # -- listening --------------------------------------------------------------
 
@@ -59,7 +62,14 @@ class PionServer:
             self._servers.append(srv)
 
     def _connection(self) -> Connection:
-        return Connection(self.state, self.table, self.sink, next(self._ids), self.connections)
+        return Connection(
+            self.state,
+            self.table,
+            self.sink,
+            next(self._ids),
+            self.connections,
+            memory=self.client_memory,
+        )
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()

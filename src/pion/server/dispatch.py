@@ -61,7 +61,7 @@ def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply:
     ctx.client.last_command = cmd.name
     try:
         if (
-            state.config.requirepass is not None
+            state.config.auth_required
             and not ctx.client.authenticated
             and "noauth" not in cmd.flags
         ):
@@ -81,8 +81,9 @@ def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply:
         return _internal_error(ctx, name, "in")
 
 
-def execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> None:
-    """Dispatch one command and append its encoded reply to ``out``.
+def execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int:
+    """Dispatch one command, append its encoded reply to ``out`` and return the
+    reply's size in bytes (what the connection weighs against its high-water mark).
 
     Encoding is inside the boundary too: if the reply cannot be encoded, whatever it
     had appended is taken back and ``-ERR internal error`` goes out in its place, so
@@ -95,3 +96,4 @@ def execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> None:
         del out[mark:]
         name = argv[0].decode("utf-8", "replace")[:64]
         out.append(encode_error(str(_internal_error(ctx, name, "encoding the reply of"))))
+    return sum(c.nbytes if isinstance(c, memoryview) else len(c) for c in out[mark:])

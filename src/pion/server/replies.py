@@ -27,7 +27,8 @@ log = logging.getLogger("pion.server")
 class ReplyTarget(Protocol):
     """What the sink needs of a connection."""
 
-    def write(self, chunks: Chunks) -> None: ...
+    def write(self, chunks: Chunks, nbytes: int) -> None:
+        """Write ``chunks`` (``nbytes`` in all) to the client now."""
 
     def close(self) -> None: ...
 
@@ -39,20 +40,21 @@ class ReplySink:
 
     def __init__(self, persistence: Durability | None) -> None:
         self._persistence = persistence
-        self._pending: list[tuple[ReplyTarget, Chunks]] = []
+        self._pending: list[tuple[ReplyTarget, Chunks, int]] = []
         self._close_after: list[ReplyTarget] = []
         self._scheduled = False
 
-    def send(self, target: ReplyTarget, chunks: Chunks) -> None:
-        """Write ``chunks`` now, or queue them until the log is synced."""
+    def send(self, target: ReplyTarget, chunks: Chunks, nbytes: int) -> None:
+        """Write ``chunks`` (``nbytes`` in all) now, or queue them until the log is
+        synced. The target counts queued bytes as its own unsent replies."""
         persistence = self._persistence
         if self._pending or (persistence is not None and persistence.needs_sync()):
-            self._pending.append((target, chunks))
+            self._pending.append((target, chunks, nbytes))
             if not self._scheduled:
                 self._scheduled = True
                 asyncio.get_running_loop().call_soon(self.commit)
         else:
-            target.write(chunks)
+            target.write(chunks, nbytes)
 
     def close_after_send(self, target: ReplyTarget) -> None:
         """Close ``target`` once what was sent to it so far has left."""
@@ -75,10 +77,10 @@ class ReplySink:
             log.exception(
                 "fsync of the write-ahead log failed; withholding %d replies", len(pending)
             )
-            for target, _ in pending:
+            for target, _, _ in pending:
                 target.abort()
             return
-        for target, chunks in pending:
-            target.write(chunks)
+        for target, chunks, nbytes in pending:
+            target.write(chunks, nbytes)
         for target in closing:
             target.close()

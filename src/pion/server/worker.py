@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import logging
 import os
 import pickle
@@ -38,6 +39,7 @@ from pion.prefix.directory import Directory, DirectoryJournal, DirectoryTable
 from pion.prefix.registry import k_sid
 from pion.server import control
 from pion.server.app import PionServer
+from pion.server.fdlimit import fit_maxclients
 from pion.server.metrics import WorkerMetrics
 from pion.server.run import bind_socket, build_state, configure_logging, serve
 from pion.wire import affinity_port
@@ -207,6 +209,10 @@ def run_worker(spec: control.WorkerSpec) -> int:
     """Serve as worker ``spec.config.worker_id`` until shutdown; the exit code."""
     config = spec.config
     wid = config.worker_id
+    # The open-files limit is per process: each worker fits --maxclients for itself.
+    maxclients = fit_maxclients(config.maxclients)
+    if maxclients != config.maxclients:
+        config = dataclasses.replace(config, maxclients=maxclients)
     directory = Directory(DirectoryTable.attach(spec.directory_fd), wid)
     affinity = bind_socket(config.bind, affinity_port(config.port, wid))
     main_sock = control.bind_shared(config.bind, config.port)

@@ -9,7 +9,18 @@ from __future__ import annotations
 
 from pion.vstore.journal import Journal
 from pion.vstore.layer import GROWTH
-from pion.vstore.mutations import CreateSession, DropSession, Mutation, SetBlocks, StoreRows
+from pion.vstore.mutations import (
+    CreateSession,
+    DropSession,
+    Mutation,
+    ReleaseSnapshot,
+    RestoreSnapshot,
+    SetBlocks,
+    SnapshotIds,
+    StoreRows,
+    TakeSnapshot,
+)
+from pion.vstore.rollback import MAX_SNAPSHOTS_PER_SESSION
 from pion.vstore.session import MAX_SID_LEN
 from pion.vstore.store import MAX_REPLY_BYTES, VStore
 from pion.vstore.views import BlockTable, LayerInfo, SessionInfo, namespace_of
@@ -18,15 +29,20 @@ __all__ = [
     "GROWTH",
     "MAX_REPLY_BYTES",
     "MAX_SID_LEN",
+    "MAX_SNAPSHOTS_PER_SESSION",
     "BlockTable",
     "CreateSession",
     "DropSession",
     "Journal",
     "LayerInfo",
     "Mutation",
+    "ReleaseSnapshot",
+    "RestoreSnapshot",
     "SessionInfo",
     "SetBlocks",
+    "SnapshotIds",
     "StoreRows",
+    "TakeSnapshot",
     "VStore",
     "namespace_of",
 ]

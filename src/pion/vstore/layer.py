@@ -122,6 +122,29 @@ class Layer:
             self._reallocate(self.tpl)
         return released
 
+    def truncate(self, length: int) -> int:
+        """Cut the layer back to ``length`` rows (V.RESTORE); returns the rows removed.
+        Never grows it. Rows are self-contained in every format (each row carries its
+        own block scales, biases or norms), so the rows below ``length`` decode exactly
+        as before without any saved state.
+
+        The cut rows become zero bytes again (the invariant of the module docstring).
+        A cut of at most half the layer zeroes them in place and keeps the capacity, so
+        a speculative decoder's append/rollback cycle never copies the layer; a larger
+        one moves the rows to a buffer of ``GROWTH`` times what is left. A buffer a
+        reader may still hold is never written: it is replaced, like a write does."""
+        if length >= self.tpl:
+            return 0
+        removed = self.tpl - length
+        self.tpl = length
+        if self.capacity > 2 * length:
+            self._reallocate(int(length * GROWTH))
+        elif self._lent():
+            self._reallocate(self.capacity)
+        else:
+            self.buf[length : length + removed] = 0
+        return removed
+
     def stored(self) -> U8Array:
         """A read-only view of the stored rows ``[tpl, row_bytes]``."""
         view = self.buf[: self.tpl]

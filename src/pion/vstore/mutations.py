@@ -1,4 +1,4 @@
-"""The four mutations of the V-store: the only ways its durable state changes.
+"""The mutations of the V-store: the only ways its durable state changes.
 
 Every mutating :class:`~pion.vstore.VStore` method builds one of these records, hands
 it to the journal (the WAL, the cluster tier) and only then applies it, so a log of
@@ -15,6 +15,8 @@ record             meaning
                    ``default_dim``/``default_fmt`` created on first store. Otherwise
                    exactly ``len(schema)`` layers, layer i = ``schema[i]``
                    ``(fmt, dim)``; ``default_dim`` 0 means none was given.
+                   ``ropes`` (SCHEMA only, None when no layer has one): layer i's
+                   format parameter, ``rope`` of ``bf16_rope_fp8_body``, else 0.
 ``StoreRows``      rows ``start .. start+count`` of one layer are replaced by ``data``:
                    ``count * row_bytes`` bytes already in the stored format
                    ``format_id`` (so replay never quantizes again).
@@ -23,6 +25,14 @@ record             meaning
                    bring it back).
 ``SetBlocks``      the session's block-hash table is replaced: ``hashes`` is
                    ``count * 8`` bytes of little-endian u64, in token order.
+``TakeSnapshot``   V.SNAPSHOT: rollback snapshot ``snap_id`` of the session records
+                   ``lengths``, ``(layer, tpl)`` of every layer the session has.
+``RestoreSnapshot``  V.RESTORE: every layer is cut back to the length the snapshot
+                   recorded (never grown); a uniform session's layers that did not
+                   exist then are removed. The snapshot stays.
+``ReleaseSnapshot``  V.COMMIT: the snapshot is forgotten.
+``SnapshotIds``    the last rollback snapshot id issued (snapshot files: ids are
+                   never reused, even once the snapshots that carried them are gone).
 =================  ==================================================================
 """
 
@@ -36,8 +46,12 @@ __all__ = [
     "DropReason",
     "DropSession",
     "Mutation",
+    "ReleaseSnapshot",
+    "RestoreSnapshot",
     "SetBlocks",
+    "SnapshotIds",
     "StoreRows",
+    "TakeSnapshot",
 ]
 
 DropReason = Literal["drop", "evict"]
@@ -53,6 +67,7 @@ class CreateSession:
     default_dim: int
     default_fmt: str
     schema: tuple[tuple[str, int], ...] | None = None
+    ropes: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,4 +94,37 @@ class SetBlocks:
     hashes: Payload
 
 
-Mutation: TypeAlias = CreateSession | StoreRows | DropSession | SetBlocks
+@dataclass(frozen=True, slots=True)
+class TakeSnapshot:
+    sid: bytes
+    snap_id: int
+    lengths: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreSnapshot:
+    sid: bytes
+    snap_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseSnapshot:
+    sid: bytes
+    snap_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotIds:
+    last: int
+
+
+Mutation: TypeAlias = (
+    CreateSession
+    | StoreRows
+    | DropSession
+    | SetBlocks
+    | TakeSnapshot
+    | RestoreSnapshot
+    | ReleaseSnapshot
+    | SnapshotIds
+)

@@ -9,14 +9,28 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from pion.codecs import FORMAT_NAMES, Codec, CodecValueError, get_codec
+from pion.codecs import (
+    ALL_FORMAT_NAMES,
+    SCHEMA_ONLY_FORMATS,
+    Codec,
+    CodecValueError,
+    get_codec,
+)
 from pion.config import VStoreLimits
 from pion.errors import CodecError, PionError
 from pion.vstore.layer import Layer
 from pion.vstore.mutations import CreateSession
 from pion.vstore.views import BlockTable, LayerInfo, SessionInfo
 
-__all__ = ["MAX_SID_LEN", "FloatRows", "Session", "bytes_of", "encode_rows", "validate_create"]
+__all__ = [
+    "MAX_SID_LEN",
+    "FloatRows",
+    "Session",
+    "bytes_of",
+    "check_rope",
+    "encode_rows",
+    "validate_create",
+]
 
 # A sid is a key held in memory and written to every WAL record: bound it. KV.PREFIX
 # namespaces are at most 200 bytes (+3 for the suffix), so this never bites a client.
@@ -33,20 +47,39 @@ class Session:
     """A sid's layers. Uniform (``schema`` None): layers of ``default_dim`` and
     ``default_fmt`` appear on first store. SCHEMA: exactly ``len(schema)`` layers."""
 
-    __slots__ = ("blocks", "clock", "default_dim", "default_fmt", "layers", "schema", "sid", "slot")
+    __slots__ = (
+        "blocks",
+        "clock",
+        "default_dim",
+        "default_fmt",
+        "layers",
+        "ropes",
+        "schema",
+        "sid",
+        "slot",
+        "snapshots",
+    )
 
     def __init__(self, m: CreateSession, slot: int) -> None:
         self.sid = m.sid
         self.slot = slot
         self.default_dim = m.default_dim
         self.schema = m.schema
+        self.ropes = m.ropes
         self.default_fmt = m.schema[0][0] if m.schema else m.default_fmt
         self.layers: dict[int, Layer] = {}
         if m.schema is not None:
-            for index, (fmt, dim) in enumerate(m.schema):
-                self.layers[index] = Layer(get_codec(fmt), dim)
+            ropes = m.ropes or (0,) * len(m.schema)
+            for index, ((fmt, dim), rope) in enumerate(zip(m.schema, ropes, strict=True)):
+                self.layers[index] = Layer(get_codec(fmt, rope), dim)
         self.clock = 0  # the store's logical LRU clock at the last read or write
         self.blocks: BlockTable | None = None
+        # Rollback snapshots (V.SNAPSHOT): snap_id -> (layer, length) of every layer.
+        self.snapshots: dict[int, tuple[tuple[int, int], ...]] = {}
+
+    def creation(self) -> CreateSession:
+        """The record that creates this session's layout (for snapshots)."""
+        return CreateSession(self.sid, self.default_dim, self.default_fmt, self.schema, self.ropes)
 
     @property
     def num_layers(self) -> int:
@@ -64,7 +97,15 @@ class Session:
 
     def info(self) -> SessionInfo:
         layers = tuple(
-            LayerInfo(i, lay.dim, lay.codec.name, lay.codec.format_id, lay.row_bytes, lay.tpl)
+            LayerInfo(
+                i,
+                lay.dim,
+                lay.codec.name,
+                lay.codec.format_id,
+                lay.row_bytes,
+                lay.tpl,
+                lay.codec.rope,
+            )
             for i, lay in sorted(self.layers.items())
         )
         return SessionInfo(
@@ -85,23 +126,41 @@ def validate_create(m: CreateSession, limits: VStoreLimits) -> None:
         raise PionError(f"session id length must be 1..{MAX_SID_LEN}")
     max_dim = limits.max_dim
     if m.schema is None:
+        if m.default_fmt in SCHEMA_ONLY_FORMATS:
+            raise PionError(f"{m.default_fmt} needs the SCHEMA form (a per-layer rope=)")
         _check_fmt(m.default_fmt)
         if not 1 <= m.default_dim <= max_dim:
             raise PionError(f"invalid value_dim (must be 1-{max_dim})")
+        if m.ropes is not None:
+            raise PionError("a uniform session has no per-layer rope")
         return
     if not 0 <= m.default_dim <= max_dim:
         raise PionError(f"default_dim must be 0-{max_dim}")
     if not 1 <= len(m.schema) <= limits.max_schema_layers:
         raise PionError(f"SCHEMA layer count must be 1-{limits.max_schema_layers}")
-    for index, (fmt, dim) in enumerate(m.schema):
+    if m.ropes is not None and len(m.ropes) != len(m.schema):
+        raise PionError(f"{len(m.ropes)} ropes for a SCHEMA of {len(m.schema)} layers")
+    ropes = m.ropes or (0,) * len(m.schema)
+    for index, ((fmt, dim), rope) in enumerate(zip(m.schema, ropes, strict=True)):
         _check_fmt(fmt)
         if not 1 <= dim <= max_dim:
             raise PionError(f"layer {index} dim must be 1-{max_dim}")
+        check_rope(fmt, dim, rope, f"layer {index}")
+
+
+def check_rope(fmt: str, dim: int, rope: int, where: str) -> None:
+    """A layer's rope fits its format: ``1 <= rope < dim`` for a SCHEMA-only format,
+    0 (absent) for every other."""
+    if fmt in SCHEMA_ONLY_FORMATS:
+        if not 1 <= rope < dim:
+            raise PionError(f"{where} {fmt} needs rope=N with 0 < N < dim ({dim}), got {rope}")
+    elif rope:
+        raise PionError(f"{where} rope= applies only to fmt={'|'.join(SCHEMA_ONLY_FORMATS)}")
 
 
 def _check_fmt(fmt: str) -> None:
-    if fmt not in FORMAT_NAMES:
-        raise PionError(f"unknown format '{fmt}' (want {'|'.join(FORMAT_NAMES)})")
+    if fmt not in ALL_FORMAT_NAMES:
+        raise PionError(f"unknown format '{fmt}' (want {'|'.join(ALL_FORMAT_NAMES)})")
 
 
 def encode_rows(codec: Codec, rows: FloatRows, layer: int, start: int) -> npt.NDArray[np.uint8]:

@@ -46,7 +46,18 @@ from pion.config import VStoreLimits
 from pion.errors import OOMError, PionError, SessionNotFoundError
 from pion.vstore.journal import Journal
 from pion.vstore.layer import Layer
-from pion.vstore.mutations import CreateSession, DropSession, Mutation, SetBlocks, StoreRows
+from pion.vstore.mutations import (
+    CreateSession,
+    DropSession,
+    Mutation,
+    ReleaseSnapshot,
+    RestoreSnapshot,
+    SetBlocks,
+    SnapshotIds,
+    StoreRows,
+    TakeSnapshot,
+)
+from pion.vstore.rollback import MAX_SNAPSHOTS_PER_SESSION, cut_back, lengths_of
 from pion.vstore.session import FloatRows, Session, bytes_of, encode_rows, validate_create
 from pion.vstore.views import BlockTable, SessionInfo, namespace_of
 
@@ -81,6 +92,8 @@ class VStore:
         self.total_tokens = 0
         self.total_fetches = 0
         self.evictions = 0
+        # The last rollback snapshot id issued (V.SNAPSHOT); ids only ever grow.
+        self.last_snap_id = 0
 
     # -- limits and enumeration ------------------------------------------------------
 
@@ -146,9 +159,17 @@ class VStore:
         """A uniform session (idempotent: an existing sid keeps its layout); its slot."""
         return self._create(CreateSession(sid, dim, fmt, None))
 
-    def create_schema(self, sid: bytes, default_dim: int, schema: Sequence[tuple[str, int]]) -> int:
-        """A session of ``len(schema)`` fixed layers (idempotent); its slot."""
-        m = CreateSession(sid, default_dim, schema[0][0] if schema else "", tuple(schema))
+    def create_schema(
+        self,
+        sid: bytes,
+        default_dim: int,
+        schema: Sequence[tuple[str, int]],
+        ropes: Sequence[int] | None = None,
+    ) -> int:
+        """A session of ``len(schema)`` fixed layers (idempotent); its slot. ``ropes``:
+        each layer's rope (``bf16_rope_fp8_body``), 0 for the other formats."""
+        kept = tuple(ropes) if ropes is not None and any(ropes) else None
+        m = CreateSession(sid, default_dim, schema[0][0] if schema else "", tuple(schema), kept)
         return self._create(m)
 
     def store(self, sid: bytes, layer: int, start: int, rows: FloatRows) -> None:
@@ -190,6 +211,45 @@ class VStore:
         self._journal(SetBlocks(sid, block_size, bytes_of(data)))
         s.blocks = BlockTable.build(block_size, data)
         self._touch(s)
+
+    # -- rollback snapshots (V.SNAPSHOT / V.RESTORE / V.COMMIT; see rollback.py) -----
+
+    def snapshot(self, sid: bytes) -> int:
+        """Record every layer's length under a new id; returns the id."""
+        s = self._get(sid)
+        if len(s.snapshots) >= MAX_SNAPSHOTS_PER_SESSION:
+            raise PionError(
+                f"no free snapshot slot (max {MAX_SNAPSHOTS_PER_SESSION} per session; "
+                "V.COMMIT releases one)"
+            )
+        m = TakeSnapshot(sid, self.last_snap_id + 1, lengths_of(s))
+        self._journal(m)
+        self._apply_rollback(s, m)
+        return m.snap_id
+
+    def restore(self, sid: bytes, snap_id: int) -> None:
+        """Cut every layer back to snapshot ``snap_id`` of ``sid`` (never growing one)."""
+        s = self._get(sid)
+        if snap_id not in s.snapshots:
+            raise PionError(f"unknown snap_id {snap_id} for this session")
+        m = RestoreSnapshot(sid, snap_id)
+        self._journal(m)
+        self._apply_rollback(s, m)
+
+    def release(self, sid: bytes, snap_id: int) -> bool:
+        """Forget snapshot ``snap_id`` of ``sid``; False when it is not live."""
+        s = self._get(sid)
+        if snap_id not in s.snapshots:
+            self._touch(s)
+            return False
+        m = ReleaseSnapshot(sid, snap_id)
+        self._journal(m)
+        self._apply_rollback(s, m)
+        return True
+
+    def snapshot_ids(self, sid: bytes) -> list[int]:
+        """The live rollback snapshot ids of ``sid``, oldest first."""
+        return sorted(self._get(sid).snapshots)
 
     def trim(self) -> int:
         """Shrink every buffer to its ``tpl``; returns the bytes released."""
@@ -263,14 +323,18 @@ class VStore:
         """The mutations that rebuild the current state from an empty store, least
         recently used session first (so replay restores the LRU order). ``StoreRows``
         payloads are views of live buffers: consume each before the next write."""
+        if self.last_snap_id:
+            yield SnapshotIds(self.last_snap_id)
         for s in sorted(self._sessions.values(), key=lambda s: s.clock):
-            yield CreateSession(s.sid, s.default_dim, s.default_fmt, s.schema)
+            yield s.creation()
             for index, lay in sorted(s.layers.items()):
                 if lay.tpl:
                     data = bytes_of(lay.stored())
                     yield StoreRows(s.sid, index, 0, lay.tpl, lay.codec.format_id, lay.dim, data)
             if s.blocks is not None:
                 yield SetBlocks(s.sid, s.blocks.block_size, bytes_of(s.blocks.hashes))
+            for snap_id, lengths in sorted(s.snapshots.items()):
+                yield TakeSnapshot(s.sid, snap_id, lengths)
 
     def apply(self, m: Mutation) -> None:
         """Apply a journaled record (WAL replay, snapshot load) without journaling it,
@@ -299,11 +363,15 @@ class VStore:
         elif isinstance(m, DropSession):
             if m.sid in self._sessions:
                 self._apply_drop(m.sid)
-        else:
+        elif isinstance(m, SetBlocks):
             s = self._get(m.sid)
             hashes = np.frombuffer(m.hashes, dtype="<u8")
             s.blocks = BlockTable.build(m.block_size, hashes)
             self._touch(s)
+        elif isinstance(m, SnapshotIds):
+            self.last_snap_id = max(self.last_snap_id, m.last)
+        else:
+            self._apply_rollback(self._get(m.sid), m)
 
     # -- internals -------------------------------------------------------------------
 
@@ -426,6 +494,25 @@ class VStore:
         grown = lay.write(start, data, self.limits.max_rows)
         self.vstore_bytes += grown * lay.row_bytes
         self.total_tokens += grown
+        self._touch(s)
+
+    def _apply_rollback(
+        self, s: Session, m: TakeSnapshot | RestoreSnapshot | ReleaseSnapshot
+    ) -> None:
+        if isinstance(m, TakeSnapshot):
+            if m.snap_id < 1:
+                raise PionError(f"snapshot id {m.snap_id} is not positive")
+            s.snapshots[m.snap_id] = m.lengths
+            self.last_snap_id = max(self.last_snap_id, m.snap_id)
+        elif isinstance(m, RestoreSnapshot):
+            lengths = s.snapshots.get(m.snap_id)
+            if lengths is None:
+                raise PionError(f"unknown snap_id {m.snap_id} for this session")
+            rows, nbytes = cut_back(s, lengths)
+            self.total_tokens -= rows
+            self.vstore_bytes -= nbytes
+        else:
+            s.snapshots.pop(m.snap_id, None)
         self._touch(s)
 
     def _apply_drop(self, sid: bytes) -> None:

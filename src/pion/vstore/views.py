@@ -32,6 +32,7 @@ class LayerInfo:
     format_id: int
     row_bytes: int
     tpl: int  # row high-water mark: the largest start+count stored
+    rope: int = 0  # bf16_rope_fp8_body's bf16 prefix length; 0 for other formats
 
 
 @dataclass(frozen=True, slots=True)

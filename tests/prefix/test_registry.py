@@ -77,7 +77,45 @@ def test_receipt_estimate_from_rows(client: redis.Redis) -> None:
     assert s[b"kvprefix_tokens_served"] == 100
     assert s[b"prefill_seconds_avoided"] == b"0.055"
     assert s[b"prefill_seconds_avoided_measured"] == b"0.000"
-    assert s[b"kvprefix_bytes_served"] == 2 * 100 * 8 * 2  # K+V, fp16
+    # A LOOKUP moves no rows: bytes served are what V.FETCH delivers (see below).
+    assert s[b"kvprefix_bytes_served"] == 0
+
+
+def test_receipt_bytes_served_are_fetch_payload_bytes(client: redis.Redis) -> None:
+    """The seed's definition: V.FETCH payload bytes delivered (RANGE, id lists, BATCH,
+    NATIVE), whichever session they come from; errors and nil replies deliver none."""
+    client.execute_command("KV.PREFIX.REGISTER", "f", 8, "fp16")
+    store_rows(client, "f", 10)
+    client.execute_command("V.CREATE", "plain", 4, "VQUANT", "int8")
+    client.execute_command("V.STOREBATCH", "plain", 1, 0, 2, np.ones((2, 4), "<f4").tobytes())
+    assert stats(client)[b"kvprefix_bytes_served"] == 0
+    expected = 0
+    for args, size in [
+        (("f_pk", 0, "RANGE", 0, 10), 10 * 8 * 4),
+        (("f_pk", 0, "RANGE", 5, 25), 20 * 8 * 4),  # zero rows past tpl are delivered too
+        (("f_pv", 0, "RANGE", 0, 10, "FMT", "NATIVE"), 10 * 8 * 2),  # stored fp16
+        (("f_pk", 0, 3, 1, 99), 3 * 8 * 4),
+        (("f_pk", "BATCH", 0, 4), 4 * 8 * 4),
+        (("f_pv", "BATCH", 0, 4, 3, "FMT", "NATIVE"), 4 * 8 * 2),  # layers 1, 2 are nil
+        (("plain", "BATCH", 0, 2), 2 * 4 * 4),  # not a prefix namespace: counted too
+        (("f_pk", 0, "RANGE", 10, 20), 0),  # nil: nothing delivered
+        (("f_pk", 3, "RANGE", 0, 5), 0),  # an empty layer: nil
+    ]:
+        client.execute_command("V.FETCH", *args)
+        expected += size
+        assert stats(client)[b"kvprefix_bytes_served"] == expected, args
+    with pytest.raises(redis.ResponseError):
+        client.execute_command("V.FETCH", "f_pk", 0, "RANGE", 5, 1)
+    with pytest.raises(redis.ResponseError):
+        client.execute_command("V.FETCH", "gone", 0, "RANGE", 0, 1)
+    assert client.execute_command("KV.PREFIX.LOOKUP", "f") == b"HIT"
+    s = stats(client)
+    assert s[b"kvprefix_bytes_served"] == expected
+    assert s[b"kvprefix_tokens_served"] == 10
+    info = client.info("pion")
+    assert info["kvprefix_bytes_served"] == expected
+    client.execute_command("PION.STATS", "RESET")
+    assert stats(client)[b"kvprefix_bytes_served"] == 0
 
 
 def test_receipt_tokens_and_prefill_replacement(client: redis.Redis) -> None:
