@@ -2,7 +2,7 @@
 
 Every limit the server enforces is a named field here with its provenance, so a test
 or an operator can see and change it, and so it is checked before anything is
-allocated (STYLE rule 4).
+allocated.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`pion llama`: keep an agent's stable prefix warm in llama.cpp's llama-server and on disk.
 
-The pi-prefix-cache behaviour (seed 003, DESIGN section 11) in Python. Reading order:
+The pi-prefix-cache behaviour (docs/llama.md) in Python. Reading order:
 
 - :mod:`~pion.llama.config`      WarmerConfig, ``PI_PREFIX_CACHE_*`` env vars
 - :mod:`~pion.llama.prefix`      the stable prefix of a chat request (boundary markers)
@@ -24,7 +24,7 @@ A harness that is not Pi uses the warmer directly::
     ...  # send the real request, then optionally:
     warmer.observe(outcome, Timings.from_json(response_json))
 
-This package never imports ``pion.server`` (DESIGN section 1).
+This package never imports ``pion.server`` (README.md, "Source tour").
 """
 
 from __future__ import annotations

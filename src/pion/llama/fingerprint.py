@@ -1,14 +1,14 @@
 """The prefix fingerprint and the slot file name derived from it.
 
 Owns one function, :func:`fingerprint`: SHA-256 over a canonical JSON document of everything
-that decides whether saved K/V can be reused (DESIGN section 11): model id, model file
+that decides whether saved K/V can be reused (docs/llama.md): model id, model file
 identity (size + mtime when the GGUF is readable here), server id (plus the server's build),
 harness id/version, our version, the rendering keys (tools, chat_template_kwargs, ...) and
 the prefix text. Changing any of them yields a new fingerprint and so a new file: stale K/V
 is never restored, it is simply not found.
 
 Canonical JSON (sorted keys, no whitespace, UTF-8) keeps the key unambiguous: no field can
-bleed into its neighbour, whatever characters a model name contains (STYLE rule 8).
+bleed into its neighbour, whatever characters a model name contains.
 """
 
 from __future__ import annotations
@@ -97,5 +97,5 @@ def fingerprint(inputs: FingerprintInputs) -> str:
 
 
 def file_name(fp: str) -> str:
-    """``pi-prefix-<first 16 hex digits>.bin``, the seed's slot file name."""
+    """``pi-prefix-<first 16 hex digits>.bin``, pi-prefix-cache's slot file name."""
     return f"{FILE_PREFIX}{fp[:16]}.bin"

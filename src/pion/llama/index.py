@@ -17,7 +17,7 @@ code that deletes slot files. Format (JSON, version 1)::
       }
     }
 
-Rules (the seed's, DESIGN section 11):
+Rules (pi-prefix-cache's, docs/llama.md):
 
 - A missing index is an empty one.
 - A corrupt index (not JSON, wrong shape, unknown version) disables deletion for the rest of

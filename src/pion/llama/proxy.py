@@ -1,6 +1,6 @@
 """`pion llama proxy`: an OpenAI-compatible reverse proxy that warms the prefix first.
 
-Owns the HTTP side of DESIGN section 11 (starlette app, run by uvicorn):
+Owns the HTTP side of docs/llama.md (starlette app, run by uvicorn):
 
 - ``POST /v1/chat/completions`` and ``/chat/completions``: extract the stable prefix
   (:mod:`pion.llama.prefix`), run :meth:`PrefixWarmer.ensure` in a worker thread (warm-ups

@@ -1,6 +1,6 @@
 """The prefix warmer: make sure a llama-server slot holds a stable prefix before a request.
 
-Owns the state machine of the seed (pi-prefix-cache), DESIGN section 11:
+Owns the state machine of pi-prefix-cache (docs/llama.md):
 
 1. **In-process hit.** This process warmed the fingerprint into the slot and ``GET /slots``
    still shows the slot's ``n_prompt_tokens`` (a restarted server shows none) → proceed.
@@ -11,7 +11,7 @@ Owns the state machine of the seed (pi-prefix-cache), DESIGN section 11:
    handed to :meth:`PrefixWarmer.observe`, and ``cache_n`` must reach 90% of the restored
    tokens (the identical-prompt gate) and so be > 0 (the divergent probe, since the real
    request diverges after the prefix). If not, that request simply ran cold; the file is
-   dropped and the next session cold-builds. ``verify="probe"``: the seed's two requests
+   dropped and the next session cold-builds. ``verify="probe"``: pi-prefix-cache's two requests
    before the real one, identical prompt (>= 90% from cache, else erase + cold build) and
    a divergent probe (``cache_n > 0``, else logged loudly and the restore kept).
 3. **Cold warm-up**: a chat request with only the prefix and an empty user message,
@@ -323,7 +323,7 @@ class PrefixWarmer:
         )
 
     def _probe(self, request: WarmRequest, slot: int, n_restored: int) -> str | None:
-        """The seed's two-stage verification; returns why it failed, or None."""
+        """pi-prefix-cache's two-stage verification; returns why it failed, or None."""
         ident = self.client.chat(self._warm_body(request, slot, "")).timings
         if ident is None:
             return "identical-prompt gate: no timings in the answer"
