@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from types import MappingProxyType
 
-from pion.commands import generic, persist, prefix, rollback, vstore
+from pion.commands import export, generic, persist, prefix, rollback, vstore
 from pion.commands.state import Command, CommandTable
 
 __all__ = ["COMMAND_TABLE", "build_table"]
@@ -22,6 +22,7 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     generic.COMMANDS,
     vstore.COMMANDS,
     rollback.COMMANDS,
+    export.COMMANDS,
     prefix.COMMANDS,
     persist.COMMANDS,
 )

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from pion.config import ServerConfig
+from pion.export.cache import ExportCache
 from pion.prefix.receipt import Receipt
 from pion.prefix.registry import PrefixRegistry
 from pion.resp.reply import Reply
@@ -108,6 +109,8 @@ class ServerState:
     kill_client: Callable[[int], bool] | None = None
     # Installed by the server: bytes all clients' query and reply buffers hold now.
     client_memory: Callable[[], int] | None = None
+    # V.EXPORT's files (None: --no-export, or a state built without them).
+    exports: ExportCache | None = None
     # Built from vstore and receipt: the KV.PREFIX registry over them.
     registry: PrefixRegistry = field(init=False)
 
