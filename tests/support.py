@@ -8,10 +8,12 @@
   ``pion-server`` whose RSS and log a test reads), :func:`encode_command`,
   :func:`read_reply_line`, :func:`store_fetchable`.
 - `pion llama`: chat requests and ``[prefix-cache]`` log reading.
+- Network: :func:`non_loopback_address` (to connect from a peer that is not loopback).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -340,3 +342,20 @@ def wait_log(path: Path | None, needle: str, n: int = 1, timeout: float = 10.0) 
         if count(lines, needle) >= n or time.monotonic() > deadline:
             return lines
         time.sleep(0.02)
+
+
+# -- network -------------------------------------------------------------------------
+
+
+def non_loopback_address() -> str:
+    """This machine's address on its first non-loopback interface."""
+    candidates = []
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # a UDP connect only picks a route
+        candidates.append(probe.getsockname()[0])
+    with contextlib.suppress(OSError):
+        candidates += socket.gethostbyname_ex(socket.gethostname())[2]
+    for addr in candidates:
+        if not addr.startswith("127.") and addr != "0.0.0.0":
+            return addr
+    raise RuntimeError("this test needs a non-loopback IPv4 address on the machine")

@@ -3,10 +3,8 @@ files read back with safetensors' own reader."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import socket
 import stat
 import subprocess
 from collections.abc import Callable
@@ -22,6 +20,7 @@ from safetensors.numpy import load_file
 
 from pion.codecs import FORMAT_NAMES
 from pion.server.run import ServerThread
+from support import non_loopback_address
 
 H, D, N, L = 4, 16, 40, 3
 DIM = H * D
@@ -163,24 +162,10 @@ def test_errors_name_the_problem_and_write_nothing(
     assert export_files(server) == []
 
 
-def _non_loopback_address() -> str:
-    """This machine's address on its first non-loopback interface."""
-    candidates = []
-    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect(("192.0.2.1", 9))  # a UDP connect only picks a route
-        candidates.append(probe.getsockname()[0])
-    with contextlib.suppress(OSError):
-        candidates += socket.gethostbyname_ex(socket.gethostname())[2]
-    for addr in candidates:
-        if not addr.startswith("127.") and addr != "0.0.0.0":
-            return addr
-    pytest.fail("this test needs a non-loopback IPv4 address on the machine")
-
-
 def test_refused_for_a_peer_that_is_not_loopback(
     server_factory: Callable[..., ServerThread],
 ) -> None:
-    addr = _non_loopback_address()
+    addr = non_loopback_address()
     srv = server_factory(bind="0.0.0.0", requirepass="pw")
     local = redis.Redis(host="127.0.0.1", port=srv.port, password="pw")
     remote = redis.Redis(host=addr, port=srv.port, password="pw")
