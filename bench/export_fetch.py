@@ -38,7 +38,6 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import print_table, start_pion, timed, write_results
-
 from pion.client import PionPromptCache
 
 
@@ -83,7 +82,7 @@ def _ours(port: int, ns: str, tokens: int, repeat: int) -> dict[str, float]:
 
 
 def _pion_client(
-    port: int, ns: str, layers: int, tokens: int, kv_dim: int, repeat: int
+    port: int, ns: str, *, layers: int, tokens: int, kv_dim: int, repeat: int
 ) -> dict[str, float]:
     import mlx.core as mx
     from pion_vllm_mlx import prompt_cache
@@ -92,12 +91,12 @@ def _pion_client(
     pc.layout = prompt_cache.CacheLayout(n_layers=layers, n_kv_heads=8, head_dim=kv_dim // 8)
 
     def export_lane() -> None:
-        arrays = mx.load(pc._export(ns, tokens))  # noqa: SLF001
+        arrays = mx.load(pc._export(ns, tokens))
         mx.eval(*arrays.values())
 
     def tcp_lane() -> None:
         for side in ("_pk", "_pv"):
-            flat = pc._fetch_batch_all_layers(ns + side, tokens, layers, native_dim=kv_dim)  # noqa: SLF001
+            flat = pc._fetch_batch_all_layers(ns + side, tokens, layers, native_dim=kv_dim)
             mx.eval(
                 *[
                     mx.array(
@@ -135,7 +134,14 @@ def main() -> int:
         ours = _ours(pion.port, ns, args.tokens, args.repeat)
         theirs: dict[str, Any] = {}
         if args.pion_client:
-            theirs = _pion_client(pion.port, ns, args.layers, args.tokens, args.kv_dim, args.repeat)
+            theirs = _pion_client(
+                pion.port,
+                ns,
+                layers=args.layers,
+                tokens=args.tokens,
+                kv_dim=args.kv_dim,
+                repeat=args.repeat,
+            )
     finally:
         pion.stop()
     mb = 2 * args.layers * args.tokens * args.kv_dim * 2 / 1e6
