@@ -548,6 +548,83 @@ def client_memory(results: Mapping[str, Result]) -> Section:
     )
 
 
+# -- 8. the attention tier ---------------------------------------------------------------
+
+
+@renderer("attend")
+def attend(results: Mapping[str, Result]) -> Section:
+    data = results["attend"]
+    rows, labels, series, losses = [], [], {"local numpy": [], "binary lane": [], "RESP": []}, []
+    for q in data.get("query_fused", []):
+        label = f"D={q['d']} M={q['m']}"
+        labels.append(label)
+        for key, name in (("local", "local numpy"), ("binary", "binary lane"), ("resp", "RESP")):
+            series[name].append(q[key]["p50_us"] / 1000)
+        floor = q["binary_vs_floor_plus_rtt"]
+        rows.append(
+            [
+                f"QUERY_FUSED {label}",
+                q["local"]["p50_us"] / 1000,
+                q["binary"]["p50_us"] / 1000,
+                q["resp"]["p50_us"] / 1000,
+                ratio(floor),
+            ]
+        )
+        if q["m"] == 1 and floor > 1.5:
+            losses.append(
+                f"QUERY_FUSED {label} over the binary lane takes {ratio(floor)} of (local "
+                "attention + one round trip), above the 1.5x target"
+            )
+    warm = data.get("warm")
+    extra = []
+    if warm:
+        extra.append(
+            (
+                f"`KV.PREFIX.WARM` of {warm['layers']} layers x {warm['tokens']} tokens x "
+                f"kv_dim {warm['kv_dim']} ({warm['format']}):",
+                ["server ms", "same conversion locally, ms", "x local", "Pion's published ms"],
+                [
+                    [
+                        warm["server_ms"],
+                        warm["local_numpy_ms"],
+                        ratio(warm["server_vs_local"]),
+                        "-".join(f"{v:.0f}" for v in warm.get("pion_published_ms", [])),
+                    ]
+                ],
+            )
+        )
+        low = warm.get("pion_published_ms", [0])[0]
+        if low and warm["server_ms"] > warm["pion_published_ms"][-1]:
+            losses.append(
+                f"WARM takes {warm['server_ms']:.0f} ms against Pion's published "
+                f"{low:.0f}-{warm['pion_published_ms'][-1]:.0f} ms (Apple Silicon); the same "
+                f"conversion done locally takes {warm['local_numpy_ms']:.0f} ms here"
+            )
+    fig, (ax,) = figure(width=7)
+    bars(ax, labels, series)
+    ax.set_yscale("log")
+    ax.set_ylabel("p50 ms (log)")
+    ax.set_title("ATTEND.PREFIX.QUERY_FUSED over a cached prefix")
+    prefix = data.get("prefix", {})
+    return Section(
+        title="How fast is attention on the server (the attention tier)?",
+        intro=(
+            "`ATTEND.PREFIX.QUERY_FUSED` over a "
+            f"{prefix.get('tokens', '?')}-token cached prefix (H_kv {prefix.get('h_kv', '?')}, "
+            f"H_q {prefix.get('h_q', '?')}) through Pion's own client, over the binary lane "
+            "and over RESP, against the same attention computed locally with numpy in the "
+            "client (no server at all) plus one loopback round trip. Medians of "
+            f"{data.get('calls', '?')} interleaved calls."
+        ),
+        headers=["query", "local p50 ms", "binary p50 ms", "RESP p50 ms", "binary x (local + RTT)"],
+        rows=rows,
+        extra_tables=extra,
+        losses=(f"{_join(losses)}." if losses else ""),
+        command="python bench/attend.py",
+        figure=fig,
+    )
+
+
 __all__ = [
     "client_memory",
     "export_fetch",
