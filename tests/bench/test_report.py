@@ -75,9 +75,9 @@ def test_a_new_benchmark_gets_a_generic_section(tmp_path: Path) -> None:
     results = tmp_path / "results"
     _write(
         results,
-        "attend",
+        "future_bench",
         {
-            "benchmark": "attend",
+            "benchmark": "future_bench",
             "time": "2026-01-01T00:00:00+0000",
             "machine": MACHINE,
             "quick": True,
@@ -92,12 +92,12 @@ def test_a_new_benchmark_gets_a_generic_section(tmp_path: Path) -> None:
         == 0
     )
     md = out.read_text()
-    assert "## `attend`" in md and "bench/sections.py" in md
+    assert "## `future_bench`" in md and "bench/sections.py" in md
     for row in ("| query_us | 12.5 |", "| rows[M=1].x_redis | 0.8 |", "| nested.label | dense |"):
         assert row in md
     assert "Smoke sizes (--quick): not representative." in md
     assert len(_figures(md, out)) == 1  # its ratios, plotted
-    assert "Reproduce: `python bench/attend.py`." in md
+    assert "Reproduce: `python bench/future_bench.py`." in md
 
 
 def test_renderers_say_where_we_lose(tmp_path: Path) -> None:
