@@ -19,12 +19,15 @@ HERE = Path(__file__).resolve().parent
 BENCHES = [
     "decoder",
     "vstore_throughput",
+    "vstore_eviction",
     "registry",
     "persistence",
+    "tier",
     "fidelity",
     "llama_prefix",
     "client_memory",
     "attend",
+    "keyspace",
     "export_fetch",
 ]
 
