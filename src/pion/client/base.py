@@ -64,6 +64,7 @@ __all__ = [
     "connection_options",
     "map_results",
     "operation",
+    "tls_options",
 ]
 
 P = ParamSpec("P")
@@ -113,6 +114,16 @@ def connection_options(
         "retry": Retry(NoBackoff(), 0) if retry is None else retry,
         **(extra or {}),
     }
+
+
+def tls_options(ssl: bool | Mapping[str, Any]) -> dict[str, Any]:
+    """redis-py's options for the client's ``ssl`` argument: ``{}`` for False,
+    ``ssl=True`` plus each ``key`` of a mapping as ``ssl_<key>``."""
+    if ssl is False:
+        return {}
+    if ssl is True:
+        return {"ssl": True}
+    return {"ssl": True, **{f"ssl_{key}": value for key, value in ssl.items()}}
 
 
 def map_results(results: Sequence[object]) -> list[object]:
@@ -239,6 +250,7 @@ class BasePromptCache(ABC, Generic[C]):
         timeout: float = 60.0,
         follow_redirects: bool = True,
         redis_options: Mapping[str, Any] | None = None,
+        ssl: bool | Mapping[str, Any] = False,
         export: bool | None = None,
     ) -> None:
         """``host``/``port``: the server (Pion's default port 1974). ``password`` (and
@@ -246,10 +258,13 @@ class BasePromptCache(ABC, Generic[C]):
         ``register`` uses when none is given (``fp16 int8 fp8 mlx4g32 turbo4 turbo3
         turbo2``). ``timeout``: seconds to connect and per reply. ``follow_redirects``:
         on ``session lives on worker N``, retry once on the worker's affinity port
-        ``port + 2 + N``. ``redis_options``: passed to redis-py's ``Redis`` (e.g.
-        ``ssl=True``). ``export``: let ``fetch`` map the prefix from a file the server
-        writes (``V.EXPORT``) instead of reading it through the socket; None (the
-        default) does so when ``host`` is a loopback address or ``localhost``, and
+        ``port + 2 + N``. ``redis_options``: passed to redis-py's ``Redis``.
+        ``ssl``: connect over TLS (every port, affinity ports too): True verifies the
+        server against the system's CAs; a mapping gives redis-py's ``ssl_*`` options
+        without the prefix, e.g. ``{"ca_certs": "ca.pem", "certfile": "client.pem",
+        "keyfile": "client.key"}``. ``export``: let ``fetch`` map the prefix from a file
+        the server writes (``V.EXPORT``) instead of reading it through the socket; None
+        (the default) does so when ``host`` is a loopback address or ``localhost``, and
         the lane turns itself off where the server refuses it (see
         :mod:`pion.client.export`)."""
         self.host = host
@@ -261,7 +276,11 @@ class BasePromptCache(ABC, Generic[C]):
         # The export lane's state and counters (used, fallbacks, reason it is off).
         self.export_lane = ExportLane(is_loopback_host(host) if export is None else export)
         self._options = connection_options(
-            password, username, timeout, redis_options, retry=self._no_retry()
+            password,
+            username,
+            timeout,
+            {**tls_options(ssl), **(redis_options or {})},
+            retry=self._no_retry(),
         )
         # One connection (pool) per port: the given one, then each affinity port a
         # redirect led to. The first is made now so that a bad option fails here;

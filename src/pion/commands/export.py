@@ -17,7 +17,10 @@ started with ``--no-export``, a layer missing, empty in the range or not
 ``n_kv_heads * head_dim`` wide, a file beyond the byte limits or the disk's free space.
 Pion's client answers any error by turning its export lane off and fetching over TCP.
 
-Every argument is parsed and bounded before the store is read. Each V.EXPORT counts as
+Under ``-w N`` a session another worker owns answers the V-store redirect (``session
+lives on worker N ...; reconnect for V.EXPORT``), and with ``--tier`` a session only the
+tier holds is filled from it first, both as ``V.FETCH`` does. Every argument is parsed
+and bounded before the store is read. Each V.EXPORT counts as
 a fetch of its layers (``total_fetches``, the LRU clock of both sessions) and credits
 the file's data bytes to the value receipt's ``kvprefix_bytes_served``.
 """
@@ -29,6 +32,7 @@ from collections.abc import Sequence
 
 from pion.commands.args import Args
 from pion.commands.state import Command, Context
+from pion.commands.workers import redirect_session
 from pion.errors import PionError
 from pion.export.peer import is_local_peer, peer_host
 from pion.export.writer import ExportRequest
@@ -67,6 +71,12 @@ def v_export(ctx: Context, argv: Sequence[bytes]) -> Reply:
         raise PionError(f"V.EXPORT: n_kv_heads and head_dim must be 1..{limits.max_dim}")
     if heads * head_dim > limits.max_dim:
         raise PionError(f"V.EXPORT: n_kv_heads*head_dim exceeds the largest dim {limits.max_dim}")
+    for sid in (sid_k, sid_v):
+        # As V.FETCH: a session another worker owns is a redirect (-w N), and one only
+        # the cluster tier holds is filled from it first (--tier).
+        redirect_session(ctx, sid, "V.EXPORT")
+        if ctx.state.tier is not None:
+            ctx.state.tier.ensure_local((sid,), required=True)
     req = ExportRequest(sid_k, sid_v, start, end, n_layers, heads, head_dim)
     done = exports.export(ctx.state.vstore, req)
     ctx.state.receipt.credit_bytes(done.nbytes)
