@@ -1,7 +1,7 @@
 """Write ``BENCHMARKS.md`` from the JSON results the benchmarks leave in ``bench/results/``.
 
 Each benchmark stays independent: it writes ``<name>.json`` and knows nothing of this
-report. Here, a registry maps result names to *section renderers* (``sections.py``):
+report. Here, a registry maps result names to *section renderers* (the ``sections`` package):
 a renderer answers one question a user asks (how fast against redis-server, how
 faithful, how durable...) with a table, a PNG plot and a paragraph that says where we
 lose. A result no renderer claims still gets a section, from :func:`generic` (its
@@ -63,16 +63,20 @@ class Section:
 class Renderer:
     results: tuple[str, ...]  # the result names it reads; the first must be present
     render: Callable[[Mapping[str, Result]], Section]
+    order: int  # where its section goes in the report (lower first)
 
 
 REGISTRY: list[Renderer] = []
 
 
-def renderer(*results: str) -> Callable[[Callable[[Mapping[str, Result]], Section]], Any]:
-    """Register a section renderer for ``results`` (report order = registration order)."""
+def renderer(
+    *results: str, order: int = 1000
+) -> Callable[[Callable[[Mapping[str, Result]], Section]], Any]:
+    """Register a section renderer for ``results``; sections appear by ``order``, then
+    in the order they were registered."""
 
     def register(fn: Callable[[Mapping[str, Result]], Section]) -> Any:
-        REGISTRY.append(Renderer(results, fn))
+        REGISTRY.append(Renderer(results, fn, order))
         return fn
 
     return register
@@ -163,7 +167,7 @@ def generic(name: str, data: Result) -> Section:
         title=f"`{name}`",
         intro=(
             f"Every figure of `bench/results/{name}.json` (no dedicated renderer yet: add "
-            "one to `bench/sections.py` to give this section its question and plot)."
+            "one to `bench/sections/` to give this section its question and plot)."
         ),
         headers=["figure", "value"],
         rows=[[k, fmt(v)] for k, v in leaves],
@@ -287,7 +291,7 @@ def build(results: Mapping[str, Result], out: Path, plots: Path) -> str:
     plots.mkdir(parents=True, exist_ok=True)
     sections: list[tuple[Section, list[Result]]] = []
     claimed: set[str] = set()
-    for r in REGISTRY:
+    for r in sorted(REGISTRY, key=lambda r: r.order):
         if r.results[0] not in results:
             continue
         inputs = {name: results[name] for name in r.results if name in results}

@@ -92,7 +92,7 @@ def test_a_new_benchmark_gets_a_generic_section(tmp_path: Path) -> None:
         == 0
     )
     md = out.read_text()
-    assert "## `future_bench`" in md and "bench/sections.py" in md
+    assert "## `future_bench`" in md and "bench/sections/" in md
     for row in ("| query_us | 12.5 |", "| rows[M=1].x_redis | 0.8 |", "| nested.label | dense |"):
         assert row in md
     assert "Smoke sizes (--quick): not representative." in md
