@@ -151,6 +151,8 @@ def write_results(name: str, payload: dict[str, Any]) -> Path:
         },
         **payload,
     }
+    # Every script takes --quick for smoke sizes; the report marks such results.
+    payload.setdefault("quick", "--quick" in sys.argv)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
