@@ -29,6 +29,7 @@ BENCHES = [
     "client_memory",
     "attend",
     "keyspace",
+    "export_fetch",
 ]
 
 

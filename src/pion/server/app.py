@@ -112,6 +112,9 @@ class PionServer:
                 persistence.close()
             except Exception:
                 log.exception("closing the write-ahead log failed")
+        if self.state.exports is not None:
+            # The files are a cache of the V-store: none outlives the server.
+            self.state.exports.close()
         self._stopped.set()
 
     async def _drain(self) -> None:
