@@ -15,8 +15,8 @@ import pytest
 import redis
 from safetensors.numpy import load_file
 
-from multiworker import Server
 from pion.client import PionPromptCache
+from support.workers import Server
 
 N, DIM = 20, 16
 

@@ -1,4 +1,8 @@
-"""Helpers shared by the test packages (on pytest's ``pythonpath``: ``import support``).
+"""Helpers shared by the test packages: the one support package, on pytest's
+``pythonpath`` (``from support import ...``). Beside the helpers below, its modules
+``support.attend`` (a float64 attention reference), ``support.keyspace`` (a raw RESP
+client and a redis-server oracle) and ``support.workers`` (pion-server processes with
+workers, TLS and metrics).
 
 - V-store: :func:`make_store`, :func:`rows`, :func:`durable_state` (everything durable
   about a store, comparable with ``==``), :func:`check_layers` (the sparse-run
