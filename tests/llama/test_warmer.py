@@ -264,9 +264,18 @@ def test_changed_model_file_or_tools_give_new_fingerprint(
         first = session(warmer, server.url, body)
         fewer_tools = pi_chat_body(max_tokens=2, tools=pi_tools()[:2])
         tools_changed = session(warmer, server.url, fewer_tools)
+        # A touched file is the same model (as on another machine with another mtime)...
         st = model.stat()
         os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        touched = warmer.ensure(warm_request(body, config))
+        # ...a replaced one (other weights at the end of the file) is not.
+        data = bytearray(model.read_bytes())
+        data[-1] ^= 0x01
+        replacement = tmp_path / "replacement.gguf"
+        replacement.write_bytes(bytes(data))
+        os.replace(replacement, model)
         model_changed = session(warmer, server.url, body)
+    assert touched.fingerprint == first.fingerprint
     assert len({first.fingerprint, tools_changed.fingerprint, model_changed.fingerprint}) == 3
     assert tools_changed.kind == "cold" and model_changed.kind == "cold"
     server.restart()

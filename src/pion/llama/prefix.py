@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "LABEL_CHARS",
     "RENDER_KEYS",
     "PrefixSkip",
     "WarmRequest",
@@ -34,6 +35,8 @@ RENDER_KEYS: tuple[str, ...] = (
 )
 
 _PREFIX_ROLES = ("system", "developer")
+# Characters of a prefix shown in status output (which prefix is in which slot).
+LABEL_CHARS = 60
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,12 @@ class WarmRequest:
     model: str | None = None
     harness: str = ""
     parts: bool = False
+
+    def label(self) -> str:
+        """The prefix's first non-empty line, cut to :data:`LABEL_CHARS`: a human name for
+        it in status output."""
+        line = next((ln.strip() for ln in self.prefix.splitlines() if ln.strip()), "")
+        return line if len(line) <= LABEL_CHARS else line[: LABEL_CHARS - 1] + "…"
 
     def system_message(self) -> dict[str, Any]:
         """The system/developer message holding only the prefix."""
