@@ -388,6 +388,9 @@ def test_recurrent_model_disables_restore_once(
     lines = log_lines(config.log_path)
     assert count(lines, "HYBRID: a fresh restore fails the identical-prompt gate") == 1
     assert count(lines, "--ctx-checkpoints") == 1
+    # The fast path says so when llama-server accepted a restore that saved nothing.
+    accepted = "RESTORE accepted by llama-server (n_restored="
+    assert count(lines, accepted) == (1 if verify == "fast" else 0)
     server.restart()
     with PrefixWarmer(config) as warmer:
         later = session(warmer, server.url, body)

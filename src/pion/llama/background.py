@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 __all__ = ["MAX_PENDING", "Background"]
@@ -45,9 +46,12 @@ class Background:
     def flush(self, timeout: float = 60.0) -> bool:
         """Wait until every job submitted before this call has run; False on timeout."""
         done = threading.Event()
-        if not self.submit("flush", done.set):
+        deadline = time.monotonic() + timeout
+        try:
+            self._jobs.put(("flush", done.set), timeout=timeout)
+        except queue.Full:
             return False
-        return done.wait(timeout)
+        return done.wait(max(0.0, deadline - time.monotonic()))
 
     def close(self, timeout: float = 10.0) -> None:
         """Finish the queued jobs (within ``timeout``) and stop the thread."""

@@ -89,24 +89,32 @@ def cold(ctx: WarmerContext, target: Target) -> Outcome:
 
 
 def save_evicted(ctx: WarmerContext, slot: int, state: SlotState, info: ServerInfo) -> None:
-    """``slot`` is about to take another prefix: save the one it holds, unless it is on
-    disk already (or restores cannot work here)."""
+    """``slot`` is about to take another prefix: save the one it holds, unless its file is
+    on disk (or restores cannot work here). The disk is checked, not remembered: a budget
+    cleanup or ``pion llama gc`` may have deleted the file since it was saved."""
     ctx.count("evictions")
     head = f"EVICT slot {slot}: {state.fingerprint[:16]}… ({state.label or '?'})"
-    if ctx.index is None or state.saved:
-        ctx.log(f"{head}, least recently used" + (", already on disk" if state.saved else ""))
+    index = ctx.index
+    if index is None:
+        ctx.log(f"{head}, least recently used")
         return
-    if info.restore_key() in ctx.index.load().no_restore:
+    name = file_name(state.fingerprint)
+    entry = index.get(name)
+    path = index.slot_dir / name
+    if entry is not None and path.is_file() and path.stat().st_size == entry.bytes:
+        ctx.log(f"{head}, least recently used, already on disk")
+        return
+    if info.restore_key() in index.load().no_restore:
         ctx.log(f"{head}, least recently used, not saved (restores disabled here)")
         return
-    entry = ctx.client.slot(slot)
-    held = entry.get("n_prompt_tokens") if entry else None
+    slot_entry = ctx.client.slot(slot)
+    held = slot_entry.get("n_prompt_tokens") if slot_entry else None
     if not isinstance(held, int) or held < ctx.config.gate_ratio * state.tokens:
         ctx.log(f"{head}, least recently used; the slot no longer holds it, nothing to save")
         return
-    ctx.log(f"{head}, least recently used, not on disk yet → saving it first")
+    ctx.log(f"{head}, least recently used, not on disk → saving it first")
     if _save(ctx, slot, state, info, evicted=True) is not None:
-        _share(ctx, state.fingerprint, file_name(state.fingerprint), info)
+        _share(ctx, state.fingerprint, name, info)
 
 
 def _save(

@@ -179,7 +179,9 @@ def _checked(doc: dict[str, Any], fingerprint: str) -> dict[str, Any]:
         raise ValueError(f"manifest says {chunks} chunks for {size} bytes of {chunk_bytes}")
     if doc.get("file") != file_name(fp):
         raise ValueError("manifest file name does not match its fingerprint")
-    layout = doc.get("layout")
+    if "layout" not in doc:
+        raise ValueError("manifest lacks layout (null when unknown)")
+    layout = doc["layout"]
     return {
         "fingerprint": fp,
         "file": file_name(fp),

@@ -36,7 +36,7 @@ RENDER_KEYS: tuple[str, ...] = (
 
 _PREFIX_ROLES = ("system", "developer")
 # Characters of a prefix shown in status output (which prefix is in which slot).
-LABEL_CHARS = 60
+LABEL_CHARS = 80
 
 
 @dataclass(frozen=True)
@@ -57,10 +57,14 @@ class WarmRequest:
     parts: bool = False
 
     def label(self) -> str:
-        """The prefix's first non-empty line, cut to :data:`LABEL_CHARS`: a human name for
-        it in status output."""
+        """A human name for the prefix in status output: its first non-empty line, or its
+        beginning and end when longer than :data:`LABEL_CHARS` (prefixes of one harness
+        often share their first words and differ further on)."""
         line = next((ln.strip() for ln in self.prefix.splitlines() if ln.strip()), "")
-        return line if len(line) <= LABEL_CHARS else line[: LABEL_CHARS - 1] + "…"
+        if len(line) <= LABEL_CHARS:
+            return line
+        half = (LABEL_CHARS - 1) // 2
+        return line[:half].rstrip() + "…" + line[-half:].lstrip()
 
     def system_message(self) -> dict[str, Any]:
         """The system/developer message holding only the prefix."""

@@ -89,8 +89,9 @@ def restore(ctx: WarmerContext, target: Target) -> Outcome | None:
     name = file_name(fp)
     checker = _Checker(ctx, info, slot)
     entry = _local(ctx, index, name, fp, checker)
+    tier = "disk"
     if entry is None and ctx.store is not None:
-        entry = _pull(ctx, target, index, name, checker)
+        entry, tier = _pull(ctx, target, index, name, checker), "store"
     if entry is None:
         return None
     try:
@@ -125,11 +126,11 @@ def restore(ctx: WarmerContext, target: Target) -> Outcome | None:
             return None
         ctx.index.touch(name)
         ctx.slots[slot] = state
-        return _finish(Outcome("restored", fp, slot, tokens, file=name), target.t0)
+        return _finish(Outcome("restored", fp, slot, tokens, file=name, tier=tier), target.t0)
     ctx.index.touch(name)
     state.pending = Pending(name, own_file, key, n_restored, restore_ms)
     ctx.slots[slot] = state
-    outcome = Outcome("restored", fp, slot, tokens, file=name, pending_verify=True)
+    outcome = Outcome("restored", fp, slot, tokens, file=name, tier=tier, pending_verify=True)
     return _finish(outcome, target.t0)
 
 

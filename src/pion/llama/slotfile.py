@@ -103,18 +103,26 @@ class SlotLayout:
             raise ValueError(f"layout lacks {exc}") from None
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints.values()):
             raise ValueError("layout counts are not integers")
-        if not isinstance(v_trans, bool) or not all(isinstance(v, list) for v in lists.values()):
+        if not isinstance(v_trans, bool) or not all(
+            isinstance(v, list | tuple) and len(v) <= _MAX_LAYERS for v in lists.values()
+        ):
             raise ValueError("layout has the wrong shape")
+        names = [lists["k_types"], lists["v_types"]]
+        rows = [lists["k_row_bytes"], lists["v_row_bytes"]]
+        if not all(isinstance(t, str) for seq in names for t in seq):
+            raise ValueError("layout types are not names")
+        if not all(isinstance(b, int) and not isinstance(b, bool) for seq in rows for b in seq):
+            raise ValueError("layout row sizes are not integers")
         return cls(
             n_stream=ints["n_stream"],
             n_layer=ints["n_layer"],
             v_trans=v_trans,
             n_rot_k=ints["n_rot_k"],
             n_rot_v=ints["n_rot_v"],
-            k_types=tuple(str(t) for t in lists["k_types"]),
-            v_types=tuple(str(t) for t in lists["v_types"]),
-            k_row_bytes=tuple(int(b) for b in lists["k_row_bytes"]),
-            v_row_bytes=tuple(int(b) for b in lists["v_row_bytes"]),
+            k_types=tuple(names[0]),
+            v_types=tuple(names[1]),
+            k_row_bytes=tuple(rows[0]),
+            v_row_bytes=tuple(rows[1]),
         )
 
     def difference(self, other: SlotLayout) -> str | None:

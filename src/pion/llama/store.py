@@ -54,6 +54,7 @@ __all__ = [
     "StoreConfig",
     "StoreCorrupt",
     "StoreError",
+    "prefill_ms_arg",
     "receipt_namespace",
 ]
 
@@ -119,7 +120,7 @@ class StoreConfig:
         return options
 
 
-def _ms(value: float) -> int:
+def prefill_ms_arg(value: float) -> int:
     """PREFILL_MS as the server takes it: whole ms, at least 1 when anything was measured."""
     if value <= 0:
         return 0
@@ -341,8 +342,8 @@ class SlotStore:
             return
         ns = receipt_namespace(fingerprint)
         args: list[Any] = ["KV.PREFIX.REGISTER", ns, _RECEIPT_KV_DIM, _RECEIPT_VQUANT]
-        if _ms(prefill_ms):
-            args += ["PREFILL_MS", _ms(prefill_ms)]
+        if prefill_ms_arg(prefill_ms):
+            args += ["PREFILL_MS", prefill_ms_arg(prefill_ms)]
         self._receipt_call("REGISTER", args)
 
     def report(self, fingerprint: str, tokens: int, prefill_ms: float) -> bool | None:
@@ -353,9 +354,11 @@ class SlotStore:
             return None
         ns = receipt_namespace(fingerprint)
         args: list[Any] = ["KV.PREFIX.LOOKUP", ns, "TOKENS", max(0, tokens)]
-        if _ms(prefill_ms):
-            args += ["PREFILL_MS", _ms(prefill_ms)]
+        if prefill_ms_arg(prefill_ms):
+            args += ["PREFILL_MS", prefill_ms_arg(prefill_ms)]
         reply = self._receipt_call("LOOKUP", args)
+        if not self._receipts:
+            return None
         if reply in (b"HIT", "HIT"):
             self._count("receipts")
             return True

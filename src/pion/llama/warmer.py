@@ -52,7 +52,7 @@ from pion.llama.restore import HYBRID_ADVICE, NO_SAVING_ADVICE, reject, restore
 from pion.llama.serverinfo import ServerInfo
 from pion.llama.slots import SlotTable
 from pion.llama.status import warmer_status
-from pion.llama.store import SlotStore, StoreError
+from pion.llama.store import SlotStore, StoreError, prefill_ms_arg
 from pion.llama.timings import Timings
 
 __all__ = ["HYBRID_ADVICE", "PrefixWarmer"]
@@ -350,7 +350,13 @@ class PrefixWarmer:
         fp, tokens, ms = state.fingerprint, state.tokens, state.prefill_ms
 
         def report() -> None:
-            if store.report(fp, tokens, ms) is False:
-                self.log(f"receipt: llama:{fp[:16]}… was not registered there → registered")
+            hit = store.report(fp, tokens, ms)
+            if hit is None:
+                return
+            self.log(
+                f"RECEIPT KV.PREFIX.LOOKUP llama:{fp[:16]}… TOKENS {tokens} "
+                f"PREFILL_MS {prefill_ms_arg(ms)} → "
+                + ("HIT" if hit else "MISS (not registered there: registered now)")
+            )
 
         background.submit("receipt", report)
