@@ -21,6 +21,10 @@ Run: ``PYTHONPATH=src .venv/bin/python bench/llama_prefix.py [--reps 3]``.
 
 from __future__ import annotations
 
+import _common  # noqa: F401  (first: it puts scripts/ on sys.path for pion_testing)
+
+# isort: split
+
 import argparse
 import json
 import platform
@@ -38,7 +42,6 @@ from pion_testing.testmodel import ModelSpec, make_model
 from rich.console import Console
 from rich.table import Table
 
-import _common  # noqa: F401  (puts scripts/ on sys.path for pion_testing)
 from pion.llama.client import LlamaClient
 from pion.llama.config import WarmerConfig
 from pion.llama.paths import cache_dir

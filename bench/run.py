@@ -23,6 +23,7 @@ BENCHES = [
     "persistence",
     "fidelity",
     "llama_prefix",
+    "llama_store",
     "client_memory",
     "attend",
 ]

@@ -180,8 +180,12 @@ def test_multi_slot_proxy_pins_the_request_to_its_slot(tmp_path: Path, multi: bo
             resp = httpx.post(proxy_url + "/v1/chat/completions", content=sent)
             pinned_by_client = json.dumps({**pi_chat_body(), "id_slot": 0}).encode()
             httpx.post(proxy_url + "/v1/chat/completions", content=pinned_by_client)
+            bom = b"\xef\xbb\xbf" + sent  # valid JSON to json.loads, but not "{" first
+            with_bom = httpx.post(proxy_url + "/v1/chat/completions", content=bom)
     assert resp.status_code == 200 and resp.content == JSON_BYTES
-    (_, _, got, _), (_, _, got_pinned, _) = rec.chat_requests()
+    assert with_bom.status_code == 200
+    (_, _, got, _), (_, _, got_pinned, _), (_, _, got_bom, _) = rec.chat_requests()
+    assert got_bom == bom
     assert got == (pin_slot(sent, 2) if multi else sent)
     assert got_pinned == pinned_by_client  # a client's own id_slot is never touched
 

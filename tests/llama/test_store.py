@@ -259,3 +259,26 @@ def test_receipts_are_off_on_a_plain_redis(redis_store: str) -> None:
     assert s.report(FP, 100, 10.0) is None
     assert lines == ["STORE is not a pion-server (no KV.PREFIX.*): receipts off"]
     assert s.usable()
+
+
+def test_a_file_rewritten_during_upload_is_not_published(
+    store: tuple[SlotStore, list[str]], url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama-server saving the same name while it is pushed: no manifest points at the mix."""
+    s, _ = store
+    src = tmp_path / "src.bin"
+    slot_file(src, 2 * CHUNK_BYTES + 5)
+    real_set = s._redis.set
+    calls = 0
+
+    def set_and_rewrite(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            slot_file(src, 2 * CHUNK_BYTES + 9, seed=9)  # a save of the same file name
+        return real_set(*args, **kwargs)
+
+    monkeypatch.setattr(s._redis, "set", set_and_rewrite)
+    with pytest.raises(StoreError, match="changed while it was uploaded"):
+        s.push(src, FIELDS)
+    assert raw(url).get(manifest_key(PREFIX, FP)) is None

@@ -1,8 +1,8 @@
 """Configuration of the prefix warmer and proxy: defaults, ``PI_PREFIX_CACHE_*`` env vars, flags.
 
 Owns :class:`WarmerConfig` (frozen) and its construction from the environment. The env vars
-mirror the seed (pi-prefix-cache) so an existing Pi setup keeps working; every one also has
-a CLI flag, and a flag wins over its env var. As in the seed, a numeric env var that is
+mirror pi-prefix-cache's so an existing Pi setup keeps working; every one also has
+a CLI flag, and a flag wins over its env var. As in pi-prefix-cache, a numeric env var that is
 unset or invalid falls back to its default.
 
 =================================  ==========================================  ===========
@@ -56,7 +56,7 @@ __all__ = [
 
 ENV_PREFIX = "PI_PREFIX_CACHE_"
 
-# Pi's variable-section boundaries, earliest wins (seed, "How it works" step 1).
+# Pi's variable-section boundaries, earliest wins (pi-prefix-cache's rule).
 DEFAULT_MARKERS: tuple[str, ...] = (
     "\n<project_context>",
     "\n<cwd>",
@@ -69,7 +69,7 @@ GIB = 1024**3
 
 
 def normalize_base_url(url: str) -> str:
-    """The server root: no trailing slash, no trailing ``/v1`` (the seed's form has one)."""
+    """The server root: no trailing slash, no trailing ``/v1`` (pi-prefix-cache's form has one)."""
     url = url.strip().rstrip("/")
     if url.endswith("/v1"):
         url = url[: -len("/v1")]

@@ -133,5 +133,5 @@ def fingerprint(inputs: FingerprintInputs) -> str:
 
 
 def file_name(fp: str) -> str:
-    """``pi-prefix-<first 16 hex digits>.bin``, the seed's slot file name."""
+    """``pi-prefix-<first 16 hex digits>.bin``, pi-prefix-cache's slot file name."""
     return f"{FILE_PREFIX}{fp[:16]}.bin"

@@ -1,6 +1,6 @@
-"""What one :meth:`PrefixWarmer.ensure` call did, in the seed's words.
+"""What one :meth:`PrefixWarmer.ensure` call did, in pi-prefix-cache's words.
 
-Owns :class:`Outcome` and its one-line summary (the seed's TUI notification, which we log):
+Owns :class:`Outcome` and its one-line summary (pi-prefix-cache's TUI notification, which we log):
 
 - ``WARM — slot already hot``                         in-process hit, slot checked alive
 - ``WARM — restored 2335 tok from disk (1453 ms)``    restore (verified, or verifying);
@@ -42,7 +42,7 @@ class Outcome:
 
     @property
     def source(self) -> str:
-        """The seed's ``source=`` word: hit, restore, warm-up, or none."""
+        """pi-prefix-cache's ``source=`` word: hit, restore, warm-up, or none."""
         return _SOURCES.get(self.kind, "none")
 
     def summary(self) -> str:

@@ -164,7 +164,12 @@ class PrefixProxy:
                 and outcome is not None
                 and outcome.kind in ("hit", "restored", "cold")
             ):
-                body = pin_slot(body, outcome.slot)
+                try:
+                    body = pin_slot(body, outcome.slot)
+                except ValueError:
+                    # JSON that does not start with "{" as bytes (a BOM, UTF-16): forward
+                    # it as sent; llama-server then picks the slot by prompt similarity.
+                    self.warmer.log(f"request not pinned to slot {outcome.slot}: {body[:4]!r}")
         url = self.upstream + request.url.path
         if request.url.query:
             url += "?" + request.url.query

@@ -259,7 +259,7 @@ def _entry(
 
 
 def _probe(ctx: WarmerContext, request: WarmRequest, slot: int) -> str | None:
-    """The seed's two-stage verification; returns why it failed, or None."""
+    """pi-prefix-cache's two-stage verification; returns why it failed, or None."""
     gate = f"{ctx.config.gate_ratio:.0%}"
     ident = ctx.client.chat(warm_body(request, slot, "")).timings
     if ident is None:
@@ -270,7 +270,7 @@ def _probe(ctx: WarmerContext, request: WarmRequest, slot: int) -> str | None:
     if div is None:
         return "divergent probe: no timings in the answer"
     if div.cache_n == 0:
-        # Kept: a rebuild would produce the same checkpoint chain (seed, step 4.2).
+        # Kept: a rebuild would produce the same checkpoint chain (as pi-prefix-cache keeps it).
         ctx.log(
             f"RESTORE WARNING: divergent probe cache_n=0 of {div.total} — no context "
             "checkpoint before the divergence (server flags? e.g. the prefix is shorter "

@@ -217,12 +217,22 @@ class SlotStore:
         digest = hashlib.sha256()
         size = index = 0
         with path.open("rb") as f:
+            before = os.fstat(f.fileno())
             while block := f.read(CHUNK_BYTES):
                 digest.update(block)
                 key = chunk_key(self.config.prefix, fp, upload, index)
                 self._call("SET chunk", functools.partial(self._redis.set, key, block, ex=ttl))
                 size += len(block)
                 index += 1
+            after = path.stat()
+        # llama-server rewrites a slot file in place (truncate, write): a save of the same
+        # name during the upload would leave a mix of two files behind a valid hash.
+        if (after.st_ino, after.st_size, after.st_mtime_ns) != (
+            before.st_ino,
+            before.st_size,
+            before.st_mtime_ns,
+        ) or size != before.st_size:
+            raise StoreError(f"{path.name} changed while it was uploaded; not published")
         if size == 0:
             raise StoreError(f"{path.name} is empty")
         manifest = Manifest(
