@@ -75,7 +75,7 @@ def test_three_interleaved_prefixes_reuse_and_a_fourth_evicts_lru(
     tokens: dict[str, int] = {}
     session = 0
     with running_proxy(PrefixProxy(config)) as proxy_url:
-        for round_ in range(3):
+        for round_ in range(4):
             for name in "ABC":
                 session += 1
                 timings = post(proxy_url, body(name, session))["timings"]

@@ -204,8 +204,13 @@ class PrefixWarmer:
         return fingerprint(inputs)
 
     def _slot_table(self, info: ServerInfo) -> SlotTable:
-        if self._table is not None:
+        with self.ctx.guard:
+            if self._table is None:
+                self._table = SlotTable(self._slot_ids(info))
             return self._table
+
+    def _slot_ids(self, info: ServerInfo) -> tuple[int, ...]:
+        """The slots this warmer uses (``--slots all``: as many as the server has)."""
         cfg = self.config
         slots: tuple[int, ...] = (cfg.slot,)
         if cfg.all_slots:
@@ -222,8 +227,7 @@ class PrefixWarmer:
                     slots = tuple(s for s in slots if s < info.total_slots)
         if cfg.multi_slot:
             self.log(f"one stable prefix per slot: slots {', '.join(map(str, slots))}")
-        self._table = SlotTable(slots)
-        return self._table
+        return slots
 
     def _route(self, request: WarmRequest, slot: int | None) -> tuple[int, str, str | None]:
         """(slot, fingerprint, evicted fingerprint) for this request."""
