@@ -19,13 +19,16 @@ HERE = Path(__file__).resolve().parent
 BENCHES = [
     "decoder",
     "vstore_throughput",
+    "vstore_eviction",
     "registry",
     "persistence",
+    "tier",
     "fidelity",
     "llama_prefix",
     "llama_store",
     "client_memory",
     "attend",
+    "keyspace",
 ]
 
 

@@ -18,6 +18,7 @@ from pion.commands.state import Command, Context
 from pion.commands.vstore import format_name
 from pion.errors import PionError
 from pion.resp.reply import Reply, Simple
+from pion.wire import namespace_sids
 
 __all__ = ["COMMANDS"]
 
@@ -87,6 +88,8 @@ def _register(ctx: Context, args: Sequence[bytes]) -> Reply:
             prefill_ms = _prefill_ms(cur, cmd)
         else:
             raise PionError(f"{cmd}: unknown option '{opt or '?'}'")
+    if ctx.state.tier is not None:  # keep the layout another node registered
+        ctx.state.tier.ensure_local(namespace_sids(ns), required=False)
     ctx.state.registry.register(ns, kv_dim, vquant, blocks, prefill_ms)
     return Simple("OK")
 
@@ -109,6 +112,8 @@ def _lookup(ctx: Context, args: Sequence[bytes]) -> Reply:
             prefill_ms = _prefill_ms(cur, cmd)
         else:
             raise PionError(f"{cmd}: unknown option '{opt or '?'}'")
+    if ctx.state.tier is not None:
+        ctx.state.tier.before_lookup(ns)
     hit = ctx.state.registry.lookup(ns, tokens, prefill_ms)
     return Simple("HIT" if hit else "MISS")
 
@@ -117,7 +122,11 @@ def _drop(ctx: Context, args: Sequence[bytes]) -> Reply:
     cmd = "KV.PREFIX.DROP"
     cur = Args(args, cmd)
     namespaces = [_ns(cur, cmd) for _ in range(len(args))]
-    return sum(ctx.state.registry.drop(ns) for ns in dict.fromkeys(namespaces))
+    tier = ctx.state.tier
+    return sum(
+        (tier is not None and tier.before_drop(ns)) | ctx.state.registry.drop(ns)
+        for ns in dict.fromkeys(namespaces)
+    )
 
 
 def _owner(ctx: Context, args: Sequence[bytes]) -> Reply:
@@ -129,6 +138,8 @@ def _owner(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 def _blocks(ctx: Context, args: Sequence[bytes]) -> Reply:
     ns = _ns(Args(args, "KV.PREFIX.BLOCKS"), "KV.PREFIX.BLOCKS")
+    if ctx.state.tier is not None:
+        ctx.state.tier.ensure_local(namespace_sids(ns)[:1], required=True)
     table = ctx.state.registry.block_table(ns)
     if table is None:
         return _UNKNOWN
@@ -142,6 +153,8 @@ def _membership(ctx: Context, args: Sequence[bytes]) -> Reply:
     cur = Args(args, cmd)
     ns = _ns(cur, cmd)
     probes = _hash_blob(cur, cmd, f"hash_count out of range (0..{MAX_HASH_COUNT})")
+    if ctx.state.tier is not None:
+        ctx.state.tier.ensure_local(namespace_sids(ns)[:1], required=True)
     table = ctx.state.registry.block_table(ns)
     if table is None:
         return _UNKNOWN
@@ -186,8 +199,13 @@ def _pion_stats(ctx: Context, args: Sequence[bytes]) -> Reply:
         if cur.peek_keyword() != "RESET" or len(cur) != 1:
             raise PionError("PION.STATS: unknown subcommand (want RESET)")
         ctx.state.receipt.reset()
+        if ctx.state.tier is not None:
+            ctx.state.tier.reset_stats()
         return Simple("OK")
-    return {k: v for k, v in ctx.state.receipt.pairs().items()}
+    pairs: dict[str | bytes, Reply] = {k: v for k, v in ctx.state.receipt.pairs().items()}
+    if ctx.state.tier is not None:  # only with --tier: the sixteen stay Pion's
+        pairs.update(ctx.state.tier.stats_pairs())
+    return pairs
 
 
 COMMANDS: list[Command] = [

@@ -90,6 +90,8 @@ class PionServer:
         await self._drain()
         for conn in list(self.connections.values()):
             conn.close()
+        if self.state.tier is not None:
+            self.state.tier.close()  # drains queued tier writes (bounded)
         persistence = self.state.persistence
         if persistence is not None:
             try:

@@ -24,7 +24,9 @@ from pion.commands import COMMAND_TABLE
 from pion.commands.state import CommandTable, ServerState
 from pion.config import ServerConfig
 from pion.errors import PionError
+from pion.keyspace import SWEEP_INTERVAL_S, SWEEP_MAX_KEYS
 from pion.persistence import Persistence, RecoveryAborted
+from pion.persistence.keyspace_durable import KeyspaceDurable
 from pion.persistence.ssm_durable import SsmDurable
 from pion.prefix.receipt import Receipt
 from pion.server.app import PionServer
@@ -64,10 +66,16 @@ def build_state(config: ServerConfig) -> ServerState:
         maxmemory=config.maxmemory,
     )
     state = ServerState(config=config, vstore=vstore, receipt=Receipt(worker_id=config.worker_id))
-    persistence = Persistence(config, vstore, SsmDurable(state.ssm))
+    persistence = Persistence(
+        config, vstore, SsmDurable(state.ssm), KeyspaceDurable(state.keyspace)
+    )
     persistence.open()
     state.persistence = persistence
     state.loading = True
+    if config.tier is not None:
+        from pion.tier import Tier
+
+        state.tier = Tier(config.tier, vstore, config.vstore, config.vstore_max_sessions)
     return state
 
 
@@ -200,10 +208,36 @@ async def _serve(
             raise
         state.loading = False
         persistence.start()
+    if state.tier is not None:
+        state.tier.start()
     state.loading = False
+    sweeps = _Sweeps(state)
     if on_ready is not None:
         on_ready(server)
-    await server.wait_stopped()
+    try:
+        await server.wait_stopped()
+    finally:
+        sweeps.cancel()
+
+
+class _Sweeps:
+    """The keyspace's active expiry on the loop: every SWEEP_INTERVAL_S, remove up to
+    SWEEP_MAX_KEYS keys whose deadline passed (``pion.keyspace.expiry``)."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.keyspace = state.keyspace
+        self.loop = asyncio.get_running_loop()
+        self.handle = self.loop.call_later(SWEEP_INTERVAL_S, self.tick)
+
+    def tick(self) -> None:
+        try:
+            self.keyspace.sweep(SWEEP_MAX_KEYS)
+        except Exception:  # a bug must not stop expiry for the rest of the run
+            log.exception("keyspace expiry sweep failed")
+        self.handle = self.loop.call_later(SWEEP_INTERVAL_S, self.tick)
+
+    def cancel(self) -> None:
+        self.handle.cancel()
 
 
 def _install_uvloop() -> None:
