@@ -160,6 +160,7 @@ def part1(args: argparse.Namespace, binary: Path, model: Path, work: Path) -> di
         "samples_s": samples,
         "cache_n": reuse,
         "median_s": med,
+        "min_s": {k: min(v) for k, v in samples.items()},
         "store_over_disk": med["c"] / med["b"],
         "store_over_cold": med["c"] / med["a"],
         "targets_met": med["c"] <= 1.5 * med["b"] and med["c"] <= 0.1 * med["a"],
