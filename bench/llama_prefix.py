@@ -12,7 +12,7 @@ width 512) with a ~8k-token Pi-shaped prefix, the first user message differing p
 
 TTFT is measured by the client from sending the request to the first streamed content
 delta, so everything the proxy does (fingerprint, /slots, restore, probes) is inside it.
-Every figure is reported as a ratio to (a) measured in the same run (DESIGN section 12);
+Every figure is reported as a ratio to (a) measured in the same run (README, Benchmarks);
 the target is (c) <= 0.1 x (a). Results: a table on stdout and
 ``bench/results/llama_prefix.json``.
 
