@@ -172,6 +172,8 @@ def warm(
     warmer = PrefixWarmer(config)
     try:
         outcome = warmer.ensure(request)
+        # A boot script exits right after: let the push to the store finish first.
+        warmer.flush(timeout=config.store_deadline)
     finally:
         warmer.close()
     click.echo(f"{outcome.summary()}  fingerprint={outcome.fingerprint[:16]}")
