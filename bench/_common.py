@@ -2,7 +2,7 @@
 things, print a table and write ``bench/results/<name>.json``.
 
 Every figure a benchmark reports is a ratio against a baseline measured in the same
-run on the same machine (DESIGN section 12), so the helpers here start both sides.
+run on the same machine (README.md, "Benchmarks"), so the helpers here start both sides.
 """
 
 from __future__ import annotations

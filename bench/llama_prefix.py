@@ -8,11 +8,11 @@ width 512) with a ~8k-token Pi-shaped prefix, the first user message differing p
   (b)  slot hot        second session in the same proxy: in-process hit
   (c)  restored        restarted server, new proxy: restore from disk, verified by the
                        real request itself (the default fast path)
-  (c') restored+probe  as (c) with ``--verify probe``: the seed's two probes first
+  (c') restored+probe  as (c) with ``--verify probe``: pi-prefix-cache's two probes first
 
 TTFT is measured by the client from sending the request to the first streamed content
 delta, so everything the proxy does (fingerprint, /slots, restore, probes) is inside it.
-Every figure is reported as a ratio to (a) measured in the same run (README, Benchmarks);
+Every figure is reported as a ratio to (a) measured in the same run (README.md, "Benchmarks");
 the target is (c) <= 0.1 x (a). Results: a table on stdout and
 ``bench/results/llama_prefix.json``.
 

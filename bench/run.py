@@ -21,6 +21,7 @@ BENCHES = [
     "vstore_throughput",
     "vstore_eviction",
     "registry",
+    "workers",
     "persistence",
     "tier",
     "fidelity",

@@ -245,6 +245,30 @@ def _server_options(fn: Any) -> Any:
             callback=_optional_memory,
             help="Bytes of writes queued for the tier (e.g. 256mb; default 256mb).",
         ),
+        click.option(
+            "--tls-cert",
+            default=None,
+            type=click.Path(dir_okay=False, exists=True, path_type=Path),
+            help="PEM certificate chain: serve TLS on the RESP and affinity ports.",
+        ),
+        click.option(
+            "--tls-key",
+            default=None,
+            type=click.Path(dir_okay=False, exists=True, path_type=Path),
+            help="PEM private key of --tls-cert.",
+        ),
+        click.option(
+            "--tls-ca",
+            default=None,
+            type=click.Path(dir_okay=False, exists=True, path_type=Path),
+            help="PEM CA bundle: require client certificates signed by it.",
+        ),
+        click.option(
+            "--metrics-port",
+            default=None,
+            type=click.IntRange(0, 65535),
+            help="Serve Prometheus metrics on this port (0 picks a free one).",
+        ),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -284,10 +308,16 @@ def _build_config(opts: dict[str, Any]) -> ServerConfig:
     password = _password(opts)
     if opts["workers"] > 1 and not opts["independent_workers"]:
         raise click.UsageError(
-            "-w N needs --independent-workers: each worker keeps its own V-store"
+            "-w N needs --independent-workers: each worker process keeps its own V-store, "
+            "write-ahead log and receipt, and a namespace lives on the worker that "
+            "registered it (other workers answer LOOKUP from a shared directory and "
+            "redirect V.FETCH/V.STOREBATCH with 'session lives on worker N'); pass "
+            "--independent-workers to accept that"
         )
-    if opts["workers"] > 1:
-        raise click.UsageError("multi-worker mode (-w N > 1) is not available in this build")
+    if (opts["tls_cert"] is None) != (opts["tls_key"] is None):
+        raise click.UsageError("TLS needs both --tls-cert and --tls-key")
+    if opts["tls_ca"] is not None and opts["tls_cert"] is None:
+        raise click.UsageError("--tls-ca (client certificates) needs --tls-cert and --tls-key")
     return ServerConfig(
         bind=opts["bind"],
         port=opts["port"],
@@ -309,6 +339,11 @@ def _build_config(opts: dict[str, Any]) -> ServerConfig:
         ssm_maxmemory=opts["ssm_maxmemory"],
         binary_lane=not opts["no_binary_lane"],
         binary_port=opts["binary_port"],
+        workers=opts["workers"],
+        tls_cert=opts["tls_cert"],
+        tls_key=opts["tls_key"],
+        tls_ca=opts["tls_ca"],
+        metrics_port=opts["metrics_port"],
         tier=_tier_config(opts),
     )
 
@@ -371,7 +406,12 @@ def _run_server(opts: dict[str, Any]) -> None:
     config = _build_config(opts)
     configure_logging(config.log_level)
     try:
-        code = run(config)
+        if config.workers > 1:
+            from pion.server.supervisor import supervise
+
+            code = supervise(config)
+        else:
+            code = run(config)
     except PionError as exc:
         click.echo(f"pion-server: {exc.message}", err=True)
         sys.exit(1)

@@ -2,7 +2,7 @@
 
 Every limit the server enforces is a named field here with its provenance, so a test
 or an operator can see and change it, and so it is checked before anything is
-allocated (STYLE rule 4).
+allocated.
 """
 
 from __future__ import annotations
@@ -88,6 +88,15 @@ class ServerConfig:
     wal_enabled: bool = True
     save_interval: float = 0.0  # seconds between automatic snapshots; 0 = off
     worker_id: int = 0
+    # -w N --independent-workers: N worker processes under a supervisor.
+    workers: int = 1
+    # TLS on the RESP ports and the binary lane: a PEM certificate chain and its key;
+    # with tls_ca, clients must present a certificate signed by it.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
+    # Prometheus text format on this port (0 picks a free one); None = no endpoint.
+    metrics_port: int | None = None
     # Attention tier (docs/attention.md). fa_window: the default sliding window of a query
     # that sends none (0 = full attention, N = the last N prefix tokens).
     fa_window: int = 0

@@ -1,5 +1,5 @@
 """Pure functions between numpy/Python values and Pion's wire: argument lists to send
-and parsers for the replies (DESIGN section 4). No sockets here; :mod:`.plans` strings
+and parsers for the replies (docs/protocol.md). No sockets here; :mod:`.plans` strings
 these together into operations and :mod:`.cache` / :mod:`.aio` do the I/O.
 
 Conventions this module owns:

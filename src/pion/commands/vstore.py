@@ -41,6 +41,7 @@ import numpy.typing as npt
 from pion.codecs import ALL_FORMAT_NAMES, FORMAT_NAMES, SCHEMA_ONLY_FORMATS
 from pion.commands.args import Args, parse_int
 from pion.commands.state import Command, Context
+from pion.commands.workers import redirect_session
 from pion.errors import PionError
 from pion.resp.reply import Reply, Simple
 
@@ -227,6 +228,7 @@ def v_storebatch(ctx: Context, argv: Sequence[bytes]) -> Reply:
             raise PionError("V.STOREBATCH: unknown option (expected FMT F16)")
         f16 = width == b"F16"
     vs = ctx.state.vstore
+    redirect_session(ctx, sid, "V.STOREBATCH")
     _from_tier(ctx, sid, required=True)
     dim, _ = vs.layer_layout(sid, layer)  # session not found / layer out of range
     if start < 0 or count < 1:
@@ -255,6 +257,7 @@ def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply:
     vs = ctx.state.vstore
     a = Args(argv, "V.FETCH")
     sid = a.arg("session_id")
+    redirect_session(ctx, sid, "V.FETCH")
     if a.peek_keyword() == "BATCH":
         a.arg()
         start = a.integer("start")
@@ -325,6 +328,7 @@ def v_info(ctx: Context, argv: Sequence[bytes]) -> Reply:
         return "".join(f"{line}\r\n" for line in lines).encode()
     sid = a.arg("session_id")
     a.expect_done()
+    redirect_session(ctx, sid, "V.INFO")
     _from_tier(ctx, sid, required=True)
     info = vs.describe(sid)
     hetero = info.heterogeneous

@@ -1,6 +1,6 @@
 """`pion llama ...`: the command-line face of :mod:`pion.llama` (a click group).
 
-Thin by design (STYLE rule 12): each command parses flags, builds a
+Thin by design: each command parses flags, builds a
 :class:`~pion.llama.config.WarmerConfig` (flags win over ``PI_PREFIX_CACHE_*`` env vars) and
 calls library code.
 

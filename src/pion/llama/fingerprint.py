@@ -8,7 +8,7 @@ the prefix text. Changing any of them yields a new fingerprint and so a new file
 is never restored, it is simply not found.
 
 Canonical JSON (sorted keys, no whitespace, UTF-8) keeps the key unambiguous: no field can
-bleed into its neighbour, whatever characters a model name contains (STYLE rule 8).
+bleed into its neighbour, whatever characters a model name contains.
 
 The model file identity is the file's size and a SHA-256 over its first and last
 :data:`MODEL_SAMPLE_BYTES` (the GGUF header with every tensor's name, type and shape, and

@@ -19,6 +19,7 @@ from pion.commands.state import CommandTable, ServerState
 from pion.server.clientmem import ClientMemory
 from pion.server.connection import Connection
 from pion.server.replies import ReplySink
+from pion.server.tls import HANDSHAKE_TIMEOUT_S, server_context
 
 __all__ = ["PionServer"]
 
@@ -33,6 +34,8 @@ class PionServer:
         self.state = state
         self.table = table
         self.sink = ReplySink(state.persistence)
+        # One TLS context for every listener of this server (None: plain TCP).
+        self.ssl = server_context(state.config)
         self.connections: dict[int, Connection] = {}
         self.client_memory = ClientMemory(state, self.connections)
         self._ids = itertools.count(1)
@@ -49,7 +52,13 @@ class PionServer:
         loop = asyncio.get_running_loop()
         for sock in sockets:
             sock.setblocking(False)
-            srv = await loop.create_server(self._connection, sock=sock, backlog=1024)
+            srv = await loop.create_server(
+                self._connection,
+                sock=sock,
+                backlog=1024,
+                ssl=self.ssl,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if self.ssl is not None else None,
+            )
             self._servers.append(srv)
 
     def _connection(self) -> Connection:

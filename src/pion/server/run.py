@@ -32,6 +32,7 @@ from pion.prefix.receipt import Receipt
 from pion.server.app import PionServer
 from pion.server.binary import BinaryLane
 from pion.server.fdlimit import fit_maxclients
+from pion.server.metrics import MetricsEndpoint, WorkerMetrics
 from pion.vstore import VStore
 
 __all__ = [
@@ -264,6 +265,10 @@ def run(config: ServerConfig) -> int:
     port = sock.getsockname()[1]
     binary_port = binary.getsockname()[1] if binary is not None else 0
     _install_uvloop()
+    # --metrics-port: commands counted and timed through a metered table.
+    metrics = WorkerMetrics(state) if config.metrics_port is not None else None
+    table = COMMAND_TABLE if metrics is None else metrics.meter(COMMAND_TABLE)
+    endpoints: list[MetricsEndpoint] = []
 
     def ready(server: PionServer) -> None:
         loop = asyncio.get_running_loop()
@@ -272,6 +277,9 @@ def run(config: ServerConfig) -> int:
         log.info("pion-server ready on %s:%d (worker %d)", config.bind, port, config.worker_id)
         if binary is not None:
             log.info("binary lane on %s:%d", config.bind, binary_port)
+        if metrics is not None:
+            endpoints.append(metrics.serve(config))
+            print(f"pion-server metrics port={endpoints[0].port}", flush=True)
         # A machine-readable line for scripts and tests that start us on port 0.
         print(f"pion-server ready port={port} binary_port={binary_port}", flush=True)
 
@@ -281,10 +289,15 @@ def run(config: ServerConfig) -> int:
 
     try:
         lanes = [binary] if binary is not None else []
-        asyncio.run(serve(state, [sock], ready, on_listening=listening, binary_sockets=lanes))
+        asyncio.run(
+            serve(state, [sock], ready, on_listening=listening, table=table, binary_sockets=lanes)
+        )
     except PionError as exc:
         log.critical("%s", exc.message)
         raise
+    finally:
+        for endpoint in endpoints:
+            endpoint.close()
     log.info("pion-server stopped")
     return 0
 
