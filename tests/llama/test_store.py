@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import pytest
 import redis
 from pion_testing.launcher import free_port
 
+from multiworker import make_certs
 from pion.llama.manifest import CHUNK_BYTES, Manifest, chunk_key, manifest_key
 from pion.llama.slotfile import SlotLayout
 from pion.llama.store import (
@@ -282,3 +283,28 @@ def test_a_file_rewritten_during_upload_is_not_published(
     with pytest.raises(StoreError, match="changed while it was uploaded"):
         s.push(src, FIELDS)
     assert raw(url).get(manifest_key(PREFIX, FP)) is None
+
+
+def test_store_over_tls_with_a_password(server_factory: Callable[..., Any], tmp_path: Path) -> None:
+    """``rediss://`` with ``--store-tls-ca`` and ``--store-password``, as the client's
+    options: a pion-server with TLS and requirepass serves files and the receipt."""
+    certs = make_certs(tmp_path / "certs")
+    srv = server_factory(tls_cert=certs.cert, tls_key=certs.key, requirepass="s3cret")
+    url = f"rediss://127.0.0.1:{srv.port}"
+    src = tmp_path / "src.bin"
+    data = slot_file(src, CHUNK_BYTES + 3)
+    lines: list[str] = []
+    s = SlotStore(StoreConfig(url, password="s3cret", tls_ca=certs.ca), lines.append)
+    manifest, pushed = s.push(src, FIELDS)
+    dest = tmp_path / manifest.file
+    s.pull(s.manifest(FP) or manifest, dest)
+    assert pushed and dest.read_bytes() == data
+    s.register(FP, 10.0)
+    assert s.report(FP, 100, 10.0) is True
+    # Without the password, or trusting another CA: a store error, never a crash.
+    for config in (
+        StoreConfig(url, tls_ca=certs.ca),
+        StoreConfig(url, password="s3cret", tls_ca=certs.other_ca),
+    ):
+        with pytest.raises(StoreError):
+            SlotStore(config, lines.append).manifest(FP)
