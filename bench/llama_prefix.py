@@ -22,29 +22,27 @@ a 2-layer model, a ~1.5k-token prefix, one rep: a smoke run for CI).
 
 from __future__ import annotations
 
+import _common  # first: it puts scripts/ on sys.path for pion_testing; where results go
+
+# isort: split
+
 import argparse
 import json
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-
-# The development scaffolding (a real llama-server, tiny GGUF models) lives in scripts/.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
 from pion_testing.launcher import LlamaServerProcess
 from pion_testing.paths import ensure_llama_server
 from pion_testing.testmodel import ModelSpec, make_model
 from rich.console import Console
 from rich.table import Table
 
-import _common  # puts scripts/ on sys.path for pion_testing; where results go
 from pion.llama.client import LlamaClient
 from pion.llama.config import WarmerConfig
 from pion.llama.paths import cache_dir

@@ -26,6 +26,7 @@ BENCHES = [
     "tier",
     "fidelity",
     "llama_prefix",
+    "llama_store",
     "client_memory",
     "attend",
     "keyspace",
