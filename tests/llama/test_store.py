@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import redis
-from multiworker import make_certs
 from pion_testing.launcher import free_port
 
 from pion.llama.manifest import CHUNK_BYTES, Manifest, chunk_key, manifest_key
@@ -25,6 +24,7 @@ from pion.llama.store import (
     StoreError,
     receipt_namespace,
 )
+from support.workers import make_certs
 
 from .conftest import store_url
 
