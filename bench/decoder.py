@@ -1,12 +1,12 @@
 """Request decoding: our sans-IO decoder against ``hiredis.Reader`` on the same bytes.
 
-DESIGN section 3 allows replacing hiredis with "a small Python decoder measured fast
-enough", because hiredis cannot refuse an oversized ``$<n>`` header before buffering
-its payload. This measures what that costs: (a) 100k small pipelined commands
-(``KV.PREFIX.LOOKUP ns``), fed in 64 KiB reads; (b) 16 commands carrying a 16 MiB blob
-each (a 16-layer V.STOREBATCH), fed in 256 KiB reads. hiredis parses the same bytes as
-RESP replies (the request format is the array-of-bulks subset), so the work is the same.
-"""
+The wire conventions (docs/protocol.md) allow replacing hiredis with "a small Python
+decoder measured fast enough", because hiredis cannot refuse an oversized ``$<n>``
+header before buffering its payload. This measures what that costs: (a) 100k small
+pipelined commands (``KV.PREFIX.LOOKUP ns``), fed in 64 KiB reads; (b) 16 commands
+carrying a 16 MiB blob each (a 16-layer V.STOREBATCH), fed in 256 KiB reads. hiredis
+parses the same bytes as RESP replies (the request format is the array-of-bulks subset),
+so the work is the same."""
 
 from __future__ import annotations
 

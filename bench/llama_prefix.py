@@ -12,18 +12,24 @@ same real llama-server and model, the first user message differing per session:
   (b)  slot hot        second session in the same proxy: in-process hit
   (c)  restored        restarted server, new proxy: restore from disk, verified by the
                        real request itself (the default fast path)
-  (c') restored+probe  as (c) with ``--verify probe``: the seed's two probes first
+  (c') restored+probe  as (c) with ``--verify probe``: pi-prefix-cache's two probes first
 
 TTFT is measured by the client from sending the request to the first streamed content
 delta, so everything the proxy does (fingerprint, /slots, restore, probes) is inside it.
-Every figure is reported as a ratio to (a) measured in the same run (DESIGN section 12);
+Every figure is reported as a ratio to (a) measured in the same run (README.md, "Benchmarks");
 the target is (c) <= 0.1 x (a). Results: a table on stdout and
 ``bench/results/llama_prefix.json`` (``llama_prefix_smollm2.json`` for SmolLM2).
 
-Run: ``PYTHONPATH=src .venv/bin/python bench/llama_prefix.py [--model smollm2] [--reps 3]``.
+Run: ``PYTHONPATH=src .venv/bin/python bench/llama_prefix.py [--model smollm2] [--reps 3]``
+(``--quick``: one rep at a ~1.5k-token prefix, on a 2-layer generated model or on
+SmolLM2: a smoke run for CI).
 """
 
 from __future__ import annotations
+
+import _common  # first: it puts scripts/ on sys.path for pion_testing; where results go
+
+# isort: split
 
 import argparse
 import json
@@ -43,14 +49,13 @@ from pion_testing.testmodel import ModelSpec, make_model
 from rich.console import Console
 from rich.table import Table
 
-import _common  # noqa: F401  (puts scripts/ on sys.path for pion_testing)
 from pion.llama.client import LlamaClient
 from pion.llama.config import WarmerConfig
 from pion.llama.paths import cache_dir
 from pion.llama.proxy import PrefixProxy, running_proxy
 from pion.llama.samples import pi_chat_body
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = _common.RESULTS
 # Prefix sizes aimed at: ~8k on the generated model; ~7k on SmolLM2, whose training
 # context is 8192 tokens (prefix, question and answer must fit in it).
 DEFAULT_TOKENS = {"generated": 8000, "smollm2": 7000}
@@ -117,11 +122,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=None, help="prefix size to aim for")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="llama-server -t")
-    parser.add_argument("--quick", action="store_true", help="smoke sizes (2k tokens, 1 rep)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--quick", action="store_true", help="smoke sizes (1.5k tokens, 1 rep)")
     args = parser.parse_args()
     if args.quick:
-        args.tokens, args.reps = args.tokens or 2000, 1
+        args.layers, args.width, args.tokens, args.reps = 2, 128, 1500, 1
     args.tokens = args.tokens or DEFAULT_TOKENS[args.model]
     suffix = "" if args.model == "generated" else f"_{args.model}"
     args.out = args.out or RESULTS / f"llama_prefix{suffix}.json"
@@ -224,12 +229,15 @@ def main() -> None:
     args.out.write_text(
         json.dumps(
             {
+                "benchmark": "llama_prefix",
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "model": model_info,
                 "template_head": rendered[:40],
                 "prefix_tokens": prefix_tokens,
                 "reps": args.reps,
                 "threads": args.threads,
                 "machine": platform.platform(),
+                "quick": args.quick,
                 "scenarios": rows,
                 "target_c_over_a": 0.1,
                 "target_met": target_met,

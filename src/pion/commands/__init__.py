@@ -13,7 +13,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 from types import MappingProxyType
 
-from pion.commands import attend, generic, persist, prefix, rollback, ssm, vstore
+from pion.commands import (
+    attend,
+    export,
+    generic,
+    hashes,
+    keys,
+    persist,
+    prefix,
+    rollback,
+    ssm,
+    strings,
+    vstore,
+    zsets,
+)
 from pion.commands.state import Command, CommandTable
 
 __all__ = ["COMMAND_TABLE", "build_table"]
@@ -22,10 +35,15 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     generic.COMMANDS,
     vstore.COMMANDS,
     rollback.COMMANDS,
+    export.COMMANDS,
     prefix.COMMANDS,
     persist.COMMANDS,
     attend.COMMANDS,
     ssm.COMMANDS,
+    keys.COMMANDS,
+    strings.COMMANDS,
+    hashes.COMMANDS,
+    zsets.COMMANDS,
 )
 
 

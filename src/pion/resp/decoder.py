@@ -9,6 +9,13 @@ waited for (as Redis's processMultibulkBuffer does). ``hiredis.Reader`` cannot r
 a header before buffering its payload, which is why this decoder is our own; it is
 checked against hiredis in a differential test.
 
+Large bulks (``_LARGE_BULK`` and up: LMCache's chunks, V.STOREBATCH blobs) do not grow
+the receive buffer: once their header is read, the chunks the transport hands us are
+kept in a list as they are and joined once, exactly, when the payload is complete. A
+bytearray grown chunk by chunk would copy a multi-megabyte payload two or three times
+(reallocations, then the copy out); this way it is copied once, as Redis does with its
+pre-sized query buffer for big arguments.
+
 Lengths are read as Redis's string2ll reads them: digits only, no ``+``, no spaces and
 no leading zeros (``$04`` and ``*01`` are protocol errors, as in Redis).
 
@@ -36,6 +43,10 @@ _CRLF = b"\r\n"
 _MAX_HEADER_LINE = 32
 # Compact the buffer once this much has been consumed and it is over half dead.
 _COMPACT_AT = 64 * 1024
+# Bulks at least this big are collected as a list of chunks (see the module docstring);
+# Redis's PROTO_MBULK_BIG_ARG is 32 KB, ours is larger because below it the bytearray
+# path costs less than the bookkeeping.
+_LARGE_BULK = 256 * 1024
 
 
 def _parse_len(line: bytes | bytearray | memoryview) -> int | None:
@@ -58,6 +69,8 @@ class RequestDecoder:
         "_buf",
         "_bulk_len",
         "_declared",
+        "_large",
+        "_large_have",
         "_limits",
         "_pos",
         "_remaining",
@@ -76,23 +89,35 @@ class RequestDecoder:
         self._declared = 0  # bytes promised so far by this command's bulk headers
         # False while the connection owes a password: the max_unauth_* limits apply.
         self.authenticated = True
+        # A large bulk being collected: its chunks (payload, CRLF and whatever follows
+        # them) and how many bytes they hold; None otherwise.
+        self._large: list[bytes] | None = None
+        self._large_have = 0
 
     @property
     def buffered(self) -> int:
         """Bytes held but not yet consumed."""
-        return len(self._buf) - self._pos
+        return len(self._buf) - self._pos + self._large_have
 
     @property
     def held(self) -> int:
         """Bytes of memory this decoder holds for its client: the receive buffer and
         the arguments of a command still being read (the client's query buffer)."""
-        return len(self._buf) + self._args_bytes
+        return len(self._buf) + self._args_bytes + self._large_have
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
-        self._buf += data
+        if self._large is not None:
+            # Kept as they are (a bytes object is immutable, so keeping it is safe).
+            chunk = data if isinstance(data, bytes) else bytes(data)
+            self._large.append(chunk)
+            self._large_have += len(chunk)
+        else:
+            self._buf += data
 
     def clear(self) -> None:
         """Drop everything held (the connection is gone)."""
+        self._large = None
+        self._large_have = 0
         self._buf = bytearray()
         self._pos = 0
         self._args = None
@@ -182,6 +207,8 @@ class RequestDecoder:
         args = self._args
         if args is None:  # pragma: no cover - the caller checks
             return None
+        if self._large is not None and not self._finish_large(args):
+            return None
         buf = self._buf
         size = len(buf)
         pos = self._pos
@@ -218,6 +245,12 @@ class RequestDecoder:
                     pos = end + 2
                 stop = pos + n
                 if size < stop + 2:
+                    if n >= _LARGE_BULK:
+                        # Collect the rest of this payload as chunks (module docstring).
+                        with memoryview(buf) as view:
+                            self._large = [bytes(view[pos:size])]
+                        self._large_have = size - pos
+                        pos = size
                     return None
                 if buf[stop] != 0x0D or buf[stop + 1] != 0x0A:
                     raise ProtocolError("bulk payload not terminated by CRLF")
@@ -239,6 +272,40 @@ class RequestDecoder:
         self._args = None
         self._args_bytes = 0
         return args
+
+    def _finish_large(self, args: list[bytes]) -> bool:
+        """Complete the large bulk being collected, if its bytes (and CRLF) are all
+        here: append it to ``args`` with one copy, put what follows back into the
+        buffer. False while more bytes are needed."""
+        n = self._bulk_len
+        chunks = self._large
+        if chunks is None or self._large_have < n + 2:
+            return False
+        pieces: list[bytes] = []
+        left = n
+        i = 0
+        while left:
+            chunk = chunks[i]
+            if len(chunk) <= left:
+                pieces.append(chunk)
+                left -= len(chunk)
+                i += 1
+            else:
+                pieces.append(chunk[:left])
+                chunks[i] = chunk[left:]
+                left = 0
+        rest = b"".join(chunks[i:])
+        if rest[:2] != _CRLF:
+            raise ProtocolError("bulk payload not terminated by CRLF")
+        args.append(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+        self._args_bytes += n
+        self._large = None
+        self._large_have = 0
+        self._buf = bytearray(rest[2:])
+        self._pos = 0
+        self._bulk_len = -1
+        self._remaining -= 1
+        return True
 
     # -- inline -----------------------------------------------------------------
 

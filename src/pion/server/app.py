@@ -19,6 +19,7 @@ from pion.commands.state import CommandTable, ServerState
 from pion.server.clientmem import ClientMemory
 from pion.server.connection import Connection
 from pion.server.replies import ReplySink
+from pion.server.tls import HANDSHAKE_TIMEOUT_S, server_context
 
 __all__ = ["PionServer"]
 
@@ -33,6 +34,8 @@ class PionServer:
         self.state = state
         self.table = table
         self.sink = ReplySink(state.persistence)
+        # One TLS context for every listener of this server (None: plain TCP).
+        self.ssl = server_context(state.config)
         self.connections: dict[int, Connection] = {}
         self.client_memory = ClientMemory(state, self.connections)
         self._ids = itertools.count(1)
@@ -49,7 +52,13 @@ class PionServer:
         loop = asyncio.get_running_loop()
         for sock in sockets:
             sock.setblocking(False)
-            srv = await loop.create_server(self._connection, sock=sock, backlog=1024)
+            srv = await loop.create_server(
+                self._connection,
+                sock=sock,
+                backlog=1024,
+                ssl=self.ssl,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if self.ssl is not None else None,
+            )
             self._servers.append(srv)
 
     def _connection(self) -> Connection:
@@ -90,6 +99,8 @@ class PionServer:
         await self._drain()
         for conn in list(self.connections.values()):
             conn.close()
+        if self.state.tier is not None:
+            self.state.tier.close()  # drains queued tier writes (bounded)
         persistence = self.state.persistence
         if persistence is not None:
             try:
@@ -101,6 +112,9 @@ class PionServer:
                 persistence.close()
             except Exception:
                 log.exception("closing the write-ahead log failed")
+        if self.state.exports is not None:
+            # The files are a cache of the V-store: none outlives the server.
+            self.state.exports.close()
         self._stopped.set()
 
     async def _drain(self) -> None:

@@ -20,7 +20,7 @@ from pion.config import VStoreLimits
 from pion.errors import CodecError, PionError
 from pion.vstore.layer import Layer
 from pion.vstore.mutations import CreateSession
-from pion.vstore.views import BlockTable, LayerInfo, SessionInfo
+from pion.vstore.views import BlockTable, LayerInfo, SessionInfo, namespace_of
 
 __all__ = [
     "MAX_SID_LEN",
@@ -52,6 +52,8 @@ class Session:
         "clock",
         "default_dim",
         "default_fmt",
+        "generation",
+        "group",
         "layers",
         "ropes",
         "schema",
@@ -62,6 +64,7 @@ class Session:
 
     def __init__(self, m: CreateSession, slot: int) -> None:
         self.sid = m.sid
+        self.group = namespace_of(m.sid)  # its eviction group (views.namespace_of)
         self.slot = slot
         self.default_dim = m.default_dim
         self.schema = m.schema
@@ -73,6 +76,9 @@ class Session:
             for index, ((fmt, dim), rope) in enumerate(zip(m.schema, ropes, strict=True)):
                 self.layers[index] = Layer(get_codec(fmt, rope), dim)
         self.clock = 0  # the store's logical LRU clock at the last read or write
+        # The store's change counter at this session's last change of rows (see
+        # VStore.generation): equal numbers mean identical rows.
+        self.generation = 0
         self.blocks: BlockTable | None = None
         # Rollback snapshots (V.SNAPSHOT): snap_id -> (layer, length) of every layer.
         self.snapshots: dict[int, tuple[tuple[int, int], ...]] = {}
@@ -93,6 +99,7 @@ class Session:
 
     @property
     def rows(self) -> int:
+        """Sum of the layers' ``tpl`` (Pion's ``total_tokens``; holes included)."""
         return sum(layer.tpl for layer in self.layers.values())
 
     def info(self) -> SessionInfo:
@@ -104,6 +111,7 @@ class Session:
                 lay.codec.format_id,
                 lay.row_bytes,
                 lay.tpl,
+                lay.held,
                 lay.codec.rope,
             )
             for i, lay in sorted(self.layers.items())
