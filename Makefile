@@ -12,9 +12,10 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 # Stamp files: reinstall only when the pins change.
-$(VENV)/.installed: requirements.txt pyproject.toml | $(BIN)/python
+$(VENV)/.installed: requirements.txt pyproject.toml src/pion/resp/_speedups.c | $(BIN)/python
 	$(BIN)/pip install -q -r requirements.txt
 	$(BIN)/pip install -q --no-deps -e .
+	scripts/build-speedups $(BIN)/python
 	touch $@
 
 $(VENV)/.dev-installed: requirements-dev.txt $(VENV)/.installed
@@ -35,8 +36,10 @@ lint: dev
 typecheck: dev
 	$(BIN)/mypy --strict src/pion
 
+# The compiled decoder twin is built by `install`; PION_REQUIRE_SPEEDUPS makes a
+# silent fall-back to pure Python a test failure.
 pytest: dev system-deps llama-server
-	$(BIN)/python -m pytest -q
+	PION_REQUIRE_SPEEDUPS=1 $(BIN)/python -m pytest -q
 
 ## Install what the tests need (Debian packages, llama-server, pinned Python deps),
 ## then lint, type-check and run the whole test suite.
@@ -59,4 +62,4 @@ llama-server: system-deps
 	scripts/build-llama-server >/dev/null
 
 clean:
-	rm -rf $(VENV) .venv-3.* .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-3.* .mypy_cache .ruff_cache .pytest_cache src/pion/resp/*.so
