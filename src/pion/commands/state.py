@@ -8,7 +8,9 @@ half-updated.
 A handler is a plain synchronous function ``handler(ctx, args) -> Reply``. ``args`` are
 the command's arguments *without* its name. A handler validates everything before it
 changes any state, and reports failures by raising a :class:`pion.errors.PionError`;
-the dispatcher turns those into RESP errors.
+the dispatcher turns those into RESP errors. A handler whose payload is large may
+return a :data:`~pion.commands.deferred.Deferred` instead of a reply, to have the
+number conversion run off the event loop (``deferred.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pion.commands.deferred import Deferred
 from pion.config import ServerConfig
 from pion.prefix.receipt import Receipt
 from pion.prefix.registry import PrefixRegistry
@@ -174,4 +177,4 @@ class Context:
     table: CommandTable
 
 
-Handler = Callable[[Context, Sequence[bytes]], Reply]
+Handler = Callable[[Context, Sequence[bytes]], Reply | Deferred]
