@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any, cast
 
-from pion.commands.deferred import Deferred, Offload, Piece, Stream
+from pion.commands.deferred import Deferred, Offload, Piece
 from pion.commands.state import ClientState, CommandTable, Context, ServerState
 from pion.errors import ProtocolError
 from pion.resp.decoder import RequestDecoder

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-
 from typing import Any
 
 from pion.commands.deferred import Deferred, Offload, Stream

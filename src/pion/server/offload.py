@@ -90,9 +90,7 @@ def piece_bytes(compute: Callable[[], Piece]) -> memoryview:
     return memoryview(piece).cast("B")
 
 
-def stream_parts(
-    stream: Stream, proto: int
-) -> Iterator[bytes | tuple[int, Callable[[], Piece]]]:
+def stream_parts(stream: Stream, proto: int) -> Iterator[bytes | tuple[int, Callable[[], Piece]]]:
     """The wire layout of ``stream``: framing as bytes, and each piece of payload as
     ``(bulk_index, compute)`` where the caller runs ``compute`` and sends its bytes."""
     if stream.array:
