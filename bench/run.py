@@ -24,6 +24,7 @@ BENCHES = [
     "fidelity",
     "llama_prefix",
     "client_memory",
+    "attend",
 ]
 
 

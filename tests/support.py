@@ -340,3 +340,35 @@ def wait_log(path: Path | None, needle: str, n: int = 1, timeout: float = 10.0) 
         if count(lines, needle) >= n or time.monotonic() > deadline:
             return lines
         time.sleep(0.02)
+
+
+# -- raw sockets -----------------------------------------------------------------------
+
+
+def raw_exchange(
+    port: int,
+    data: bytes,
+    *,
+    read_until_close: bool = True,
+    timeout: float = 10,
+    expect: bytes | None = None,
+) -> bytes:
+    """Send bytes on a fresh socket and collect what comes back until close/timeout
+    (or, with ``expect``, until what came back ends with it)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        chunks = []
+        try:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                if expect is not None:
+                    if b"".join(chunks).endswith(expect):
+                        break
+                elif not read_until_close:
+                    break
+        except TimeoutError:
+            pass
+        return b"".join(chunks)

@@ -125,6 +125,47 @@ def _server_options(fn: Any) -> Any:
             help="Seconds between automatic snapshots (0 = off).",
         ),
         click.option(
+            "--fa-window",
+            default=0,
+            show_default=True,
+            type=click.IntRange(0),
+            help="Attention queries' default sliding window: the last N prefix tokens "
+            "(0 = full attention).",
+        ),
+        click.option(
+            "--attend-slots",
+            default=256,
+            show_default=True,
+            type=click.IntRange(1, 1_000_000),
+            help="WARM attention slots ((session, layer) K/V held for queries).",
+        ),
+        click.option(
+            "--attend-cold-slots",
+            default=1024,
+            show_default=True,
+            type=click.IntRange(0, 10_000_000),
+            help="COLD registry entries (demoted slots KV.PREFIX.WARM can bring back).",
+        ),
+        click.option(
+            "--attend-maxmemory",
+            default=None,
+            callback=_memory,
+            help="Byte budget for K/V in WARM attention slots (e.g. 4gb); 0/unset = none.",
+        ),
+        click.option(
+            "--ssm-maxmemory",
+            default=None,
+            callback=_memory,
+            help="Byte budget for SSM.PREFIX state blobs; 0/unset = none.",
+        ),
+        click.option(
+            "--binary-port",
+            default=None,
+            type=click.IntRange(0, 65535),
+            help="Port of the binary lane (default: the RESP port + 1).",
+        ),
+        click.option("--no-binary-lane", is_flag=True, help="Do not open the binary lane."),
+        click.option(
             "--log-level",
             default=_DEFAULTS.log_level,
             show_default=True,
@@ -205,6 +246,13 @@ def _build_config(opts: dict[str, Any]) -> ServerConfig:
         appendfsync=opts["appendfsync"],
         wal_enabled=not opts["no_wal"],
         save_interval=opts["save_interval"],
+        fa_window=opts["fa_window"],
+        attend_warm_slots=opts["attend_slots"],
+        attend_cold_slots=opts["attend_cold_slots"],
+        attend_maxmemory=opts["attend_maxmemory"],
+        ssm_maxmemory=opts["ssm_maxmemory"],
+        binary_lane=not opts["no_binary_lane"],
+        binary_port=opts["binary_port"],
     )
 
 

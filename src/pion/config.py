@@ -46,6 +46,8 @@ class ServerConfig:
     wal_enabled: bool = True
     save_interval: float = 0.0  # seconds between automatic snapshots; 0 = off
     worker_id: int = 0
+    # Attention tier (docs/attention.md). fa_window: the default sliding window of a query
+    # that sends none (0 = full attention, N = the last N prefix tokens).
     fa_window: int = 0
     # Redis's maxclients default. At startup the open-files limit is raised to fit it
     # (or it is lowered to fit the limit, with a warning), as Redis does, so the
@@ -58,6 +60,13 @@ class ServerConfig:
     # largest single command the protocol limits admit (max_query_buffer, 1 GiB), so
     # one maximal upload never trips it. 0 = no bound.
     maxmemory_clients: int = 2048 * MB
+    attend_warm_slots: int = 256  # WARM table slots (Pion's SDPA_SLOTS)
+    attend_cold_slots: int = 1024  # COLD registry entries (Pion's SDPA_COLD_SLOTS)
+    attend_maxmemory: int = 0  # bytes of K/V in WARM slots; 0 = no byte budget
+    ssm_maxmemory: int = 0  # bytes of SSM.PREFIX blobs; 0 = no budget
+    # The binary lane (docs/attention.md): None = the RESP port + 1, as Pion's client assumes.
+    binary_lane: bool = True
+    binary_port: int | None = None
     protocol: ProtocolLimits = field(default_factory=ProtocolLimits)
     vstore: VStoreLimits = field(default_factory=VStoreLimits)
 

@@ -267,23 +267,20 @@ def test_error_replies_map_by_code(pc: PionPromptCache) -> None:
         pc.save("/etc/passwd")
 
 
-def test_attention_commands_await_the_attention_tier(pc: PionPromptCache) -> None:
-    """Our server has no ATTEND.PREFIX.* / KV.PREFIX.WARM yet: each call must surface
-    as a clear error (code ERR, unknown command), not a hang or a parse failure."""
+def test_attention_errors_map_by_code(pc: PionPromptCache) -> None:
+    """The attention tier's refusals reach the caller as typed errors, not hangs or
+    parse failures (the tier itself is tested in tests/client/test_attend_cache.py)."""
     ns = pc.make_namespace("stage2")
-    pc.register(ns, 64, "fp16")
-    pc.store(ns, _layers(1, 2, 8, 32), _layers(1, 2, 8, 32))
     kv = RNG.standard_normal((2, 8, 32)).astype(np.float32)
-    calls: list[Callable[[], object]] = [
-        lambda: pc.warm(ns, 2, 32),
-        lambda: pc.attend_store(ns, 0, kv, kv),
-        lambda: pc.attend_query(ns, 0, kv[:, 0, :]),
-        lambda: pc.lookup(ns, stage2=True),
+    calls: list[tuple[Callable[[], object], str]] = [
+        (lambda: pc.warm(ns, 2, 32), "namespace not registered"),
+        (lambda: pc.attend_query(ns, 0, kv[:, 0, :]), "session not found"),
+        (lambda: pc.attend_store(ns, 0, kv, kv * np.nan), "non-finite"),
     ]
-    for call in calls:
+    for call, message in calls:
         with pytest.raises(PionResponseError) as err:
             call()
-        assert err.value.code == "ERR" and "unknown command" in err.value.message
+        assert err.value.code == "ERR" and message in err.value.message
     assert pc.lookup(pc.make_namespace("absent"), stage2=True) is False
     assert pc.cold_rehydrates_observed == 0
 
@@ -353,7 +350,7 @@ def test_async_client_shares_the_wire(server: ServerThread) -> None:
             assert (await apc.stats())["kvprefix_hits"] == 1
             assert (await apc.info())["registered_prefixes"] == 1
             assert await apc.blocks(ns) is None and await apc.owner(ns) == 0
-            with pytest.raises(PionResponseError, match="unknown command"):
+            with pytest.raises(PionResponseError, match="session not found"):
                 await apc.attend_query(ns, 0, np.zeros((2, 16), np.float32))
             assert await apc.drop(ns) == 1
 

@@ -16,6 +16,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from pion.server.run import ServerThread
+from support import encode_command, raw_exchange
 
 PASSWORD = "s3cret"
 
@@ -224,3 +225,89 @@ def test_no_retry_client_sees_wrongpass(locked: ServerThread) -> None:
     with pytest.raises(redis.AuthenticationError):
         r.ping()
     r.close()
+
+
+@pytest.mark.parametrize("proto", [2, 3])
+def test_command_introspection(server: ServerThread, proto: int) -> None:
+    r = redis.Redis(port=server.port, protocol=proto)
+    table = r.command()
+    assert table["kv.prefix.lookup"]["arity"] == -2
+    assert "write" in table["v.storebatch"]["flags"]
+    assert r.command_count() == len(table)
+    assert b"ping" in r.command_list()
+
+
+def test_hello_errors(client: redis.Redis) -> None:
+    with pytest.raises(redis.ResponseError, match="unsupported protocol"):
+        client.execute_command("HELLO", 4)
+    assert raw_exchange(
+        client.connection_pool.connection_kwargs["port"], b"HELLO 4\r\n", read_until_close=False
+    ) == (b"-NOPROTO unsupported protocol version\r\n")
+    with pytest.raises(redis.ResponseError, match="not an integer"):
+        client.execute_command("HELLO", "x")
+
+
+def test_config_set_and_resetstat(client: redis.Redis, server: ServerThread) -> None:
+    assert client.config_set("maxmemory", "1mb") is True
+    assert client.config_get("maxmemory") == {"maxmemory": "1048576"}
+    assert server.state.vstore.maxmemory == 1048576
+    with pytest.raises(redis.ResponseError, match="Unknown option"):
+        client.config_set("bind", "0.0.0.0")
+    assert client.config_resetstat() is True
+
+
+def test_client_list_and_kill(server: ServerThread) -> None:
+    a = redis.Redis(port=server.port)
+    a.client_setname("alpha")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as b:
+        b.sendall(b"CLIENT ID\r\n")
+        b_id = int(b.recv(100)[1:-2])
+        listing = a.client_list()
+        assert any(c["name"] == "alpha" for c in listing)
+        assert a.client_kill_filter(_id=b_id) == 1
+        assert b.recv(100) == b""  # closed by the server
+    assert a.ping()
+
+
+def test_auth(server_factory: Callable[..., ServerThread]) -> None:
+    srv = server_factory(requirepass="s3cret")
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    no_retry = Retry(NoBackoff(), 0)
+    anon = redis.Redis(port=srv.port, retry=no_retry)
+    with pytest.raises(redis.AuthenticationError):
+        anon.ping()
+    for cmd in (("CLIENT", "SETINFO", "LIB-NAME", "x"), ("KV.PREFIX.INFO",), ("HELLO", "3")):
+        assert b"NOAUTH" in raw_exchange(srv.port, encode_command(*cmd), read_until_close=False)
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(port=srv.port, password="wrong", retry=no_retry).ping()
+    good = redis.Redis(port=srv.port, password="s3cret")
+    assert good.ping()
+    good3 = redis.Redis(port=srv.port, password="s3cret", protocol=3)
+    assert good3.ping()
+    # HELLO with AUTH authenticates and switches protocol in one step.
+    hello = raw_exchange(
+        srv.port,
+        encode_command("HELLO", "3", "AUTH", "default", "s3cret"),
+        read_until_close=False,
+    )
+    assert hello.startswith(b"%7")
+    assert b"WRONGPASS" in raw_exchange(
+        srv.port, encode_command("AUTH", "nope"), read_until_close=False
+    )
+
+
+def test_quit_closes(server: ServerThread) -> None:
+    reply = raw_exchange(server.port, b"QUIT\r\nPING\r\n")
+    assert reply == b"+OK\r\n"
+
+
+def test_shutdown_command(spawn_server: Callable[..., object]) -> None:
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    srv = spawn_server()
+    r = srv.client(retry=Retry(NoBackoff(), 0))  # type: ignore[attr-defined]
+    r.shutdown(nosave=True)
+    assert srv.proc.wait(timeout=30) == 0  # type: ignore[attr-defined]

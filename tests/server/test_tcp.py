@@ -18,35 +18,7 @@ from pion.commands import build_table
 from pion.commands.state import Command
 from pion.config import ServerConfig
 from pion.server.run import ServerThread
-
-
-def raw(
-    port: int,
-    data: bytes,
-    *,
-    read_until_close: bool = True,
-    timeout: float = 10,
-    expect: bytes | None = None,
-) -> bytes:
-    """Send bytes on a fresh socket and collect what comes back until close/timeout
-    (or, with ``expect``, until what came back ends with it)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(data)
-        chunks = []
-        try:
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                if expect is not None:
-                    if b"".join(chunks).endswith(expect):
-                        break
-                elif not read_until_close:
-                    break
-        except TimeoutError:
-            pass
-        return b"".join(chunks)
+from support import raw_exchange
 
 
 def test_redis_py_resp2(client: redis.Redis) -> None:
@@ -71,26 +43,6 @@ def test_redis_py_resp3(client3: redis.Redis) -> None:
     assert client3.config_get("maxmemory") == {"maxmemory": "0"}
 
 
-@pytest.mark.parametrize("proto", [2, 3])
-def test_command_introspection(server: ServerThread, proto: int) -> None:
-    r = redis.Redis(port=server.port, protocol=proto)
-    table = r.command()
-    assert table["kv.prefix.lookup"]["arity"] == -2
-    assert "write" in table["v.storebatch"]["flags"]
-    assert r.command_count() == len(table)
-    assert b"ping" in r.command_list()
-
-
-def test_hello_errors(client: redis.Redis) -> None:
-    with pytest.raises(redis.ResponseError, match="unsupported protocol"):
-        client.execute_command("HELLO", 4)
-    assert raw(
-        client.connection_pool.connection_kwargs["port"], b"HELLO 4\r\n", read_until_close=False
-    ) == (b"-NOPROTO unsupported protocol version\r\n")
-    with pytest.raises(redis.ResponseError, match="not an integer"):
-        client.execute_command("HELLO", "x")
-
-
 def test_unknown_command_and_arity(client: redis.Redis) -> None:
     with pytest.raises(
         redis.ResponseError, match="unknown command 'NOPE', with args beginning with: 'a'"
@@ -102,28 +54,6 @@ def test_unknown_command_and_arity(client: redis.Redis) -> None:
         client.execute_command("SELECT", 1)
     with pytest.raises(redis.ResponseError, match="not an integer"):
         client.execute_command("SELECT", "+0")
-
-
-def test_config_set_and_resetstat(client: redis.Redis, server: ServerThread) -> None:
-    assert client.config_set("maxmemory", "1mb") is True
-    assert client.config_get("maxmemory") == {"maxmemory": "1048576"}
-    assert server.state.vstore.maxmemory == 1048576
-    with pytest.raises(redis.ResponseError, match="Unknown option"):
-        client.config_set("bind", "0.0.0.0")
-    assert client.config_resetstat() is True
-
-
-def test_client_list_and_kill(server: ServerThread) -> None:
-    a = redis.Redis(port=server.port)
-    a.client_setname("alpha")
-    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as b:
-        b.sendall(b"CLIENT ID\r\n")
-        b_id = int(b.recv(100)[1:-2])
-        listing = a.client_list()
-        assert any(c["name"] == "alpha" for c in listing)
-        assert a.client_kill_filter(_id=b_id) == 1
-        assert b.recv(100) == b""  # closed by the server
-    assert a.ping()
 
 
 def test_pipeline_10k_in_order(client: redis.Redis) -> None:
@@ -172,7 +102,7 @@ def test_abusive_inputs(
     rows = np.arange(64 * 16, dtype="<f4").reshape(64, 16)
     client.execute_command("KV.PREFIX.REGISTER", "kept", 16, "fp16")
     client.execute_command("V.STOREBATCH", "kept_pk", 0, 0, 64, rows.tobytes())
-    reply = raw(server.port, payload)
+    reply = raw_exchange(server.port, payload)
     assert expect in reply
     if b"Protocol error" in reply:
         assert reply.endswith(b"\r\n")
@@ -190,7 +120,7 @@ def test_oversized_bulk_refused_without_buffering(
     from pion.config import ProtocolLimits
 
     srv = server_factory(protocol=ProtocolLimits(max_bulk_len=1024))
-    reply = raw(srv.port, b"*2\r\n$4\r\nECHO\r\n$1025\r\n")
+    reply = raw_exchange(srv.port, b"*2\r\n$4\r\nECHO\r\n$1025\r\n")
     assert b"Protocol error: invalid bulk length" in reply
 
 
@@ -251,7 +181,7 @@ def test_unencodable_reply_is_contained(tmp_path: Path) -> None:
     table = build_table([Command("TEST.ODD", odd, 1)])  # type: ignore[list-item]
     srv = ServerThread(ServerConfig(port=0, dir=tmp_path), table=table).start()
     try:
-        reply = raw(
+        reply = raw_exchange(
             srv.port,
             b"*1\r\n$4\r\nPING\r\n*1\r\n$8\r\nTEST.ODD\r\n*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n",
             read_until_close=False,
@@ -262,39 +192,6 @@ def test_unencodable_reply_is_contained(tmp_path: Path) -> None:
         assert client.info("stats")["total_internal_errors"] == 1
     finally:
         srv.stop()
-
-
-def test_auth(server_factory: Callable[..., ServerThread]) -> None:
-    srv = server_factory(requirepass="s3cret")
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    no_retry = Retry(NoBackoff(), 0)
-    anon = redis.Redis(port=srv.port, retry=no_retry)
-    with pytest.raises(redis.AuthenticationError):
-        anon.ping()
-    for cmd in (("CLIENT", "SETINFO", "LIB-NAME", "x"), ("KV.PREFIX.INFO",), ("HELLO", "3")):
-        assert b"NOAUTH" in raw(srv.port, _encode(cmd), read_until_close=False)
-    with pytest.raises(redis.AuthenticationError):
-        redis.Redis(port=srv.port, password="wrong", retry=no_retry).ping()
-    good = redis.Redis(port=srv.port, password="s3cret")
-    assert good.ping()
-    good3 = redis.Redis(port=srv.port, password="s3cret", protocol=3)
-    assert good3.ping()
-    # HELLO with AUTH authenticates and switches protocol in one step.
-    hello = raw(
-        srv.port, _encode(("HELLO", "3", "AUTH", "default", "s3cret")), read_until_close=False
-    )
-    assert hello.startswith(b"%7")
-    assert b"WRONGPASS" in raw(srv.port, _encode(("AUTH", "nope")), read_until_close=False)
-
-
-def _encode(parts: tuple[str, ...]) -> bytes:
-    out = [b"*%d\r\n" % len(parts)]
-    for p in parts:
-        b = p.encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
-    return b"".join(out)
 
 
 def test_redis_cli(server: ServerThread) -> None:
@@ -353,26 +250,11 @@ def test_redis_benchmark(server: ServerThread) -> None:
     assert "PING" in ping.stdout
 
 
-def test_quit_closes(server: ServerThread) -> None:
-    reply = raw(server.port, b"QUIT\r\nPING\r\n")
-    assert reply == b"+OK\r\n"
-
-
 def test_sigterm_graceful_shutdown(spawn_server: Callable[..., object]) -> None:
     srv = spawn_server()
     r = srv.client()  # type: ignore[attr-defined]
     assert r.ping()
     assert srv.stop() == 0  # type: ignore[attr-defined]
-
-
-def test_shutdown_command(spawn_server: Callable[..., object]) -> None:
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    srv = spawn_server()
-    r = srv.client(retry=Retry(NoBackoff(), 0))  # type: ignore[attr-defined]
-    r.shutdown(nosave=True)
-    assert srv.proc.wait(timeout=30) == 0  # type: ignore[attr-defined]
 
 
 def test_refuses_public_bind_without_password() -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from types import MappingProxyType
 
-from pion.commands import generic, persist, prefix, rollback, vstore
+from pion.commands import attend, generic, persist, prefix, rollback, ssm, vstore
 from pion.commands.state import Command, CommandTable
 
 __all__ = ["COMMAND_TABLE", "build_table"]
@@ -24,6 +24,8 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     rollback.COMMANDS,
     prefix.COMMANDS,
     persist.COMMANDS,
+    attend.COMMANDS,
+    ssm.COMMANDS,
 )
 
 

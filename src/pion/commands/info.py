@@ -126,6 +126,7 @@ def _memory(ctx: Context) -> list[str]:
     used, rss, peak = memory_usage()
     maxmemory = vs.maxmemory
     measure = ctx.state.client_memory
+    tables = ctx.state.attention
     return [
         f"used_memory:{used}",
         f"used_memory_human:{bytes_to_human(used)}",
@@ -142,6 +143,12 @@ def _memory(ctx: Context) -> list[str]:
         f"mem_clients_normal:{measure() if measure is not None else 0}",
         f"maxmemory_clients:{ctx.state.config.maxmemory_clients}",
         f"vstore_max_sessions:{vs.max_sessions}",
+        f"sdpa_warm_bytes:{tables.bytes}",
+        f"attend_maxmemory:{tables.max_bytes}",
+        f"attend_slots:{tables.warm_slots}",
+        f"attend_cold_slots:{tables.cold_slots}",
+        f"ssm_bytes:{ctx.state.ssm.bytes}",
+        f"ssm_maxmemory:{ctx.state.ssm.max_bytes}",
     ]
 
 
@@ -157,6 +164,7 @@ def _persistence(ctx: Context) -> list[str]:
 def _stats(ctx: Context) -> list[str]:
     c = ctx.state.counters
     vs = ctx.state.vstore
+    tables = ctx.state.attention
     return [
         f"total_connections_received:{c.total_connections_received}",
         f"total_commands_processed:{c.total_commands_processed}",
@@ -166,6 +174,12 @@ def _stats(ctx: Context) -> list[str]:
         f"total_internal_errors:{c.internal_errors}",
         f"vstore_total_fetches:{vs.total_fetches}",
         f"vstore_evictions:{vs.evictions}",
+        f"sdpa_warm:{tables.warm_count}",
+        f"sdpa_cold:{tables.cold_count}",
+        f"sdpa_demotions:{tables.demotions}",
+        f"sdpa_rehydrates:{tables.rehydrates}",
+        f"sdpa_cold_forgotten:{tables.forgotten}",
+        f"ssm_entries:{len(ctx.state.ssm)}",
     ]
 
 

@@ -170,11 +170,11 @@ def _info(ctx: Context, args: Sequence[bytes]) -> Reply:
         ("directory_enabled", 0),
         ("my_worker_id", state.config.worker_id),
         ("directory_entries", 0),
-        # No attention tier in this build: its counters stay 0.
-        ("sdpa_warm", 0),
-        ("sdpa_cold", 0),
-        ("sdpa_demotions", 0),
-        ("sdpa_rehydrates", 0),
+        # The attention tier's slot tables (docs/attention.md).
+        ("sdpa_warm", state.attention.warm_count),
+        ("sdpa_cold", state.attention.cold_count),
+        ("sdpa_demotions", state.attention.demotions),
+        ("sdpa_rehydrates", state.attention.rehydrates),
     ]
     # A plain bulk string, as Pion sends it (not RESP3 verbatim).
     return "".join(f"{k}:{v}\r\n" for k, v in fields)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pion.attend import AttentionTables, SsmStore
 from pion.commands.deferred import Deferred
 from pion.config import ServerConfig
 from pion.prefix.receipt import Receipt
@@ -113,9 +114,17 @@ class ServerState:
     client_memory: Callable[[], int] | None = None
     # Built from vstore and receipt: the KV.PREFIX registry over them.
     registry: PrefixRegistry = field(init=False)
+    # Built from config: the attention tier's slot tables and the SSM state blobs.
+    attention: AttentionTables = field(init=False)
+    ssm: SsmStore = field(init=False)
 
     def __post_init__(self) -> None:
         self.registry = PrefixRegistry(self.vstore, self.receipt)
+        cfg = self.config
+        self.attention = AttentionTables(
+            cfg.attend_warm_slots, cfg.attend_cold_slots, cfg.attend_maxmemory
+        )
+        self.ssm = SsmStore(cfg.ssm_maxmemory)
 
     def uptime(self) -> int:
         return int(time.monotonic() - self.started_monotonic)

@@ -17,19 +17,16 @@ from pathlib import Path
 from typing import BinaryIO
 
 from pion.persistence.format import (
-    OPS,
     SNAP_MAGIC,
     WAL_MAGIC,
     FormatError,
     SnapshotHeader,
     WalHeader,
-    decode_mutation,
-    op_of,
 )
 from pion.persistence.reader import Damage, LogDamage, read_records
 from pion.persistence.recovery import WAL_HEADER_SIZE
-from pion.persistence.snapshot import SNAPSHOT_HEADER_SIZE, iter_snapshot
-from pion.vstore import DropSession, Mutation
+from pion.persistence.registry import UNIT_OPS, describe
+from pion.persistence.snapshot import SNAPSHOT_HEADER_SIZE, iter_frames
 
 __all__ = ["CheckReport", "check_file", "fix_file"]
 
@@ -53,12 +50,6 @@ class CheckReport:
     @property
     def ok(self) -> bool:
         return self.damage is None and self.fatal is None
-
-
-def _name(m: Mutation) -> str:
-    if isinstance(m, DropSession):
-        return f"{OPS[op_of(m)]}({m.reason})"
-    return OPS[op_of(m)]
 
 
 def check_file(path: Path) -> CheckReport:
@@ -85,13 +76,13 @@ def _check_log(path: Path, f: BinaryIO, size: int) -> CheckReport:
     try:
         for rec in read_records(f, WAL_HEADER_SIZE, size, header.start):
             try:
-                m = decode_mutation(rec.op, rec.payload)
+                name = describe(rec.op, rec.payload)
             except FormatError as exc:
                 rep.damage = Damage(rec.offset, f"undecodable payload: {exc.message}", False)
                 break
             rep.records += 1
             rep.last_seq = rec.seq
-            rep.counts[_name(m)] += 1
+            rep.counts[name] += 1
             rep.good_end = rec.end
     except LogDamage as exc:
         rep.damage = exc.damage
@@ -118,9 +109,13 @@ def _check_snapshot(path: Path, f: BinaryIO, size: int) -> CheckReport:
     try:
         header = SnapshotHeader.decode(f.read(SNAPSHOT_HEADER_SIZE))
         rep.worker, rep.first_seq = header.worker, header.covered
-        for _, m in iter_snapshot(f, size):
+        for rec in iter_frames(f, size, UNIT_OPS):
+            try:
+                name = describe(rec.op, rec.payload)
+            except FormatError as exc:
+                raise FormatError(f"record at offset {rec.offset}: {exc.message}") from None
             rep.records += 1
-            rep.counts[_name(m)] += 1
+            rep.counts[name] += 1
         rep.good_end = size
     except FormatError as exc:
         rep.fatal = exc.message

@@ -1,5 +1,6 @@
 """The persistence layer as the server sees it: one :class:`Persistence` per worker
-implements ``pion.commands.state.Durability`` and is the V-store's journal.
+implements ``pion.commands.state.Durability`` and is the journal of every durable
+store of the worker (the V-store, the keyspace: ``stores.py``).
 
 It owns the data directory of its worker (an exclusive ``flock`` on
 ``pion.lock.<w>`` keeps a second server off the same files), recovery at start, the
@@ -31,11 +32,20 @@ from pion.config import ServerConfig
 from pion.errors import MisconfError, PionError
 from pion.persistence import faults, recovery
 from pion.persistence.format import SnapshotHeader
-from pion.persistence.snapshot import write_snapshot
+from pion.persistence.snapshot import write_frames
+from pion.persistence.stores import DurableStore, Frame
+from pion.persistence.vstore_durable import VStoreDurable, VStoreJournal
 from pion.persistence.wal import WriteAheadLog
 from pion.vstore import Mutation, VStore
 
-__all__ = ["NO_WAL", "Persistence", "lock_path", "snapshot_path", "wal_path"]
+__all__ = [
+    "NO_WAL",
+    "Persistence",
+    "lock_path",
+    "snapshot_path",
+    "store_snapshot_path",
+    "wal_path",
+]
 
 log = logging.getLogger("pion.persistence")
 
@@ -49,7 +59,13 @@ NO_WAL = "the write-ahead log is disabled (--no-wal); use KV.PREFIX.SAVE for a s
 
 
 def snapshot_path(data_dir: Path, worker: int) -> Path:
-    return data_dir / f"pion.vstore.{worker}"
+    """The V-store's snapshot."""
+    return store_snapshot_path(data_dir, "vstore", worker)
+
+
+def store_snapshot_path(data_dir: Path, store: str, worker: int) -> Path:
+    """The snapshot of the durable store named ``store`` (``pion.<store>.<w>``)."""
+    return data_dir / f"pion.{store}.{worker}"
 
 
 def wal_path(data_dir: Path, worker: int) -> Path:
@@ -63,13 +79,22 @@ def lock_path(data_dir: Path, worker: int) -> Path:
 class Persistence:
     """Durability for one worker; see the module docstring."""
 
-    def __init__(self, config: ServerConfig, store: VStore) -> None:
-        """Describe the worker's files; nothing is touched until :meth:`open`."""
+    def __init__(self, config: ServerConfig, store: VStore, *others: DurableStore) -> None:
+        """Describe the worker's files; nothing is touched until :meth:`open`.
+
+        ``store`` is the V-store; ``others`` are the worker's other durable stores (the
+        keyspace), each with its own snapshot file beside the V-store's."""
         self.dir = Path(config.dir)
         self.worker = config.worker_id
         self.policy = config.appendfsync
         self.save_interval = config.save_interval
         self.store = store
+        # Save order: the V-store last, so its file (the one every data directory has)
+        # is the newest; recovery handles a crash between any two renames.
+        self.stores: tuple[DurableStore, ...] = (*others, VStoreDurable(store))
+        names = [s.name for s in self.stores]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two durable stores share a name: {names}")
         self.snapshot_path = snapshot_path(self.dir, self.worker)
         self.wal_path = wal_path(self.dir, self.worker)
         self._lock_fd = -1
@@ -102,16 +127,27 @@ class Persistence:
     async def recover(self) -> None:
         """Load the snapshot and replay the log (yielding to the loop), then open the
         log and become the store's journal. Raises RecoveryError / RecoveryAborted."""
-        res = await recovery.recover_async(
-            self.store, self.snapshot_path, self.wal_path, self.worker, lambda: self.closed
+        res = await recovery.recover_stores_async(
+            self._files(), self.wal_path, self.worker, lambda: self.closed
         )
         self._finish_recovery(res)
 
     def recover_now(self) -> None:
         """:meth:`recover` without an event loop (tools, benchmarks)."""
         self._finish_recovery(
-            recovery.recover_sync(self.store, self.snapshot_path, self.wal_path, self.worker)
+            recovery.recover_stores_sync(self._files(), self.wal_path, self.worker)
         )
+
+    def _files(self, base: Path | None = None) -> list[recovery.StoreFile]:
+        """Each store with its snapshot file: the default ones, or beside ``base`` (a
+        SAVE to a chosen path writes the V-store there and every other store to
+        ``<base>.<name>``)."""
+        if base is None:
+            return [(s, store_snapshot_path(self.dir, s.name, self.worker)) for s in self.stores]
+        return [
+            (s, base if s.name == "vstore" else base.with_name(f"{base.name}.{s.name}"))
+            for s in self.stores
+        ]
 
     def _finish_recovery(self, res: recovery.RecoveryResult) -> None:
         self.recovered = res
@@ -123,14 +159,15 @@ class Persistence:
             else:
                 self.wal.reset(res.last_seq + 1)
             self.wal.start_background()
-        self.store.journal = self
+        for store in self.stores:
+            store.attach(self)
         self.loading = False
         # Pion's wording, which operators' log greps look for.
         log.info("WAL replayed: %d records", res.replayed)
+        units = ", ".join(f"{n} in the {s}" for s, n in res.snapshot_units.items()) or "nothing"
         log.info(
-            "recovered %d sessions from the snapshot (%d bytes) and replayed %d log records "
-            "in %.3f s",
-            res.snapshot_sessions,
+            "recovered %s from the snapshots (%d bytes) and replayed %d log records in %.3f s",
+            units,
             res.snapshot_bytes,
             res.replayed,
             res.seconds,
@@ -165,7 +202,7 @@ class Persistence:
             self._schedule()
 
     def _probe(self) -> None:
-        need = self.store.vstore_bytes + _SAVE_MARGIN
+        need = sum(s.held_bytes() for s in self.stores) + _SAVE_MARGIN
         if shutil.disk_usage(self.dir).free < need:
             return
         try:
@@ -181,8 +218,14 @@ class Persistence:
     # -- the journal -----------------------------------------------------------------
 
     def append(self, m: Mutation) -> None:
+        """The V-store's :class:`~pion.vstore.Journal` (callers that wrap the journal
+        hand V-store mutations here)."""
+        VStoreJournal(self).append(m)
+
+    def append_frame(self, frame: Frame) -> None:
+        """Every store's :class:`~pion.persistence.stores.FrameSink`: log the record."""
         if self.wal is not None:
-            self.wal.append(m)
+            self.wal.append_frame(frame)
         self.changes += 1
 
     # -- Durability ------------------------------------------------------------------
@@ -219,10 +262,19 @@ class Persistence:
             raise PionError("persistence is closed")
         target = self.snapshot_path if path is None else self._resolve(path)
         default = target == self.snapshot_path
+        files = self._files(None if default else target)
+        if not default:
+            for _, other in files:
+                self._check_owned(other)
         covered = self.wal.last_seq if self.wal is not None else self._base_seq
+        written = units = 0
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            stats = write_snapshot(self.store, target, SnapshotHeader(self.worker, covered))
+            for store, file in files:
+                header = SnapshotHeader(self.worker, covered)
+                stats = write_frames(store.frames(), store.unit_ops, file, header)
+                written += stats.bytes
+                units += stats.units
             if default and self.wal is not None:
                 self.wal.reset(covered + 1)
         except OSError as exc:
@@ -235,8 +287,8 @@ class Persistence:
             self.last_save_ok = True
             self.last_save_time = int(time.time())
             self._last_save_mono = time.monotonic()
-            self.snapshot_bytes = stats.bytes
-        log.info("snapshot %s: %d sessions, %d bytes", target, stats.sessions, stats.bytes)
+            self.snapshot_bytes = written
+        log.info("snapshot %s: %d sessions and keys, %d bytes", target, units, written)
 
     def _resolve(self, relative: str) -> Path:
         # The command checked the text; this is the last line of defence against a
@@ -245,9 +297,20 @@ class Persistence:
         target = (root / relative).resolve()
         if root not in target.parents:
             raise PionError("path must stay inside the data directory")
-        if target in (self.wal_path.resolve(), lock_path(self.dir, self.worker).resolve()):
-            raise PionError("path names a file the server owns (the log or its lock)")
+        if target == self.snapshot_path.resolve():
+            return self.snapshot_path
+        self._check_owned(target)
         return target
+
+    def _check_owned(self, target: Path) -> None:
+        """A chosen SAVE path must not overwrite the log, the lock or another store's
+        default snapshot (the V-store's own is simply a default SAVE)."""
+        owned = {self.wal_path.resolve(), lock_path(self.dir, self.worker).resolve()}
+        owned |= {path.resolve() for _, path in self._files()}
+        if target.resolve() in owned:
+            raise PionError(
+                "path names a file the server owns (the log, its lock or a store's snapshot)"
+            )
 
     def close(self) -> None:
         """Stop the tick, flush and fsync the log, release the directory. A log that

@@ -27,6 +27,12 @@ class UncertainRename(OSError):
 def write_all(fd: int, parts: Sequence[Buffer], total: int | None = None) -> int:
     """Write every byte of ``parts`` (os.writev, no copy of large buffers), continuing
     after short writes; raises OSError on the first failure. Returns the bytes written."""
+    if len(parts) == 1 and isinstance(parts[0], bytes):
+        # The common small record: one write, no views.
+        n = os.write(fd, parts[0])
+        if n == len(parts[0]):
+            return n
+        return n + write_all(fd, [memoryview(parts[0])[n:]])
     views = [memoryview(p).cast("B") for p in parts]
     views = [v for v in views if len(v)]
     remaining = sum(len(v) for v in views) if total is None else total

@@ -70,9 +70,15 @@ is a u8 id of :mod:`pion.codecs.registry` (frozen there)::
     127 END    snapshot only, last: u64 records before it, u64 sessions
     10..15     reserved for the V-store; 16..31 the keyspace; 32..47 SSM/attention
 
-A snapshot is SNAPIDS (when an id was ever issued), then per session in LRU order
-(least recent first, so loading restores the order): CREATE, one or more STOREs per
-layer holding rows 0..tpl in pieces of at most SNAPSHOT_CHUNK bytes (highest rows
+Op-code ranges, one per store, frozen (``stores.py``): 1..15 the V-store (above),
+16..31 the plain keyspace (specified in ``keyspace_format.py``), 32..47 SSM and
+attention state, 127 END. Every store's records share this framing and the log's one
+sequence; each store has its own snapshot file, ``pion.<store>.<w>``, with the header
+above.
+
+A V-store snapshot is SNAPIDS (when an id was ever issued), then per session in LRU
+order (least recent first, so loading restores the order): CREATE, one or more STOREs
+per layer holding rows 0..tpl in pieces of at most SNAPSHOT_CHUNK bytes (highest rows
 first, so the first piece sizes the layer's buffer exactly), BLOCKS when the session
 has a table, one VSNAP per live rollback snapshot; then END and end of file.
 
@@ -86,7 +92,7 @@ import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, TypeAlias
+from typing import Final, TypeAlias, cast
 
 import google_crc32c
 
@@ -116,6 +122,7 @@ __all__ = [
     "SNAPSHOT_HEADER",
     "SNAP_MAGIC",
     "VERSION",
+    "VSTORE_UNIT_OPS",
     "WAL_HEADER",
     "WAL_MAGIC",
     "Buffer",
@@ -125,8 +132,10 @@ __all__ = [
     "crc32c",
     "decode_mutation",
     "encode_end",
+    "encode_frame",
     "encode_record",
     "op_of",
+    "vstore_payload",
 ]
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
@@ -145,6 +154,8 @@ OP_VCOMMIT: Final = 7
 OP_SNAPIDS: Final = 8
 OP_CREATE_ROPES: Final = 9
 END: Final = 127
+# The V-store records that open a unit (a session) in its snapshot.
+VSTORE_UNIT_OPS: Final = frozenset({OP_CREATE, OP_CREATE_ROPES})
 OPS: Final = {
     OP_CREATE: "CREATE",
     OP_STORE: "STORE",
@@ -185,6 +196,10 @@ _SCHEMA_ROPE_ENTRY: Final = struct.Struct("<BII")
 _SNAP: Final = struct.Struct("<QH")
 _SNAP_LAYER: Final = struct.Struct("<HI")
 _SNAP_ID: Final = struct.Struct("<Q")
+
+# Records up to this size whose payload is all bytes are joined into one buffer: a
+# copy this small costs less than a list of views and a writev.
+_JOIN_BELOW = 16 << 10
 
 # google_crc32c's C extension parses its argument with "y#", which refuses anything
 # with a buffer-release hook (memoryview, numpy, bytearray): only bytes. Large buffers
@@ -343,23 +358,50 @@ def _encode_payload(m: Mutation) -> tuple[bytes, memoryview | None]:
     return _sid(m.sid) + _BLOCKS.pack(m.block_size, len(hashes) // 8), hashes
 
 
-def encode_record(seq: int, m: Mutation) -> tuple[list[Buffer], int]:
-    """The buffers of one record, ready for ``os.writev``, and their total size. Bulk
-    data (STORE rows, BLOCKS hashes) is passed through as a view, not copied."""
-    fixed, bulk = _encode_payload(m)
-    length = len(fixed) + (len(bulk) if bulk is not None else 0)
+def encode_frame(seq: int, op: int, payload: Sequence[Buffer]) -> tuple[list[Buffer], int]:
+    """The buffers of one record whose payload is ``payload`` concatenated, ready for
+    ``os.writev``, and their total size. The payload buffers are passed through as
+    they are (checksummed in place), never joined or copied; only a small record made
+    of ``bytes`` is joined into one buffer (one write, no views)."""
+    small = True
+    length = 0
+    for piece in payload:
+        if isinstance(piece, bytes):
+            length += len(piece)
+        else:
+            length += memoryview(piece).nbytes
+            small = False
     if length > MAX_PAYLOAD:
         raise PionError(
             f"a single write of {length} bytes exceeds the write-ahead log's record "
             f"limit of {MAX_PAYLOAD} bytes; send it in smaller batches"
         )
-    crc = crc32c(fixed)
-    parts: list[Buffer] = [record_head(length, op_of(m), seq), fixed]
-    if bulk is not None and len(bulk):
-        crc = crc32c(bulk, crc)
-        parts.append(bulk)
+    if small and length <= _JOIN_BELOW:
+        pieces = cast("Sequence[bytes]", payload)  # all bytes: checked above
+        body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        record = record_head(length, op, seq) + body + _U32.pack(crc32c(body))
+        return [record], RECORD_OVERHEAD + length
+    crc = 0
+    parts: list[Buffer] = [record_head(length, op, seq)]
+    for piece in payload:
+        if memoryview(piece).nbytes:
+            crc = crc32c(piece, crc)
+            parts.append(piece)
     parts.append(_U32.pack(crc))
     return parts, RECORD_OVERHEAD + length
+
+
+def vstore_payload(m: Mutation) -> list[Buffer]:
+    """The payload of a V-store mutation's record as buffers (bulk data as a view)."""
+    fixed, bulk = _encode_payload(m)
+    return [fixed] if bulk is None or not len(bulk) else [fixed, bulk]
+
+
+def encode_record(seq: int, m: Mutation) -> tuple[list[Buffer], int]:
+    """The buffers of one V-store record, ready for ``os.writev``, and their total
+    size. Bulk data (STORE rows, BLOCKS hashes) is passed through as a view, not
+    copied."""
+    return encode_frame(seq, op_of(m), vstore_payload(m))
 
 
 def encode_end(seq: int, records: int, sessions: int) -> bytes:

@@ -33,12 +33,12 @@ import numpy as np
 from pion.persistence.format import (
     END,
     MAX_PAYLOAD,
-    OPS,
     RECORD_HEAD,
     RECORD_OVERHEAD,
     Buffer,
     crc32c,
 )
+from pion.persistence.registry import KNOWN_OPS
 
 __all__ = ["Damage", "LogDamage", "Record", "find_valid_record", "read_records"]
 
@@ -87,7 +87,7 @@ class LogDamage(Exception):
 
 
 def _valid_ops(snapshot: bool) -> frozenset[int]:
-    return frozenset(OPS) | ({END} if snapshot else frozenset())
+    return frozenset(KNOWN_OPS) | ({END} if snapshot else frozenset())
 
 
 def read_records(
@@ -181,4 +181,4 @@ def _plausible(head: bytes, pos: int, size: int) -> bool:
     length, op, _ = RECORD_HEAD.unpack_from(head)
     if crc32c(head[: RECORD_HEAD.size]) != _U32.unpack_from(head, RECORD_HEAD.size)[0]:
         return False
-    return op in OPS and length <= MAX_PAYLOAD and pos + RECORD_OVERHEAD + length <= size
+    return op in KNOWN_OPS and length <= MAX_PAYLOAD and pos + RECORD_OVERHEAD + length <= size

@@ -4,13 +4,22 @@ Order and rules:
 
 1. Leftover ``*.tmp`` files of an interrupted save or log reset are removed (the real
    files were never touched before their rename).
-2. The snapshot, if any, is loaded. It was renamed into place complete, so any damage
-   is corruption and stops startup. Its header gives ``covered``.
-3. The log is replayed from its header's ``start``. Records with ``seq <= covered`` are
-   already in the snapshot (a crash hit between the snapshot's rename and the log's
-   reset) and are skipped, never applied twice. A log starting after ``covered + 1``
-   has lost records and stops startup, with one exception: the snapshot file is
-   missing and the log holds no records. That is the reset recipe (delete the
+2. Each store's snapshot, if any, is loaded (``stores.py``: one file per store). It was
+   renamed into place complete, so any damage is corruption and stops startup. Its
+   header gives that store's ``covered``. A store whose file is missing starts empty.
+   If the log starts at record 1 it was never reset, so it holds that store's whole
+   history (the first SAVE crashed between two renames, or never ran): the store
+   replays all of it. If the log starts later, a SAVE completed and wrote every
+   store's file; so when the V-store's file (which every Pion data directory has) is
+   there and another store's is not, that store did not exist then (a directory
+   written before it): it counts as covered like the V-store's, with a warning. A
+   missing V-store file with a reset log is a lost snapshot and stops startup.
+3. The log is replayed from its header's ``start``, each record into the store that
+   owns its op code. A record with ``seq <=`` its store's ``covered`` is already in
+   that store's snapshot (a crash hit between the renames of SAVE and the log's reset)
+   and is skipped, never applied twice. A log starting after the oldest ``covered + 1``
+   has lost records and stops startup, with one exception: the V-store's snapshot
+   file is missing and the log holds no records. That is the reset recipe (delete the
    snapshot after a SAVE emptied the log): nothing acknowledged depends on the missing
    file, so the server starts empty, with a warning naming it. A log whose records do
    need the missing snapshot still stops startup, naming both files and the fix.
@@ -32,26 +41,41 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 from pion.errors import PionError
 from pion.persistence import faults
 from pion.persistence.format import WAL_HEADER, FormatError, SnapshotHeader, WalHeader
-from pion.persistence.format import decode_mutation as _decode
 from pion.persistence.reader import LogDamage, read_records
-from pion.persistence.snapshot import SNAPSHOT_HEADER_SIZE, iter_snapshot
+from pion.persistence.snapshot import SNAPSHOT_HEADER_SIZE, iter_frames
+from pion.persistence.stores import DurableStore
+from pion.persistence.vstore_durable import VStoreDurable
 from pion.vstore import VStore
 
-__all__ = ["RecoveryAborted", "RecoveryError", "RecoveryResult", "recover_async", "recover_sync"]
+__all__ = [
+    "RecoveryAborted",
+    "RecoveryError",
+    "RecoveryResult",
+    "StoreFile",
+    "recover_async",
+    "recover_stores_async",
+    "recover_stores_sync",
+    "recover_sync",
+]
 
 log = logging.getLogger("pion.persistence")
 
 WAL_HEADER_SIZE = WAL_HEADER.size + 4
+# The store whose snapshot every Pion data directory has had since the first release.
+ANCHOR_STORE = "vstore"
 _SLICE_S = 0.02
 _READ_BUFFER = 1 << 20
+
+# A store and the path of its snapshot file.
+StoreFile = tuple[DurableStore, Path]
 
 
 class RecoveryError(PionError):
@@ -64,17 +88,22 @@ class RecoveryAborted(Exception):
 
 @dataclass
 class RecoveryResult:
-    covered: int = 0  # the log sequence number the snapshot covers
+    covered: int = 0  # the newest log sequence number a snapshot covers
     last_seq: int = 0  # the last sequence number in the recovered state
-    snapshot_bytes: int = 0
-    snapshot_sessions: int = 0
+    snapshot_bytes: int = 0  # all stores' snapshot files together
+    snapshot_sessions: int = 0  # V-store sessions loaded from its snapshot
     snapshot_records: int = 0
+    # Per store name: the sequence number its snapshot covers, and its units (sessions,
+    # keys) after loading it.
+    covered_by: dict[str, int] = field(default_factory=dict)
+    snapshot_units: dict[str, int] = field(default_factory=dict)
     replayed: int = 0  # log records applied
-    skipped: int = 0  # log records already in the snapshot
+    skipped: int = 0  # log records already in a snapshot
+    foreign: int = 0  # log records of stores not being recovered (V-store-only tools)
     wal_bytes: int = 0  # the log's size after recovery (a torn tail cut off)
     truncated: int = 0  # bytes of torn tail removed
     # What to do with the log now: "continue" appending to it, or "reset" it (missing,
-    # shorter than a header, or holding only records the snapshot covers).
+    # shorter than a header, or holding only records every snapshot covers).
     wal_action: str = "reset"
     seconds: float = 0.0
     # The snapshot path when there was no snapshot file (the log must then not need one).
@@ -89,7 +118,7 @@ def _repair_hint(path: Path, offset: int) -> str:
     )
 
 
-def _remove_leftovers(paths: tuple[Path, ...]) -> None:
+def _remove_leftovers(paths: Sequence[Path]) -> None:
     for path in paths:
         tmp = path.with_name(path.name + ".tmp")
         if tmp.exists():
@@ -97,7 +126,9 @@ def _remove_leftovers(paths: tuple[Path, ...]) -> None:
             tmp.unlink()
 
 
-def _load_snapshot(store: VStore, path: Path, worker: int, res: RecoveryResult) -> Iterator[None]:
+def _load_snapshot(
+    store: DurableStore, path: Path, worker: int, res: RecoveryResult
+) -> Iterator[None]:
     size = path.stat().st_size
     with open(path, "rb", buffering=_READ_BUFFER) as f:
         try:
@@ -107,12 +138,18 @@ def _load_snapshot(store: VStore, path: Path, worker: int, res: RecoveryResult) 
         if header.worker != worker:
             raise RecoveryError(f"{path} belongs to worker {header.worker}, not {worker}")
         try:
-            for offset, m in iter_snapshot(f, size):
+            for rec in iter_frames(f, size, store.unit_ops):
+                if rec.op not in store.ops:
+                    raise RecoveryError(
+                        f"{path}: record at offset {rec.offset} has op code {rec.op}, "
+                        f"which is not a {store.name} record: is this file another "
+                        "store's snapshot?"
+                    )
                 try:
-                    store.apply(m)
+                    store.apply_frame(rec.op, rec.payload)
                 except PionError as exc:
                     raise RecoveryError(
-                        f"{path}: record at offset {offset} cannot be applied: {exc.message}"
+                        f"{path}: record at offset {rec.offset} cannot be applied: {exc.message}"
                     ) from None
                 res.snapshot_records += 1
                 faults.fault("replay")
@@ -123,35 +160,64 @@ def _load_snapshot(store: VStore, path: Path, worker: int, res: RecoveryResult) 
                 "into place complete, so this is damage on disk, not a crash; restore it "
                 "from a backup (or move it away to start from the log alone)."
             ) from None
-    res.covered = header.covered
-    res.snapshot_bytes = size
-    res.snapshot_sessions = len(store)
+    res.covered_by[store.name] = header.covered
+    res.snapshot_bytes += size
+    res.snapshot_units[store.name] = store.units()
 
 
-def _replay_log(store: VStore, path: Path, worker: int, res: RecoveryResult) -> Iterator[None]:
-    covered = res.covered
-    res.last_seq = covered
-    if not path.exists():
-        return
-    size = path.stat().st_size
-    if size < WAL_HEADER_SIZE:
+def _cover_missing(missing: list[str], log_start: int, res: RecoveryResult) -> None:
+    """Step 2's rule for stores without a snapshot file (see the module docstring)."""
+    anchor = res.covered_by.get(ANCHOR_STORE)
+    for name in missing:
+        if log_start > 1 and anchor is not None and name != ANCHOR_STORE:
+            log.warning(
+                "no snapshot of the %s beside the V-store's (covering record %d) and the "
+                "log was reset since: starting it empty, as in a data directory written "
+                "before it existed",
+                name,
+                anchor,
+            )
+            res.covered_by[name] = anchor
+        else:
+            res.covered_by[name] = 0
+
+
+def _replay_log(
+    owners: dict[int, DurableStore],
+    path: Path,
+    worker: int,
+    res: RecoveryResult,
+    missing: list[str],
+) -> Iterator[None]:
+    size = path.stat().st_size if path.exists() else 0
+    if path.exists() and size < WAL_HEADER_SIZE:
         # The header is written to a temp file, fsynced and renamed into place, so a
         # short one was never a log we appended to.
         log.warning("%s: %d bytes, shorter than a log header; starting a new log", path, size)
+    header: WalHeader | None = None
+    if size >= WAL_HEADER_SIZE:
+        with open(path, "rb") as f:
+            try:
+                header = WalHeader.decode(f.read(WAL_HEADER_SIZE))
+            except FormatError as exc:
+                raise RecoveryError(
+                    f"{path}: {exc.message} at offset 0. Startup stopped. The header "
+                    f"cannot be repaired (`pion check-wal {path}` shows what follows it): "
+                    "restore the log from a backup, or move it away to start from the "
+                    "snapshot alone (losing the writes logged since)."
+                ) from None
+    _cover_missing(missing, header.start if header is not None else 1, res)
+    covered = {name: res.covered_by.get(name, 0) for name in {s.name for s in owners.values()}}
+    oldest = min(covered.values(), default=0)
+    newest = max(covered.values(), default=0)
+    res.covered = newest
+    res.last_seq = newest
+    if header is None:
         return
     with open(path, "rb", buffering=_READ_BUFFER) as f:
-        try:
-            header = WalHeader.decode(f.read(WAL_HEADER_SIZE))
-        except FormatError as exc:
-            raise RecoveryError(
-                f"{path}: {exc.message} at offset 0. Startup stopped. The header cannot "
-                f"be repaired (`pion check-wal {path}` shows what follows it): restore "
-                "the log from a backup, or move it away to start from the snapshot alone "
-                "(losing the writes logged since)."
-            ) from None
         if header.worker != worker:
             raise RecoveryError(f"{path} belongs to worker {header.worker}, not {worker}")
-        if header.start > covered + 1 and res.snapshot_missing is not None:
+        if header.start > oldest + 1 and res.snapshot_missing is not None:
             if not _holds_records(f, size, header.start):
                 log.warning(
                     "%s is missing and %s holds no records (it starts at record %d): "
@@ -163,29 +229,33 @@ def _replay_log(store: VStore, path: Path, worker: int, res: RecoveryResult) -> 
                     header.start,
                 )
                 return
-            missing = res.snapshot_missing
+            lost = res.snapshot_missing
             raise RecoveryError(
                 f"{path} starts at record {header.start}: its records need the snapshot "
-                f"{missing} (which held records 1..{header.start - 1}), and that file is "
+                f"{lost} (which held records 1..{header.start - 1}), and that file is "
                 f"missing. Startup stopped so that no acknowledged write is dropped "
-                f"silently. Put {missing.name} back from a backup; or, to start empty on "
-                f"purpose, move both {missing.name} and {path.name} out of {path.parent}."
+                f"silently. Put {lost.name} back from a backup; or, to start empty on "
+                f"purpose, move both {lost.name} and {path.name} out of {path.parent}."
             )
-        if header.start > covered + 1:
+        if header.start > oldest + 1:
             raise RecoveryError(
                 f"{path} starts at record {header.start} but the snapshot covers only up "
-                f"to {covered}: records {covered + 1}..{header.start - 1} are missing "
+                f"to {oldest}: records {oldest + 1}..{header.start - 1} are missing "
                 "(was the snapshot replaced by an older one?)"
             )
         seq = header.start - 1
         try:
             for rec in read_records(f, WAL_HEADER_SIZE, size, header.start):
                 seq = rec.seq
-                if seq <= covered:
+                store = owners.get(rec.op)
+                if store is None:
+                    res.foreign += 1
+                    continue
+                if seq <= covered[store.name]:
                     res.skipped += 1
                     continue
                 try:
-                    store.apply(_decode(rec.op, rec.payload))
+                    store.apply_frame(rec.op, rec.payload)
                 except PionError as exc:
                     raise RecoveryError(
                         f"{path}: record {seq} at offset {rec.offset} cannot be replayed: "
@@ -218,10 +288,12 @@ def _replay_log(store: VStore, path: Path, worker: int, res: RecoveryResult) -> 
             res.truncated = size - d.offset
             size = d.offset
     res.wal_bytes = size
-    res.last_seq = max(covered, seq)
-    # Keep appending to the log unless it holds only what the snapshot covers (an
-    # interrupted save: finish its reset) or fell behind it (its tail was lost).
-    continues = seq > covered or (seq == covered and res.skipped == 0)
+    res.last_seq = max(newest, seq)
+    # Keep appending to the log unless every snapshot covers all it holds (an
+    # interrupted save: finish its reset) or it fell behind them (its tail was lost).
+    # After a save interrupted between two stores' renames, the older snapshot still
+    # needs the log, so it continues.
+    continues = seq > oldest or (seq == oldest and res.skipped == 0)
     res.wal_action = "continue" if continues else "reset"
 
 
@@ -245,23 +317,72 @@ def _truncate(path: Path, size: int) -> None:
         os.close(fd)
 
 
+def _owners(stores: Sequence[StoreFile]) -> dict[int, DurableStore]:
+    owners: dict[int, DurableStore] = {}
+    for store, _ in stores:
+        for op in store.ops:
+            if op in owners:
+                raise RecoveryError(f"op code {op} claimed by {owners[op].name} and {store.name}")
+            owners[op] = store
+    return owners
+
+
 def _steps(
-    store: VStore, snapshot: Path, wal: Path, worker: int, res: RecoveryResult
+    stores: Sequence[StoreFile], wal: Path, worker: int, res: RecoveryResult
 ) -> Iterator[None]:
-    _remove_leftovers((snapshot, wal))
-    if snapshot.exists():
-        yield from _load_snapshot(store, snapshot, worker, res)
-    else:
-        res.snapshot_missing = snapshot
-    yield from _replay_log(store, wal, worker, res)
+    _remove_leftovers([*(path for _, path in stores), wal])
+    missing: list[str] = []
+    for store, path in stores:
+        if path.exists():
+            yield from _load_snapshot(store, path, worker, res)
+        else:
+            missing.append(store.name)
+            if store.name == ANCHOR_STORE:
+                res.snapshot_missing = path
+    for store, _ in stores:
+        if isinstance(store, VStoreDurable):
+            res.snapshot_sessions = res.snapshot_units.get(store.name, 0)
+    yield from _replay_log(_owners(stores), wal, worker, res, missing)
+
+
+def _vstore_only(store: VStore, snapshot: Path) -> list[StoreFile]:
+    return [(VStoreDurable(store), snapshot)]
+
+
+def recover_stores_sync(stores: Sequence[StoreFile], wal: Path, worker: int = 0) -> RecoveryResult:
+    """Recover every store in ``stores`` from its snapshot and the shared log in one go
+    (tools, tests, benchmarks). Log records of stores not listed are counted in
+    ``foreign`` and not applied."""
+    res = RecoveryResult()
+    started = time.perf_counter()
+    for _ in _steps(stores, wal, worker, res):
+        pass
+    res.seconds = time.perf_counter() - started
+    return res
 
 
 def recover_sync(store: VStore, snapshot: Path, wal: Path, worker: int = 0) -> RecoveryResult:
-    """Recover in one go (tools, tests, benchmarks)."""
+    """Recover the V-store alone in one go (tools, tests, benchmarks)."""
+    return recover_stores_sync(_vstore_only(store, snapshot), wal, worker)
+
+
+async def recover_stores_async(
+    stores: Sequence[StoreFile],
+    wal: Path,
+    worker: int,
+    stopped: Callable[[], bool],
+) -> RecoveryResult:
+    """Recover on the running loop, yielding to it every ~20 ms; raises
+    RecoveryAborted once ``stopped()`` turns true."""
     res = RecoveryResult()
-    started = time.perf_counter()
-    for _ in _steps(store, snapshot, wal, worker, res):
-        pass
+    started = last = time.perf_counter()
+    for _ in _steps(stores, wal, worker, res):
+        now = time.perf_counter()
+        if now - last >= _SLICE_S:
+            await asyncio.sleep(0)
+            if stopped():
+                raise RecoveryAborted()
+            last = time.perf_counter()
     res.seconds = time.perf_counter() - started
     return res
 
@@ -273,16 +394,5 @@ async def recover_async(
     worker: int,
     stopped: Callable[[], bool],
 ) -> RecoveryResult:
-    """Recover on the running loop, yielding to it every ~20 ms; raises
-    RecoveryAborted once ``stopped()`` turns true."""
-    res = RecoveryResult()
-    started = last = time.perf_counter()
-    for _ in _steps(store, snapshot, wal, worker, res):
-        now = time.perf_counter()
-        if now - last >= _SLICE_S:
-            await asyncio.sleep(0)
-            if stopped():
-                raise RecoveryAborted()
-            last = time.perf_counter()
-    res.seconds = time.perf_counter() - started
-    return res
+    """:func:`recover_stores_async` for the V-store alone."""
+    return await recover_stores_async(_vstore_only(store, snapshot), wal, worker, stopped)

@@ -1,4 +1,4 @@
-"""Snapshots: the whole V-store in one file, written atomically, read back fast.
+"""Snapshots: a whole store in one file, written atomically, read back fast.
 
 Writing (``KV.PREFIX.SAVE``, ``SHUTDOWN SAVE``, ``--save-interval``)::
 
@@ -10,15 +10,19 @@ Writing (``KV.PREFIX.SAVE``, ``SHUTDOWN SAVE``, ``--save-interval``)::
 
 and only then may the caller reset the log (``wal.py``). A failure at steps 1-4 removes
 the temp file and leaves the previous snapshot and the log as they were. Records are
-the store's own mutations (``VStore.dump``) in the framing of ``format.py``: the same
-decoder and the same replay path serve the log and the snapshot, and a layer's rows go
-out as views of the live buffers, never copied. The store is read on the event-loop
+the store's own records (its :meth:`~pion.persistence.stores.DurableStore.frames`; for
+the V-store, ``VStore.dump``) in the framing of ``format.py``: the same decoder and the
+same replay path serve the log and the snapshot, and a layer's rows (a key's value) go
+out as views of the live buffers, never copied. Each store has its own file; the
+generic writer and reader here serve them all, and the END record counts the store's
+units (sessions, keys). The store is read on the event-loop
 thread, so the snapshot is a consistent cut at one log sequence number; it blocks the
 worker for about the time the disk takes to absorb the bytes (like Redis's ``SAVE``).
 
 Reading: payloads go straight from the file into numpy buffers (``reader.py``) and
-through ``VStore.apply``; a layer's first record carries its highest rows, so the
-first write sizes the layer's buffer exactly and later pieces never reallocate it.
+through the store's ``apply_frame`` (``VStore.apply`` for the V-store); a layer's first
+record carries its highest rows, so the first write sizes the layer's buffer exactly
+and later pieces never reallocate it.
 A snapshot is renamed into place complete, so unlike the log it is never torn: any
 damage is corruption and stops startup.
 """
@@ -26,7 +30,7 @@ damage is corruption and stops startup.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -37,30 +41,44 @@ from pion.persistence.format import (
     END,
     SNAPSHOT_CHUNK,
     SNAPSHOT_HEADER,
+    VSTORE_UNIT_OPS,
     Buffer,
     FormatError,
     SnapshotHeader,
     decode_end,
     decode_mutation,
     encode_end,
-    encode_record,
+    encode_frame,
+    op_of,
+    vstore_payload,
 )
-from pion.persistence.reader import LogDamage, read_records
-from pion.vstore import CreateSession, Mutation, StoreRows, VStore
+from pion.persistence.reader import LogDamage, Record, read_records
+from pion.persistence.stores import Frame
+from pion.vstore import Mutation, StoreRows, VStore
 
-__all__ = ["SNAPSHOT_HEADER_SIZE", "SnapshotStats", "iter_snapshot", "write_snapshot"]
+__all__ = [
+    "SNAPSHOT_HEADER_SIZE",
+    "VSTORE_UNIT_OPS",
+    "SnapshotStats",
+    "iter_frames",
+    "iter_snapshot",
+    "vstore_frames",
+    "write_frames",
+    "write_snapshot",
+]
 
 SNAPSHOT_HEADER_SIZE = SNAPSHOT_HEADER.size + 4
 # Small records are gathered and written together; large payloads go out on their own.
 _FLUSH_BYTES = 1 << 20
 _FLUSH_PARTS = 512  # well under IOV_MAX (1024 on Linux)
+# A V-store snapshot's unit is a session, opened by its CREATE record.
 
 
 @dataclass(frozen=True, slots=True)
 class SnapshotStats:
     path: Path
     covered: int
-    sessions: int
+    units: int  # sessions, keys: what the END record counts
     records: int
     bytes: int
 
@@ -78,6 +96,13 @@ def _pieces(m: Mutation) -> Iterator[Mutation]:
         n = min(per, m.count - first)
         chunk = data[first * row_bytes : (first + n) * row_bytes]
         yield StoreRows(m.sid, m.layer, m.start + first, n, m.format_id, m.dim, chunk)
+
+
+def vstore_frames(store: VStore) -> Iterator[Frame]:
+    """The V-store's snapshot records: ``VStore.dump`` in pieces."""
+    for m in store.dump():
+        for piece in _pieces(m):
+            yield Frame(op_of(piece), vstore_payload(piece))
 
 
 class _Writer:
@@ -101,8 +126,11 @@ class _Writer:
             self.parts, self.pending = [], 0
 
 
-def write_snapshot(store: VStore, path: Path, header: SnapshotHeader) -> SnapshotStats:
-    """Write the store to ``path`` atomically (steps 1-5 of the module docstring)."""
+def write_frames(
+    frames: Iterable[Frame], unit_ops: frozenset[int], path: Path, header: SnapshotHeader
+) -> SnapshotStats:
+    """Write a store's records to ``path`` atomically (steps 1-5 of the module
+    docstring); ``unit_ops`` are the ops the END record counts."""
     tmp = path.with_name(path.name + ".tmp")
     faults.fault("snapshot_open")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -112,14 +140,13 @@ def write_snapshot(store: VStore, path: Path, header: SnapshotHeader) -> Snapsho
         out.add([raw], len(raw))
         out.flush()
         faults.fault("snapshot_write")
-        records = sessions = 0
-        for m in store.dump():
-            sessions += isinstance(m, CreateSession)
-            for piece in _pieces(m):
-                parts, size = encode_record(records, piece)
-                out.add(parts, size)
-                records += 1
-        end = encode_end(records, records, sessions)
+        records = units = 0
+        for frame in frames:
+            units += frame.op in unit_ops
+            parts, size = encode_frame(records, frame.op, frame.parts)
+            out.add(parts, size)
+            records += 1
+        end = encode_end(records, records, units)
         out.add([end], len(end))
         out.flush()
         faults.fault("snapshot_fsync")
@@ -137,34 +164,48 @@ def write_snapshot(store: VStore, path: Path, header: SnapshotHeader) -> Snapsho
         raise
     faults.fault("snapshot_fsync_dir")
     fsync_dir(path.parent)
-    return SnapshotStats(path, header.covered, sessions, records + 1, out.written)
+    return SnapshotStats(path, header.covered, units, records + 1, out.written)
 
 
-def iter_snapshot(f: BinaryIO, size: int) -> Iterator[tuple[int, Mutation]]:
-    """The (offset, mutation) pairs of an open snapshot positioned after its header;
-    raises FormatError (with the offset) on any damage, a missing END record or bytes
-    after it."""
+def write_snapshot(store: VStore, path: Path, header: SnapshotHeader) -> SnapshotStats:
+    """Write the V-store to ``path`` atomically."""
+    return write_frames(vstore_frames(store), VSTORE_UNIT_OPS, path, header)
+
+
+def iter_frames(f: BinaryIO, size: int, unit_ops: frozenset[int]) -> Iterator[Record]:
+    """The records of an open snapshot positioned after its header, END excluded;
+    raises FormatError (with the offset) on any damage, a missing END record, an END
+    whose counts (records, and units opened by ``unit_ops``) disagree with the file,
+    or bytes after it. Large payloads are views valid until the next record."""
     offset = SNAPSHOT_HEADER_SIZE
-    sessions = 0
+    units = 0
     try:
         for rec in read_records(f, offset, size, 0, snapshot=True):
             if rec.op == END:
-                records, want_sessions = decode_end(rec.payload)
-                if records != rec.seq or want_sessions != sessions:
+                records, want_units = decode_end(rec.payload)
+                if records != rec.seq or want_units != units:
                     raise FormatError(
                         f"END at offset {rec.offset} counts {records} records and "
-                        f"{want_sessions} sessions, the file holds {rec.seq} and {sessions}"
+                        f"{want_units} units, the file holds {rec.seq} and {units}"
                     )
                 if rec.end != size:
                     raise FormatError(f"{size - rec.end} bytes after END at offset {rec.end}")
                 return
-            try:
-                m = decode_mutation(rec.op, rec.payload)
-            except FormatError as exc:
-                raise FormatError(f"record at offset {rec.offset}: {exc.message}") from None
-            sessions += isinstance(m, CreateSession)
-            yield rec.offset, m
+            units += rec.op in unit_ops
+            yield rec
     except LogDamage as exc:
         d = exc.damage
         raise FormatError(f"damaged record at offset {d.offset}: {d.reason}") from None
     raise FormatError(f"no END record: the snapshot is incomplete ({size} bytes)")
+
+
+def iter_snapshot(f: BinaryIO, size: int) -> Iterator[tuple[int, Mutation]]:
+    """The (offset, mutation) pairs of an open V-store snapshot positioned after its
+    header; raises FormatError as :func:`iter_frames` does, and for a record that is
+    not a V-store mutation."""
+    for rec in iter_frames(f, size, VSTORE_UNIT_OPS):
+        try:
+            m = decode_mutation(rec.op, rec.payload)
+        except FormatError as exc:
+            raise FormatError(f"record at offset {rec.offset}: {exc.message}") from None
+        yield rec.offset, m

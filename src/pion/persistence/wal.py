@@ -1,7 +1,8 @@
-"""The write-ahead log: the V-store's journal, appended before every reply.
+"""The write-ahead log: every durable store's journal, appended before every reply.
 
-Log before reply. The store calls :meth:`WriteAheadLog.append` after validating a
-mutation and before applying it; ``append`` writes the whole record to the file with
+Log before reply. A store hands each mutation's record to :meth:`WriteAheadLog.append_frame`
+(:meth:`~WriteAheadLog.append` for a V-store mutation) after validating it and before
+applying it; ``append`` writes the whole record to the file with
 one ``os.writev`` (the payload buffer is handed to the kernel as it is, never copied)
 before returning. So once a reply can leave, its record is at least in the kernel's
 page cache and survives a crash of this process whatever the fsync policy. What the
@@ -35,7 +36,8 @@ from pathlib import Path
 from pion.config import AppendFsync
 from pion.errors import MisconfError
 from pion.persistence.files import UncertainRename, create_atomically, fdatasync, write_all
-from pion.persistence.format import WalHeader, encode_record
+from pion.persistence.format import WalHeader, encode_frame, op_of, vstore_payload
+from pion.persistence.stores import Frame
 from pion.vstore import Mutation
 
 __all__ = ["WriteAheadLog"]
@@ -113,13 +115,17 @@ class WriteAheadLog:
     # -- the journal -----------------------------------------------------------------
 
     def append(self, m: Mutation) -> None:
+        """Write one V-store record; see :meth:`append_frame`."""
+        self.append_frame(Frame(op_of(m), vstore_payload(m)))
+
+    def append_frame(self, frame: Frame) -> None:
         """Write one record; raises MisconfError (nothing written is trusted) on failure."""
         if self.failure is not None:
             raise MisconfError(self.refusal())
         if self._fd < 0:
             raise MisconfError("the write-ahead log is not open")
         seq = self.last_seq + 1
-        parts, size = encode_record(seq, m)
+        parts, size = encode_frame(seq, frame.op, frame.parts)
         try:
             write_all(self._fd, parts, size)
         except OSError as exc:

@@ -40,3 +40,6 @@ class ProtocolLimits:
     # pipelines faster than it reads is slowed down, not dropped. 64 MiB holds a few
     # large K/V replies in flight, which is what keeps a reading client's pipe full.
     reply_high_water: int = 64 * MB
+    # The binary lane's frame body (docs/attention.md): the same bound as one RESP bulk,
+    # so the fast lane can never be made to buffer more than the RESP port.
+    max_binary_body: int = 512 * MB

@@ -25,14 +25,17 @@ from pion.commands.state import CommandTable, ServerState
 from pion.config import ServerConfig
 from pion.errors import PionError
 from pion.persistence import Persistence, RecoveryAborted
+from pion.persistence.ssm_durable import SsmDurable
 from pion.prefix.receipt import Receipt
 from pion.server.app import PionServer
+from pion.server.binary import BinaryLane
 from pion.server.fdlimit import fit_maxclients
 from pion.vstore import VStore
 
 __all__ = [
     "ServerThread",
     "bind_socket",
+    "bind_sockets",
     "build_state",
     "check_bind_safety",
     "check_password",
@@ -61,7 +64,7 @@ def build_state(config: ServerConfig) -> ServerState:
         maxmemory=config.maxmemory,
     )
     state = ServerState(config=config, vstore=vstore, receipt=Receipt(worker_id=config.worker_id))
-    persistence = Persistence(config, vstore)
+    persistence = Persistence(config, vstore, SsmDurable(state.ssm))
     persistence.open()
     state.persistence = persistence
     state.loading = True
@@ -109,6 +112,36 @@ def bind_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket
     return sock
 
 
+# Tries at finding two adjacent free ports when the RESP port is 0 (tests).
+_PAIR_ATTEMPTS = 50
+
+
+def bind_sockets(config: ServerConfig) -> tuple[socket.socket, socket.socket | None]:
+    """The RESP socket and the binary lane's (None when the lane is off). The lane
+    listens on ``--binary-port``, by default the RESP port + 1, where Pion's client
+    looks for it; with RESP port 0 a pair of adjacent free ports is found."""
+    if not config.binary_lane:
+        return bind_socket(config.bind, config.port), None
+    if config.binary_port is not None:
+        return bind_socket(config.bind, config.port), bind_socket(config.bind, config.binary_port)
+    for _ in range(_PAIR_ATTEMPTS if config.port == 0 else 1):
+        sock = bind_socket(config.bind, config.port)
+        port = sock.getsockname()[1]
+        try:
+            if port < 65535:
+                return sock, bind_socket(config.bind, port + 1)
+        except OSError as exc:
+            if config.port != 0:
+                sock.close()
+                raise OSError(
+                    exc.errno,
+                    f"cannot listen on {config.bind}:{port + 1} for the binary lane "
+                    f"({exc.strerror or exc}); set --binary-port, or --no-binary-lane",
+                ) from None
+        sock.close()
+    raise PionError("no free port pair for the RESP port and its binary lane (port + 1)")
+
+
 async def serve(
     state: ServerState,
     sockets: list[socket.socket],
@@ -116,14 +149,42 @@ async def serve(
     *,
     on_listening: Callable[[PionServer], None] | None = None,
     table: CommandTable = COMMAND_TABLE,
+    binary_sockets: list[socket.socket] | None = None,
 ) -> None:
     """Serve on already-bound sockets until shutdown is requested.
 
     The sockets accept connections at once; while the data directory is recovered,
     commands answer ``-LOADING``. ``on_ready`` runs once recovery is done. A failed
-    recovery (``RecoveryError``) closes everything and propagates: startup stops."""
+    recovery (``RecoveryError``) closes everything and propagates: startup stops.
+    ``binary_sockets`` serve the binary lane (docs/attention.md) until the same shutdown."""
+    lane = BinaryLane(state)
+    try:
+        await _serve(
+            state,
+            sockets,
+            table,
+            lane,
+            binary_sockets or [],
+            on_ready=on_ready,
+            on_listening=on_listening,
+        )
+    finally:
+        lane.close()
+
+
+async def _serve(
+    state: ServerState,
+    sockets: list[socket.socket],
+    table: CommandTable,
+    lane: BinaryLane,
+    binary_sockets: list[socket.socket],
+    *,
+    on_ready: Callable[[PionServer], None] | None,
+    on_listening: Callable[[PionServer], None] | None,
+) -> None:
     server = PionServer(state, table)
     await server.start(sockets)
+    await lane.start(binary_sockets)
     if on_listening is not None:
         on_listening(server)
     persistence = state.persistence
@@ -165,8 +226,9 @@ def run(config: ServerConfig) -> int:
     if maxclients != config.maxclients:
         config = dataclasses.replace(config, maxclients=maxclients)
     state = build_state(config)
-    sock = bind_socket(config.bind, config.port)
+    sock, binary = bind_sockets(config)
     port = sock.getsockname()[1]
+    binary_port = binary.getsockname()[1] if binary is not None else 0
     _install_uvloop()
 
     def ready(server: PionServer) -> None:
@@ -174,15 +236,18 @@ def run(config: ServerConfig) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(server.shutdown()))
         log.info("pion-server ready on %s:%d (worker %d)", config.bind, port, config.worker_id)
+        if binary is not None:
+            log.info("binary lane on %s:%d", config.bind, binary_port)
         # A machine-readable line for scripts and tests that start us on port 0.
-        print(f"pion-server ready port={port}", flush=True)
+        print(f"pion-server ready port={port} binary_port={binary_port}", flush=True)
 
     def listening(server: PionServer) -> None:
         # Printed before recovery: a supervisor may connect and watch -LOADING.
         print(f"pion-server loading port={port}", flush=True)
 
     try:
-        asyncio.run(serve(state, [sock], ready, on_listening=listening))
+        lanes = [binary] if binary is not None else []
+        asyncio.run(serve(state, [sock], ready, on_listening=listening, binary_sockets=lanes))
     except PionError as exc:
         log.critical("%s", exc.message)
         raise
@@ -201,16 +266,19 @@ class ServerThread:
     ) -> None:
         self.config = config
         self.table = table
-        # Bind before taking the data directory: a port that is taken must not leave
-        # the directory locked by a server that never started.
-        self._sock = bind_socket(config.bind, config.port)
+        # Sockets first: a port in use must not leave the data directory locked.
+        self._sock, self._binary = bind_sockets(config)
         try:
             self.state = state if state is not None else build_state(config)
         except BaseException:
-            self._sock.close()
+            for sock in (self._sock, self._binary):
+                if sock is not None:
+                    sock.close()
             raise
         self.host = config.bind
         self.port: int = self._sock.getsockname()[1]
+        # The binary lane's port (0 when it is off).
+        self.binary_port: int = self._binary.getsockname()[1] if self._binary is not None else 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: PionServer | None = None
         self._ready = threading.Event()
@@ -234,7 +302,10 @@ class ServerThread:
             self._ready.set()
 
         try:
-            loop.run_until_complete(serve(self.state, [self._sock], ready, table=self.table))
+            lanes = [self._binary] if self._binary is not None else []
+            loop.run_until_complete(
+                serve(self.state, [self._sock], ready, table=self.table, binary_sockets=lanes)
+            )
         except BaseException as exc:  # handed to start(): recovery refused to load
             self._error = exc
             self._ready.set()

@@ -1,0 +1,303 @@
+"""The attention tier over RESP: ``ATTEND.PREFIX.*`` and ``KV.PREFIX.WARM``
+(docs/protocol.md, "Attention tier").
+
+Handlers parse their arguments with :class:`~pion.commands.args.Args` in the order of
+the wire reference and hand them to :mod:`pion.attend.queries`, which validates
+everything before it reads or changes a slot. Replies are fp32 blobs, sent as views
+of the result arrays (never joined into one bytes object).
+
+``ATTEND.PREFIX.DROP`` is ours (Pion has no RESP form of it): it lets a client free
+the slots of a session it is done with instead of waiting for LRU demotion.
+
+None of these commands is flagged ``write``: attention slots live in memory only (the
+durable copy of a prefix is the V-store's), so a failing log does not refuse them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import cast
+
+import numpy as np
+import numpy.typing as npt
+
+from pion.attend import queries
+from pion.attend.queries import (
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_LAYER,
+    FusedQuery,
+    PrefixQuery,
+    SparseQuery,
+    StoreRequest,
+)
+from pion.commands.args import Args
+from pion.commands.state import Command, Context, ServerState
+from pion.errors import PionError
+from pion.prefix.registry import k_sid, v_sid
+from pion.resp.reply import Reply, Simple
+from pion.vstore import MAX_SID_LEN
+
+__all__ = ["COMMANDS", "warm"]
+
+MAX_NS_LEN = 200  # as KV.PREFIX.REGISTER
+# S_suf and the sparse B/K_top are counts of tokens/blocks; their blobs bound them in
+# practice, this bounds the arithmetic before any blob is looked at.
+MAX_COUNT = 2**31 - 1
+
+
+def _bulk(array: npt.NDArray[np.float32]) -> memoryview:
+    return np.ascontiguousarray(array).data.cast("B")
+
+
+def _sid(cur: Args, what: str = "session_id") -> bytes:
+    sid = cur.arg(what)
+    if not 1 <= len(sid) <= MAX_SID_LEN:
+        raise PionError(f"{cur.command}: {what} length must be 1..{MAX_SID_LEN}")
+    return sid
+
+
+def _layer(cur: Args) -> int:
+    return cur.integer(
+        "layer_id", 0, MAX_LAYER, f"{cur.command}: layer_id out of range (0..{MAX_LAYER})"
+    )
+
+
+def _count(cur: Args, what: str, lo: int = 0) -> int:
+    return cur.integer(
+        what, lo, MAX_COUNT, f"{cur.command}: {what} out of range ({lo}..{MAX_COUNT})"
+    )
+
+
+def _optional_int(cur: Args, what: str, default: int) -> int:
+    return default if cur.done() else cur.integer(what)
+
+
+def _default_window(state: ServerState) -> int:
+    return state.config.fa_window
+
+
+# -- STORE / LOOKUP / DROP ---------------------------------------------------------
+
+
+def _store(ctx: Context, args: Sequence[bytes]) -> Reply:
+    cur = Args(args, "ATTEND.PREFIX.STORE")
+    sid, layer = _sid(cur), _layer(cur)
+    h, n, d = (_count(cur, what) for what in ("H", "N", "D"))
+    k, v = cur.arg("K_blob"), cur.arg("V_blob")
+    cur.expect_done()
+    queries.store(ctx.state.attention, cur.command, StoreRequest(sid, layer, h, n, d, k, v))
+    return Simple("OK")
+
+
+def _lookup(ctx: Context, args: Sequence[bytes]) -> Reply:
+    cur = Args(args, "ATTEND.PREFIX.LOOKUP")
+    key = (_sid(cur), _layer(cur))
+    state = ctx.state.attention.state(key, touch=True)
+    return Simple({"warm": "HIT", "cold": "COLD", "missing": "MISS"}[state])
+
+
+def _drop(ctx: Context, args: Sequence[bytes]) -> Reply:
+    cur = Args(args, "ATTEND.PREFIX.DROP")
+    sid = _sid(cur)
+    layer = None if cur.done() else _layer(cur)
+    cur.expect_done()
+    return ctx.state.attention.drop(sid, layer)
+
+
+# -- queries -----------------------------------------------------------------------
+
+
+def _query(ctx: Context, args: Sequence[bytes]) -> Reply:
+    cur = Args(args, "ATTEND.PREFIX.QUERY")
+    sid, layer = _sid(cur), _layer(cur)
+    h, d = _count(cur, "H"), _count(cur, "D")
+    cur.integer("top_k", 1, None, f"{cur.command}: invalid top_k (must be > 0)")
+    q = cur.arg("Q_blob")
+    fa_window = _optional_int(cur, "fa_window", -1)
+    cur.expect_done()
+    state = ctx.state
+    req = PrefixQuery(sid, layer, h, d, q, fa_window)
+    result = queries.query(state.attention, cur.command, req, _default_window(state))
+    if result.out.shape[1] == 1:
+        return _bulk(result.out)
+    # M > 1: the output, then the LSE trailer [H, M] (logsumexp of the scaled scores).
+    return _bulk(np.concatenate((result.out.ravel(), result.lse.ravel())))
+
+
+def _query_fused(ctx: Context, args: Sequence[bytes]) -> Reply:
+    cur = Args(args, "ATTEND.PREFIX.QUERY_FUSED")
+    sid, layer = _sid(cur), _layer(cur)
+    h_q, d, s_suf, h_kv = (_count(cur, what) for what in ("H_q", "D", "S_suf", "H_kv"))
+    q, k_suf, v_suf, head_map = (cur.arg(what) for what in ("Q", "K_suf", "V_suf", "head_map"))
+    fa_window = _optional_int(cur, "fa_window", -1)
+    cur.expect_done()
+    req = FusedQuery(sid, layer, h_q, d, s_suf, h_kv, q, k_suf, v_suf, head_map, fa_window)
+    state = ctx.state
+    return _bulk(queries.query_fused(state.attention, cur.command, req, _default_window(state)))
+
+
+def _sparse(ctx: Context, args: Sequence[bytes], fused: bool) -> Reply:
+    name = "ATTEND.PREFIX.QUERY_SPARSE_AUTO" + ("_FUSED" if fused else "")
+    cur = Args(args, name)
+    sid, layer = _sid(cur), _layer(cur)
+    h_q, d, block, top, h_kv = (_count(cur, w) for w in ("H_q", "D", "B", "K_top", "H_kv"))
+    if fused:
+        s_suf = _count(cur, "S_suf")
+        q, k_suf, v_suf, head_map = (cur.arg(w) for w in ("Q", "K_suf", "V_suf", "head_map"))
+    else:
+        s_suf, k_suf, v_suf = 0, b"", b""
+        q, head_map = cur.arg("Q"), cur.arg("head_map")
+    fa_window = _optional_int(cur, "fa_window", -1)
+    selector = _optional_int(cur, "selector_id", 0)
+    cur.expect_done()
+    req = SparseQuery(
+        sid, layer, h_q, d, block, top, h_kv, q, head_map, s_suf, k_suf, v_suf, fa_window, selector
+    )
+    state = ctx.state
+    return _bulk(queries.query_sparse(state.attention, cur.command, req, _default_window(state)))
+
+
+def _sparse_auto(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return _sparse(ctx, args, fused=False)
+
+
+def _sparse_auto_fused(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return _sparse(ctx, args, fused=True)
+
+
+# -- KV.PREFIX.WARM ----------------------------------------------------------------
+
+
+# KV.PREFIX.WARM widens fp16 rows on a few threads (numpy releases the GIL while it
+# converts): the widening alone of 16 layers ran 1.8x faster on 4 threads than on one,
+# on two cores; end to end the gain is what free cores allow (it is memory-bound).
+# The loop waits for them, so the V-store is never read and written at once. Layers go
+# in batches, so a namespace larger than the WARM table never sits whole in fp32.
+_WARM_THREADS = min(8, os.cpu_count() or 1)
+_WARM_BATCH = 8
+_pool: ThreadPoolExecutor | None = None
+
+
+def _warm_pool() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(_WARM_THREADS, thread_name_prefix="pion-warm")
+    return _pool
+
+
+def _as_f32(rows: npt.NDArray[np.generic]) -> npt.NDArray[np.float32]:
+    if rows.dtype == np.float32:
+        return cast(npt.NDArray[np.float32], rows)
+    return rows.astype(np.float32)
+
+
+def warm(state: ServerState, ns: bytes, h: int, d: int, attend_sid: bytes) -> tuple[int, int]:
+    """Rehydrate ``attend_sid``'s layers from the namespace's V-store rows: each layer
+    ``[N, H*D]`` (N = the rows both halves hold) becomes a WARM slot ``[H, N, D]``,
+    stamped most recent. Layers whose dim is not ``H*D`` are skipped. Returns
+    ``(layers rehydrated, layers skipped for their dim)``."""
+    cmd = "KV.PREFIX.WARM"
+    if not state.registry.is_registered(ns):
+        raise PionError(f"{cmd} namespace not registered (call KV.PREFIX.REGISTER first)")
+    vs, tables = state.vstore, state.attention
+    halves = (vs.describe(k_sid(ns)), vs.describe(v_sid(ns)))
+    plan: list[tuple[int, int]] = []
+    skipped = 0
+    for k_layer in halves[0].layers:
+        v_layer = halves[1].layer(k_layer.index)
+        if v_layer is None or not k_layer.tpl or not v_layer.tpl:
+            continue
+        if k_layer.dim != h * d or v_layer.dim != h * d:
+            skipped += 1
+            continue
+        rows = min(k_layer.tpl, v_layer.tpl)
+        tables.check_fits(2 * rows * h * d * 4)
+        plan.append((k_layer.index, rows))
+    for first in range(0, len(plan), _WARM_BATCH):
+        batch = plan[first : first + _WARM_BATCH]
+        stored = []
+        for layer, rows in batch:
+            for sid in (k_sid(ns), v_sid(ns)):
+                # fp16 layers come back as views of their stored rows, anything else
+                # decoded to fp32; the widening of fp16 runs on the pool below.
+                got = vs.fetch_range(sid, layer, 0, rows, native=True)
+                if got is None:  # cannot happen: both halves hold rows 0 .. rows-1
+                    raise PionError(f"{cmd}: layer {layer} of {sid!r} holds no rows")
+                stored.append(got)
+        decoded = list(_warm_pool().map(_as_f32, stored))
+        for i, (layer, rows) in enumerate(batch):
+            # The slot is the [H, N, D] view of the token-major rows: converted once,
+            # never transposed in memory (the kernel takes the strides as they are).
+            k, v = (a.reshape(rows, h, d).transpose(1, 0, 2) for a in decoded[2 * i : 2 * i + 2])
+            tables.put((attend_sid, layer), k, v)
+    return len(plan), skipped
+
+
+def _warm(ctx: Context, args: Sequence[bytes]) -> Reply:
+    cmd = "KV.PREFIX.WARM"
+    cur = Args(args, cmd)
+    ns = cur.arg("ns_key")
+    if not 1 <= len(ns) <= MAX_NS_LEN:
+        raise PionError(f"{cmd}: ns_key length must be 1..{MAX_NS_LEN}")
+    h, d = cur.integer("H"), cur.integer("D")
+    if not 1 <= h <= MAX_HEADS or not 1 <= d <= MAX_HEAD_DIM:
+        raise PionError(f"{cmd}: invalid H/D (1..{MAX_HEADS} / 1..{MAX_HEAD_DIM})")
+    attend_sid = ns
+    if not cur.done():
+        attend_sid = cur.arg("attend_sid") or ns
+        if len(attend_sid) > MAX_SID_LEN:
+            raise PionError(f"{cmd}: attend_sid length must be 1..{MAX_SID_LEN}")
+    cur.expect_done()
+    layers, skipped = warm(ctx.state, ns, h, d, attend_sid)
+    return Simple(f"{layers} skipped_dim={skipped}" if skipped else str(layers))
+
+
+COMMANDS: list[Command] = [
+    Command("ATTEND.PREFIX.STORE", _store, 8, frozenset(), "Hold one layer's K/V [H, N, D]"),
+    Command(
+        "ATTEND.PREFIX.LOOKUP",
+        _lookup,
+        3,
+        frozenset({"readonly", "fast"}),
+        "HIT (warm), COLD (demoted) or MISS",
+    ),
+    Command(
+        "ATTEND.PREFIX.QUERY",
+        _query,
+        -7,
+        frozenset({"readonly"}),
+        "Attention of Q over the cached prefix (LSE trailer for M > 1)",
+    ),
+    Command(
+        "ATTEND.PREFIX.QUERY_FUSED",
+        _query_fused,
+        -11,
+        frozenset({"readonly"}),
+        "GQA attention over the prefix plus a causal suffix",
+    ),
+    Command(
+        "ATTEND.PREFIX.QUERY_SPARSE_AUTO",
+        _sparse_auto,
+        -10,
+        frozenset({"readonly"}),
+        "M=1 attention over the top blocks of the prefix",
+    ),
+    Command(
+        "ATTEND.PREFIX.QUERY_SPARSE_AUTO_FUSED",
+        _sparse_auto_fused,
+        -13,
+        frozenset({"readonly"}),
+        "Sparse prefix attention plus a dense suffix",
+    ),
+    Command("ATTEND.PREFIX.DROP", _drop, -2, frozenset(), "Free a session's attention slots"),
+    Command(
+        "KV.PREFIX.WARM",
+        _warm,
+        -4,
+        frozenset(),
+        "Rehydrate the attention tier from the V-store",
+    ),
+]

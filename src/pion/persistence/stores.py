@@ -1,0 +1,104 @@
+"""Durable stores: what the persistence layer needs of a store to keep it.
+
+A worker holds several stores: the V-store, the plain keyspace, and next the attention
+tier's SSM states. One :class:`~pion.persistence.Persistence` keeps all of them, with
+three rules:
+
+* **One log, one sequence.** Every store's records go through the same write-ahead log
+  and are numbered by the same counter, so the log's order is the order in which the
+  worker applied them, across stores, and one fsync (one ``KV.PREFIX.COMMIT``, one
+  group commit) covers them all.
+* **One snapshot file per store**, ``pion.<name>.<w>``, all written by the same SAVE
+  with the same ``covered`` sequence number. Each store's file carries its own
+  ``covered``, and recovery skips a log record for a store only when that store's
+  snapshot covers it; so a crash between two of SAVE's renames (one file new, the other
+  old) replays exactly what each file lacks.
+* **Frozen op-code ranges.** Each store owns a range of record op codes
+  (``format.py`` lists them): 1..15 the V-store, 16..31 the keyspace, 32..47 SSM and
+  attention state. A record's op code alone says which store it belongs to.
+
+A store joins by implementing :class:`DurableStore` (``vstore_durable.py`` and
+``keyspace_durable.py`` are the two there are) and being handed to ``Persistence``.
+The protocol is small on purpose: a store turns its state into :class:`Frame` records
+(a snapshot), applies one record (replay), and sends the records of its own
+mutations to a :class:`FrameSink` (the log) before applying them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from pion.persistence.format import Buffer
+
+__all__ = ["DurableStore", "Frame", "FrameSink"]
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One record before framing: its op code and its payload as a sequence of buffers
+    (written with one ``writev`` and checksummed in place, never joined). Buffers that
+    are views of a store's live data are valid until the store next changes."""
+
+    op: int
+    parts: Sequence[Buffer]
+
+    @property
+    def size(self) -> int:
+        return sum(memoryview(p).nbytes for p in self.parts)
+
+
+class FrameSink(Protocol):
+    """Where a store sends the records of its mutations: the write-ahead log.
+
+    ``append_frame`` returns once the record is accepted (written, or queued for the
+    next group commit); it raises (``MisconfError`` while persistence is failing) when
+    it is not, and the store must then apply nothing of that mutation."""
+
+    def append_frame(self, frame: Frame) -> None: ...
+
+
+class DurableStore(Protocol):
+    """A store the persistence layer keeps (see the module docstring)."""
+
+    @property
+    def name(self) -> str:
+        """The file name part: the snapshot is ``pion.<name>.<w>``. Frozen."""
+        ...
+
+    @property
+    def ops(self) -> Mapping[int, str]:
+        """The record op codes this store writes and applies, with their names."""
+        ...
+
+    @property
+    def unit_ops(self) -> frozenset[int]:
+        """The ops that open one unit (a session, a key) in a snapshot: the snapshot's
+        END record counts them, and loading checks the count."""
+        ...
+
+    def frames(self) -> Iterator[Frame]:
+        """The records that rebuild the current state from an empty store (a snapshot).
+        Each frame's buffers are consumed before the next one is asked for."""
+        ...
+
+    def apply_frame(self, op: int, payload: Buffer) -> None:
+        """Apply one record read back from the log or a snapshot, without journaling
+        it and without re-checking limits that only bound new writes. Raises
+        ``PionError`` (``FormatError`` for a payload that does not decode) when the
+        record cannot be applied."""
+        ...
+
+    def attach(self, sink: FrameSink | None) -> None:
+        """From now on send every mutation's record to ``sink`` before applying it
+        (None: stop journaling)."""
+        ...
+
+    def held_bytes(self) -> int:
+        """About what a snapshot of the store writes (the disk-space probe's estimate)."""
+        ...
+
+    def units(self) -> int:
+        """How many units (sessions, keys) the store holds."""
+        ...
