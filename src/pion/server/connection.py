@@ -111,6 +111,8 @@ class Connection(asyncio.BufferedProtocol):
         self._registered = False
         # Reply bytes handed to the sink and not yet written to the transport.
         self._held = 0
+        # What this connection last reported to the client-memory accounting.
+        self._reported = 0
         # The deferred command in progress (module docstring), its arguments and their
         # size; then the next command, parsed ahead while it runs (or the protocol
         # error in its place), and that command's size.
@@ -224,6 +226,8 @@ class Connection(asyncio.BufferedProtocol):
         out_bytes = 0
         close_after = False
         proto_error: ProtocolError | None = None
+        # Unsent bytes change only when this loop sends: read once, and after a send.
+        unsent = self._unsent()
         while not (self._closed or self._writing_paused or self._backlogged or self._busy):
             if transport.is_closing():
                 # The peer hung up (a write failed) or we are closing: whatever it
@@ -263,11 +267,12 @@ class Connection(asyncio.BufferedProtocol):
             if (
                 out_bytes >= _FLUSH_BYTES
                 or len(out) >= _FLUSH_CHUNKS
-                or out_bytes + self._unsent() > self._high_water
+                or out_bytes + unsent > self._high_water
             ):
                 self._send(out, out_bytes)
                 out, out_bytes = [], 0
-                if self._unsent() > self._high_water and not self._writing_paused:
+                unsent = self._unsent()
+                if unsent > self._high_water and not self._writing_paused:
                     # The sink holds them (group commit): wait for it to write them.
                     self._backlogged = True
         if proto_error is not None:
@@ -442,7 +447,11 @@ class Connection(asyncio.BufferedProtocol):
 
     def _report(self) -> None:
         if self._registered and not self._closed:
-            self._memory.update(self, self._query_bytes() + self._unsent())
+            usage = self._query_bytes() + self._unsent()
+            # Most reads leave nothing held: then there is nothing new to report.
+            if usage != self._reported:
+                self._reported = usage
+                self._memory.update(self, usage)
 
     def _query_bytes(self) -> int:
         return self._decoder.held + self._next_bytes + self._busy_bytes

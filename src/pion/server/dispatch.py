@@ -127,4 +127,6 @@ def _encode(ctx: Context, argv: Sequence[bytes], reply: Reply, out: Chunks) -> i
         del out[mark:]
         name = argv[0].decode("utf-8", "replace")[:64]
         out.append(encode_error(str(_internal_error(ctx, name, "encoding the reply of"))))
+    if len(out) == mark + 1 and type(out[mark]) is bytes:  # one small chunk, usually
+        return len(out[mark])
     return sum(c.nbytes if isinstance(c, memoryview) else len(c) for c in out[mark:])

@@ -8,7 +8,7 @@ imports only ``codecs``, ``errors`` and ``config``.
 from __future__ import annotations
 
 from pion.vstore.journal import Journal
-from pion.vstore.layer import GROWTH
+from pion.vstore.layer import GROWTH, Pieces
 from pion.vstore.mutations import (
     CreateSession,
     DropSession,
@@ -21,7 +21,7 @@ from pion.vstore.mutations import (
     TakeSnapshot,
 )
 from pion.vstore.rollback import MAX_SNAPSHOTS_PER_SESSION
-from pion.vstore.session import MAX_SID_LEN
+from pion.vstore.session import MAX_SID_LEN, Encoded, encode_for
 from pion.vstore.store import MAX_REPLY_BYTES, VStore
 from pion.vstore.views import BlockTable, LayerInfo, SessionInfo, namespace_of
 
@@ -33,9 +33,11 @@ __all__ = [
     "BlockTable",
     "CreateSession",
     "DropSession",
+    "Encoded",
     "Journal",
     "LayerInfo",
     "Mutation",
+    "Pieces",
     "ReleaseSnapshot",
     "RestoreSnapshot",
     "SessionInfo",
@@ -44,5 +46,6 @@ __all__ = [
     "StoreRows",
     "TakeSnapshot",
     "VStore",
+    "encode_for",
     "namespace_of",
 ]

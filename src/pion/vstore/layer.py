@@ -22,19 +22,27 @@ The lease is on the view object itself: numpy points a derived view's ``base`` a
 buffer, not at the view it came from, so the view a read returns must be what the
 reply holds (``V.FETCH`` hands it to the encoder as it is).
 
+Reads can also be split (:meth:`Layer.read_pieces`): the rows are leased now, on the
+thread that owns the store, and decoded later, piece by piece, on any thread (a server
+sends one piece while it decodes the next). The lease is what makes that safe: a write
+meanwhile moves the layer to a fresh buffer and the pieces still decode the old one.
+
 Not here: sessions, LRU, accounting and the journal (``pion.vstore.store``).
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
+from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from pion.codecs import Codec
 
-__all__ = ["GROWTH", "Layer"]
+__all__ = ["GROWTH", "Layer", "Pieces"]
 
 # Growth factor of a layer's capacity. 1.25 keeps the worst-case slack (and so the
 # allocated-but-unused bytes) at 25% of what a layer holds, below the 1.3x budget,
@@ -46,6 +54,16 @@ GROWTH = 1.25
 DECODE_CHUNK_BYTES = 16 << 20
 
 U8Array = npt.NDArray[np.uint8]
+
+
+class Pieces(NamedTuple):
+    """A read split in pieces (:meth:`Layer.read_pieces`): its size in bytes, the
+    pieces in order (each computes its part of the rows), and whether computing them
+    converts numbers (False for stored fp16 handed out as it is)."""
+
+    nbytes: int
+    parts: list[Callable[[], npt.NDArray[np.generic]]]
+    converts: bool
 
 
 class Layer:
@@ -176,6 +194,28 @@ class Layer:
             out[lo - start : hi - start] = self.codec.decode(self.buf[lo:hi], self.dim)
         return out
 
+    def read_pieces(self, start: int, end: int, native: bool) -> Pieces:
+        """:meth:`read` split in pieces of at most ``DECODE_CHUNK_BYTES`` that may run
+        later on any thread (module docstring): the rows are leased now. The pieces,
+        concatenated, are exactly ``read(start, end, native)``; ``start < tpl``."""
+        live = min(end, self.tpl)
+        if native and self.is_fp16:
+            # The stored bits are the reply: one view, past tpl the zeros after it.
+            view = self.buf[start:live].view("<f2")
+            self._lend(view)
+            pieces: list[Callable[[], npt.NDArray[np.generic]]] = [partial(_same, view)]
+            pieces += _zeros(end - live, self.dim, np.dtype("<f2"))
+            return Pieces((end - start) * self.dim * 2, pieces, False)
+        rows = self.buf[start:live]
+        self._lend(rows)
+        step = max(1, DECODE_CHUNK_BYTES // (4 * self.dim))
+        codec, dim = self.codec, self.dim
+        pieces = [
+            partial(codec.decode, rows[lo : lo + step], dim) for lo in range(0, live - start, step)
+        ]
+        pieces += _zeros(end - live, dim, np.dtype(np.float32))
+        return Pieces((end - start) * dim * 4, pieces, True)
+
     def gather(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
         """fp32 rows in the order of ``ids``; ids outside ``0 .. tpl-1`` are zeros."""
         out = np.zeros((len(ids), self.dim), dtype=np.float32)
@@ -183,3 +223,15 @@ class Layer:
         if live.any():
             out[live] = self.codec.decode(self.buf[ids[live]], self.dim)
         return out
+
+
+def _same(view: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
+    return view
+
+
+def _zeros(
+    rows: int, dim: int, dtype: np.dtype[np.generic]
+) -> list[Callable[[], npt.NDArray[np.generic]]]:
+    """Pieces of ``rows`` zero rows (rows never written), at most DECODE_CHUNK_BYTES each."""
+    step = max(1, DECODE_CHUNK_BYTES // (dtype.itemsize * dim))
+    return [partial(np.zeros, (min(step, rows - lo), dim), dtype) for lo in range(0, rows, step)]

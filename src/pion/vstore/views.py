@@ -6,14 +6,32 @@ read-only copies or views the store will not write through; see ``layer.py``).
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from pion.wire import namespace_for, namespace_sids
 
-__all__ = ["BlockTable", "LayerInfo", "SessionInfo", "namespace_of"]
+__all__ = ["COMPILED", "BlockTable", "LayerInfo", "SessionInfo", "namespace_of"]
+
+# The membership bitmap's compiled twin (_speedups.c), built when a C compiler was
+# present at install. It reads u64s in the host's byte order, so it serves only where
+# that is the wire's little-endian order.
+_member_bits: Callable[[bytes | memoryview, bytes | memoryview], bytes] | None
+if TYPE_CHECKING:
+    _member_bits = None
+else:
+    try:
+        from pion.vstore._speedups import member_bits as _member_bits
+    except ImportError:  # no compiler at install time: numpy serves
+        _member_bits = None
+    if sys.byteorder != "little":  # pragma: no cover - no big-endian CI host
+        _member_bits = None
+COMPILED = _member_bits is not None
 
 
 def namespace_of(sid: bytes) -> tuple[bytes, ...]:
@@ -108,3 +126,14 @@ class BlockTable:
         np.minimum(pos, self.count - 1, out=pos)
         hit: npt.NDArray[np.bool_] = self.sorted.take(pos) == probes
         return hit
+
+    def member_bits(self, probes: bytes | memoryview) -> bytes:
+        """KV.PREFIX.MEMBERSHIP's bitmap of ``probes`` (``8 * K`` bytes of ``<u8``):
+        ``ceil(K / 8)`` bytes, bit i (byte ``i >> 3``, bit ``i & 7``, least significant
+        first) set iff probe i is in the table. The compiled twin when built (a few
+        times faster at router sizes), else :meth:`contains` and ``packbits``; the
+        tests hold the two to the same answers."""
+        if _member_bits is not None:
+            return _member_bits(self.sorted.data, probes)
+        hits = self.contains(np.frombuffer(probes, dtype="<u8"))
+        return np.packbits(hits, bitorder="little").tobytes()
