@@ -82,6 +82,8 @@ class ServerCounters:
     protocol_errors: int = 0
     internal_errors: int = 0
     evicted_clients: int = 0  # disconnected by the maxmemory-clients bound
+    # Commands whose number conversion ran on a worker thread (pion.commands.deferred).
+    offloaded_commands: int = 0
 
     def reset(self) -> None:
         self.total_connections_received = 0
@@ -90,6 +92,7 @@ class ServerCounters:
         self.protocol_errors = 0
         self.internal_errors = 0
         self.evicted_clients = 0
+        self.offloaded_commands = 0
 
 
 @dataclass

@@ -205,16 +205,20 @@ class Connection(asyncio.BufferedProtocol):
         if self._busy is None:
             self._process()
             return
-        # A deferred command runs: parse its successor ahead (one), then stop reading.
-        if self._next is None and self._next_error is None:
+        self._parse_ahead()
+        self._update_reading()
+        self._report()
+
+    def _parse_ahead(self) -> None:
+        """A deferred command runs: parse its successor (one), so that the socket is
+        read until that command is here and no further (``_update_reading``)."""
+        if self._next is None and self._next_error is None and not self._closed:
             try:
                 self._next = self._decoder.get()
             except ProtocolError as exc:
                 self._next_error = exc
             if self._next is not None:
                 self._next_bytes = sum(len(arg) for arg in self._next)
-        self._update_reading()
-        self._report()
 
     def _process(self) -> None:
         transport = self._transport
@@ -286,6 +290,8 @@ class Connection(asyncio.BufferedProtocol):
             self._send(out, out_bytes)
         if close_after:
             self._sink.close_after_send(self)
+        if self._busy is not None:
+            self._parse_ahead()
         self._update_reading()
         self._report()
 
@@ -295,6 +301,7 @@ class Connection(asyncio.BufferedProtocol):
         offload = self._offload
         if offload is None:  # pragma: no cover - _process runs them inline then
             return
+        self._state.counters.offloaded_commands += 1
         self._busy = deferred
         self._busy_argv = argv
         self._busy_bytes = sum(len(arg) for arg in argv)
