@@ -44,10 +44,18 @@ from pion.commands.args import Args, parse_int
 from pion.commands.deferred import Deferred, LazyBulk, Offload, Stream
 from pion.commands.state import Command, Context
 from pion.errors import PionError
+from pion.resp.decoder import SCRATCH_BYTES
 from pion.resp.reply import Reply, Simple
-from pion.vstore import Encoded, Pieces, encode_for
+from pion.vstore import ENCODE_CHUNK_BYTES, Encoded, Pieces, encode_for
 
-__all__ = ["COMMANDS", "DEFAULT_FORMAT", "OFFLOAD_MIN_BYTES", "format_name"]
+__all__ = [
+    "COMMANDS",
+    "DEFAULT_FORMAT",
+    "ENCODE_TEMPORARIES",
+    "OFFLOAD_MIN_BYTES",
+    "format_name",
+    "store_in_flight_bound",
+]
 
 # Pion's V.CREATE default when VQUANT is absent (VFMT_INT8): same request, same format.
 DEFAULT_FORMAT = "int8"
@@ -61,6 +69,26 @@ MAX_SPEC_LEN = 256
 # (module docstring). Handing work to a thread and back costs ~0.1 ms; converting
 # 1 MiB costs 1-7 ms depending on the format, so from here the overlap pays.
 OFFLOAD_MIN_BYTES = 1 << 20
+# What quantizing one slice of a store (ENCODE_CHUNK_BYTES of input) allocates beyond its
+# output, as a multiple of the slice: at most 4.6x for any format (fp8; turbo ~3.3x,
+# int8 ~3.4x, fp16 none), measured with tracemalloc by tests/commands/test_vstore_memory.py.
+ENCODE_TEMPORARIES = 5
+
+
+def store_in_flight_bound(blob_bytes: int, stored_bytes: int) -> int:
+    """The memory one client's pipelined ``V.STOREBATCH`` commands of ``blob_bytes``
+    each (``stored_bytes`` once encoded) can make the server hold beyond what the store
+    keeps, whatever the pipeline's depth: the command being encoded and the next one,
+    received ahead (two blobs); the encoded rows and their copy into the layer; one
+    slice's encode temporaries; the partial command after those and the receive buffer
+    (``pion.server.connection``). docs/protocol.md states it; bench/vstore_throughput.py
+    measures peak RSS against it."""
+    return (
+        2 * blob_bytes
+        + 2 * stored_bytes
+        + ENCODE_TEMPORARIES * ENCODE_CHUNK_BYTES
+        + 2 * SCRATCH_BYTES
+    )
 
 
 def _show(raw: bytes) -> str:

@@ -50,7 +50,7 @@ from pion.errors import ProtocolError
 from pion.resp.limits import ProtocolLimits
 from pion.resp.scan import BulkWriter, scan
 
-__all__ = ["DIRECT_BULK_MIN", "RequestDecoder", "split_inline"]
+__all__ = ["DIRECT_BULK_MIN", "SCRATCH_BYTES", "RequestDecoder", "split_inline"]
 
 _CRLF = b"\r\n"
 # A header line holds at most "*" + 20 digits; Redis refuses longer ones as too big.
@@ -65,6 +65,10 @@ DIRECT_BULK_MIN = 64 * 1024
 # The last bytes of an in-place payload come through the scratch buffer (module
 # docstring); any small number works, it only has to be at least 1.
 _DIRECT_TAIL = 64
+# The scratch buffer a caller of get_buffer should offer (one per event loop is
+# enough: it is copied out at once): asyncio's own read size for stream transports
+# (max_size of _SelectorSocketTransport), 256 KiB.
+SCRATCH_BYTES = 256 * 1024
 # Commands the scanner parses per call. Below ~700 live lists a batch never triggers a
 # young-generation garbage collection; 256 keeps the per-call overhead negligible.
 _SCAN_BATCH = 256

@@ -18,8 +18,9 @@ from collections.abc import Iterable
 
 from pion.commands import COMMAND_TABLE
 from pion.commands.state import CommandTable, ServerState
+from pion.resp.decoder import SCRATCH_BYTES
 from pion.server.clientmem import ClientMemory
-from pion.server.connection import SCRATCH_BYTES, Connection
+from pion.server.connection import Connection
 from pion.server.offload import Offloader
 from pion.server.replies import ReplySink
 

@@ -54,14 +54,14 @@ from typing import Any, cast
 from pion.commands.deferred import Deferred, Offload, Piece
 from pion.commands.state import ClientState, CommandTable, Context, ServerState
 from pion.errors import ProtocolError
-from pion.resp.decoder import RequestDecoder
+from pion.resp.decoder import SCRATCH_BYTES, RequestDecoder
 from pion.resp.encoder import Chunks, encode_error
 from pion.server.clientmem import ClientMemory
 from pion.server.dispatch import complete, execute
 from pion.server.offload import Offloader, piece_bytes, stream_parts
 from pion.server.replies import ReplySink
 
-__all__ = ["SCRATCH_BYTES", "Connection"]
+__all__ = ["Connection"]
 
 log = logging.getLogger("pion.server")
 
@@ -69,9 +69,6 @@ log = logging.getLogger("pion.server")
 # of PINGs then costs one writelines per 64 KiB, not one per command.
 _FLUSH_BYTES = 64 * 1024
 _FLUSH_CHUNKS = 4096
-# The scratch buffer reads go into (shared by a server's connections): asyncio's own
-# read size for stream transports (max_size of _SelectorSocketTransport), 256 KiB.
-SCRATCH_BYTES = 256 * 1024
 # Redis's reply to a connection past maxclients.
 _MAX_CLIENTS_REPLY = b"-ERR max number of clients reached\r\n"
 # A flood of refused connections logs one line per this many seconds, not one each.

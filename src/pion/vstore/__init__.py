@@ -21,11 +21,12 @@ from pion.vstore.mutations import (
     TakeSnapshot,
 )
 from pion.vstore.rollback import MAX_SNAPSHOTS_PER_SESSION
-from pion.vstore.session import MAX_SID_LEN, Encoded, encode_for
+from pion.vstore.session import ENCODE_CHUNK_BYTES, MAX_SID_LEN, Encoded, encode_for
 from pion.vstore.store import MAX_REPLY_BYTES, VStore
 from pion.vstore.views import BlockTable, LayerInfo, SessionInfo, namespace_of
 
 __all__ = [
+    "ENCODE_CHUNK_BYTES",
     "GROWTH",
     "MAX_REPLY_BYTES",
     "MAX_SID_LEN",

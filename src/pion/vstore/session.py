@@ -23,6 +23,7 @@ from pion.vstore.mutations import CreateSession
 from pion.vstore.views import BlockTable, LayerInfo, SessionInfo
 
 __all__ = [
+    "ENCODE_CHUNK_BYTES",
     "MAX_SID_LEN",
     "Encoded",
     "FloatRows",
