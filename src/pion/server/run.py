@@ -30,6 +30,7 @@ from pion.prefix.receipt import Receipt
 from pion.server.app import PionServer
 from pion.server.binary import BinaryLane
 from pion.server.fdlimit import fit_maxclients
+from pion.server.malloc import tune_allocator
 from pion.vstore import VStore
 
 __all__ = [
@@ -230,6 +231,7 @@ def run(config: ServerConfig) -> int:
     port = sock.getsockname()[1]
     binary_port = binary.getsockname()[1] if binary is not None else 0
     _install_uvloop()
+    tune_allocator()  # a server process's own setting: not for ServerThread's host
 
     def ready(server: PionServer) -> None:
         loop = asyncio.get_running_loop()
