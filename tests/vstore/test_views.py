@@ -70,16 +70,47 @@ def test_member_bits_router_sized(twin: str) -> None:
     assert unpacked[:781].all() and not unpacked[781:].any()
 
 
-def test_compiled_member_bits_refuses_partial_words() -> None:
+def test_index_maps_top_bits_to_the_sorted_copy() -> None:
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 3, 1000, 1562, 5000):
+        table = BlockTable.build(64, rng.integers(0, 2**64 - 1, size=n, dtype=np.uint64))
+        entries = len(table.index) - 1
+        assert entries == 1 << (64 - table.shift)
+        assert entries <= max(2, 2 * n)  # about one hash per entry
+        assert table.index[-1] == n
+        assert np.all(np.diff(table.index.astype(np.int64)) >= 0)
+        top = (table.sorted >> np.uint64(table.shift)).astype(np.int64)
+        for b in (0, entries // 2, entries - 1):
+            inside = table.sorted[table.index[b] : table.index[b + 1]]
+            assert np.all(top[table.index[b] : table.index[b + 1]] == b), inside
+
+
+def test_crowded_entries_still_answer_exactly(twin: str) -> None:
+    """A hostile table whose hashes all share their top bits (one index entry holds
+    them all): bisection within the entry keeps it exact (and O(log N))."""
+    hashes = np.arange(0, 20_000, 3, dtype="<u8")
+    probes = np.arange(0, 20_010, dtype="<u8")
+    table = BlockTable.build(64, hashes)
+    assert table.member_bits(probes.tobytes()) == expected_bits(hashes.tolist(), probes.tolist())
+
+
+def test_compiled_member_bits_refuses_inconsistent_input() -> None:
     if not views.COMPILED:
         # Without the compiled twin the numpy path is the one in use; it reads the
         # probes with frombuffer, which refuses the same input.
         with pytest.raises(ValueError):
             BlockTable.build(64, np.zeros(1, dtype="<u8")).member_bits(b"1234567")
         return
-    assert views._member_bits is not None
-    with pytest.raises(ValueError, match="whole u64s"):
-        views._member_bits(b"12345678", b"1234567")
+    member_bits = views._member_bits
+    assert member_bits is not None
+    table = BlockTable.build(64, np.array([1, 2, 3], dtype="<u8"))
+    good = table.sorted.data, table.index.data, table.shift
+    with pytest.raises(ValueError, match="whole"):
+        member_bits(good[0], b"1234567", good[1], good[2])
+    with pytest.raises(ValueError, match="does not match shift"):
+        member_bits(good[0], b"", good[1], good[2] - 1)
+    with pytest.raises(ValueError, match="does not match the table"):
+        member_bits(memoryview(b"\0" * 16), b"", good[1], good[2])
 
 
 def test_compiled_twin_is_built_where_required() -> None:

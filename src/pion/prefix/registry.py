@@ -106,7 +106,7 @@ class PrefixRegistry:
         return held
 
     def block_table(self, ns: bytes) -> BlockTable | None:
-        sid = k_sid(ns)
+        sid = self.sids(ns)[0]
         if sid not in self.vstore:
             return None
         return self.vstore.blocks(sid)
