@@ -19,12 +19,16 @@ HERE = Path(__file__).resolve().parent
 BENCHES = [
     "decoder",
     "vstore_throughput",
+    "vstore_eviction",
     "registry",
+    "workers",
     "persistence",
+    "tier",
     "fidelity",
     "llama_prefix",
     "client_memory",
     "attend",
+    "keyspace",
 ]
 
 

@@ -1,8 +1,10 @@
 """Helpers shared by the test packages (on pytest's ``pythonpath``: ``import support``).
 
 - V-store: :func:`make_store`, :func:`rows`, :func:`durable_state` (everything durable
-  about a store, comparable with ``==``), recording and failing journals.
-- Persistence: :func:`open_store` (a store recovered from a real data directory),
+  about a store, comparable with ``==``), :func:`check_layers` (the sparse-run
+  invariants of ``layer.py``), recording and failing journals.
+- Persistence: :func:`open_store` (a store recovered from a real data directory;
+  :func:`open_stores_with_ssm` with the SSM store beside it),
   :func:`small_workload`, :class:`StateRecorder`, wire helpers for real servers.
 - Real server processes: :class:`ServerProcess` / :func:`running_server` (a
   ``pion-server`` whose RSS and log a test reads), :func:`encode_command`,
@@ -33,10 +35,12 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from pion.attend.ssm import SsmStore
 from pion.config import ServerConfig, VStoreLimits
 from pion.errors import MisconfError
 from pion.llama.timings import Timings
 from pion.persistence import Persistence
+from pion.persistence.ssm_durable import SsmDurable
 from pion.vstore import Mutation, SetBlocks, StoreRows, VStore
 
 # -- V-store ---------------------------------------------------------------------------
@@ -99,6 +103,20 @@ def durable_state(vs: VStore) -> list[tuple[Any, ...]]:
     return out
 
 
+def check_layers(vs: VStore) -> None:
+    """The layer invariants of ``layer.py``: runs sorted with disjoint extents, live
+    rows inside their extent, zero bytes outside them, and held/tpl as the runs say."""
+    for s in vs._sessions.values():
+        for lay in s.layers.values():
+            top = 0
+            for r in lay.runs:
+                assert top <= r.base <= r.lo < r.hi <= r.top, (r.base, r.lo, r.hi, r.top)
+                assert not r.buf[: r.lo - r.base].any() and not r.buf[r.hi - r.base :].any()
+                top = r.top
+            assert lay.held == sum(r.hi - r.lo for r in lay.runs)
+            assert lay.tpl == max((r.hi for r in lay.runs), default=0)
+
+
 # -- persistence -----------------------------------------------------------------------
 
 
@@ -111,6 +129,18 @@ def open_store(data_dir: Path, **overrides: Any) -> tuple[VStore, Persistence]:
     p.open()
     p.recover_now()
     return vs, p
+
+
+def open_stores_with_ssm(data_dir: Path) -> tuple[VStore, SsmStore, Persistence]:
+    """A V-store and an SSM store recovered from ``data_dir`` by one Persistence (the
+    server's arrangement), which is then their journal."""
+    config = dataclasses.replace(ServerConfig(), dir=data_dir, appendfsync="no")
+    vs = VStore(config.vstore)
+    ssm = SsmStore()
+    p = Persistence(config, vs, SsmDurable(ssm))
+    p.open()
+    p.recover_now()
+    return vs, ssm, p
 
 
 def fresh_store() -> VStore:
@@ -372,3 +402,41 @@ def raw_exchange(
         except TimeoutError:
             pass
         return b"".join(chunks)
+
+
+# -- cluster tier ----------------------------------------------------------------------
+
+
+def wait_until(predicate: Any, timeout: float = 20.0, what: str = "condition") -> None:
+    """Poll ``predicate()`` until it is true; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def store_prefix(
+    r: redis.Redis, ns: str, *, fmt: str = "fp16", dim: int = 64, layers: int = 3,
+    rows_per_layer: int = 600, seed: int = 0,
+) -> None:  # fmt: skip
+    """REGISTER ``ns`` and store every layer of both halves (600 rows: three 256-row
+    tier chunks, the last one partial)."""
+    assert r.execute_command("KV.PREFIX.REGISTER", ns, dim, fmt) == b"OK"
+    for half, sid in enumerate((f"{ns}_pk", f"{ns}_pv")):
+        for layer in range(layers):
+            blob = rows(rows_per_layer, dim, seed + 100 * half + layer).tobytes()
+            r.execute_command("V.STOREBATCH", sid, layer, 0, rows_per_layer, blob)
+
+
+def fetch_prefix(r: redis.Redis, ns: str, rows_per_layer: int = 600) -> list[Any]:
+    """Both halves as V.FETCH BATCH replies, fp32 and FMT NATIVE: what bit-exact means."""
+    out = []
+    for sid in (f"{ns}_pk", f"{ns}_pv"):
+        out.append(r.execute_command("V.FETCH", sid, "BATCH", 0, rows_per_layer))
+        out.append(r.execute_command("V.FETCH", sid, "BATCH", 0, rows_per_layer, "FMT", "NATIVE"))
+    return out
+
+
+def tier_info(r: redis.Redis) -> dict[str, Any]:
+    return dict(r.info("tier"))

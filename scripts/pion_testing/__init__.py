@@ -4,6 +4,8 @@
   ``scripts/build-llama-server``
 - :mod:`pion_testing.launcher`  start and stop a real llama-server on a free port
 - :mod:`pion_testing.testmodel` tiny random-weight GGUF models (``scripts/make-test-model``)
+- :mod:`pion_testing.redis_nodes` real redis-server processes: a standalone server
+  (password, TLS) or a 3-node Redis Cluster, for the cluster tier (``pion.tier``)
 
 Tests reach it through pytest's ``pythonpath`` setting; benchmarks through
 ``bench/_common.py``.

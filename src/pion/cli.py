@@ -16,13 +16,14 @@ import click
 
 from pion import __version__
 from pion.commands.config_cmd import parse_memory
-from pion.config import ServerConfig
+from pion.config import ServerConfig, TierConfig
 from pion.errors import PionError
 
 __all__ = ["main", "server_main"]
 
-# Every default a flag shows is ServerConfig's: one source for each.
+# Every default a flag shows is ServerConfig's (TierConfig's): one source for each.
 _DEFAULTS = ServerConfig()
+_TIER_DEFAULTS = TierConfig(url="")
 
 
 # The environment variable a password may come from (keeps it out of `ps` output).
@@ -42,6 +43,13 @@ def _maxmemory_clients(ctx: click.Context, param: click.Parameter, value: str | 
     if value is None:
         return _DEFAULTS.maxmemory_clients
     return _memory(ctx, param, value)
+
+
+def _optional_memory(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    return None if value is None else _memory(ctx, param, value)
+
+
+_EXISTING_FILE = click.Path(dir_okay=False, exists=True, path_type=Path)
 
 
 def _server_options(fn: Any) -> Any:
@@ -107,7 +115,7 @@ def _server_options(fn: Any) -> Any:
             "--maxmemory",
             default=None,
             callback=_memory,
-            help="Byte budget for stored K/V (e.g. 8gb); 0/unset = none.",
+            help="Byte budget for stored K/V and plain keys (e.g. 8gb); 0/unset = none.",
         ),
         click.option(
             "--appendfsync",
@@ -189,6 +197,78 @@ def _server_options(fn: Any) -> Any:
             is_flag=True,
             help="Required with -w N>1: each worker has its own store.",
         ),
+        click.option(
+            "--tier",
+            "tier_url",
+            default=None,
+            metavar="URL",
+            help="Shared second tier: redis://host:port[,host:port...] (Redis Cluster, "
+            "Valkey or one redis-server; rediss:// for TLS). See docs/tier.md.",
+        ),
+        click.option(
+            "--tier-write",
+            default=_TIER_DEFAULTS.write,
+            show_default=True,
+            type=click.Choice(["sync", "async"]),
+            help="sync: a write's reply waits for the tier while it is up; async: queued.",
+        ),
+        click.option("--tier-user", default=None, help="ACL user name for the tier."),
+        click.option("--tier-password", default=None, help="Password for the tier."),
+        click.option(
+            "--tier-password-file",
+            default=None,
+            type=_EXISTING_FILE,
+            help="Read the tier's password from a file (first line).",
+        ),
+        click.option("--tier-tls", is_flag=True, help="TLS to the tier (as rediss://)."),
+        click.option("--tier-tls-ca", default=None, type=_EXISTING_FILE, help="CA bundle (PEM)."),
+        click.option(
+            "--tier-tls-cert", default=None, type=_EXISTING_FILE, help="Client certificate."
+        ),
+        click.option("--tier-tls-key", default=None, type=_EXISTING_FILE, help="Client key."),
+        click.option(
+            "--tier-prefix",
+            default=_TIER_DEFAULTS.prefix,
+            show_default=True,
+            help="Key prefix in the tier (deployments sharing a cluster use their own).",
+        ),
+        click.option(
+            "--tier-timeout",
+            default=_TIER_DEFAULTS.timeout,
+            show_default=True,
+            type=click.FloatRange(0.01, 60),
+            help="Seconds one tier round trip may take.",
+        ),
+        click.option(
+            "--tier-queue-max",
+            default=None,
+            callback=_optional_memory,
+            help="Bytes of writes queued for the tier (e.g. 256mb; default 256mb).",
+        ),
+        click.option(
+            "--tls-cert",
+            default=None,
+            type=click.Path(dir_okay=False, exists=True, path_type=Path),
+            help="PEM certificate chain: serve TLS on the RESP and affinity ports.",
+        ),
+        click.option(
+            "--tls-key",
+            default=None,
+            type=click.Path(dir_okay=False, exists=True, path_type=Path),
+            help="PEM private key of --tls-cert.",
+        ),
+        click.option(
+            "--tls-ca",
+            default=None,
+            type=click.Path(dir_okay=False, exists=True, path_type=Path),
+            help="PEM CA bundle: require client certificates signed by it.",
+        ),
+        click.option(
+            "--metrics-port",
+            default=None,
+            type=click.IntRange(0, 65535),
+            help="Serve Prometheus metrics on this port (0 picks a free one).",
+        ),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -228,10 +308,16 @@ def _build_config(opts: dict[str, Any]) -> ServerConfig:
     password = _password(opts)
     if opts["workers"] > 1 and not opts["independent_workers"]:
         raise click.UsageError(
-            "-w N needs --independent-workers: each worker keeps its own V-store"
+            "-w N needs --independent-workers: each worker process keeps its own V-store, "
+            "write-ahead log and receipt, and a namespace lives on the worker that "
+            "registered it (other workers answer LOOKUP from a shared directory and "
+            "redirect V.FETCH/V.STOREBATCH with 'session lives on worker N'); pass "
+            "--independent-workers to accept that"
         )
-    if opts["workers"] > 1:
-        raise click.UsageError("multi-worker mode (-w N > 1) is not available in this build")
+    if (opts["tls_cert"] is None) != (opts["tls_key"] is None):
+        raise click.UsageError("TLS needs both --tls-cert and --tls-key")
+    if opts["tls_ca"] is not None and opts["tls_cert"] is None:
+        raise click.UsageError("--tls-ca (client certificates) needs --tls-cert and --tls-key")
     return ServerConfig(
         bind=opts["bind"],
         port=opts["port"],
@@ -253,6 +339,64 @@ def _build_config(opts: dict[str, Any]) -> ServerConfig:
         ssm_maxmemory=opts["ssm_maxmemory"],
         binary_lane=not opts["no_binary_lane"],
         binary_port=opts["binary_port"],
+        workers=opts["workers"],
+        tls_cert=opts["tls_cert"],
+        tls_key=opts["tls_key"],
+        tls_ca=opts["tls_ca"],
+        metrics_port=opts["metrics_port"],
+        tier=_tier_config(opts),
+    )
+
+
+_TIER_ONLY = (
+    "tier_user",
+    "tier_password",
+    "tier_password_file",
+    "tier_tls_ca",
+    "tier_tls_cert",
+    "tier_tls_key",
+    "tier_queue_max",
+)
+
+
+def _tier_config(opts: dict[str, Any]) -> TierConfig | None:
+    url = opts["tier_url"]
+    if url is None:
+        given = [name for name in _TIER_ONLY if opts[name] is not None] + (
+            ["tier_tls"] if opts["tier_tls"] else []
+        )
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise click.UsageError(f"{flag} needs --tier")
+        return None
+    from pion.tier import KeyLayout, parse_tier_url
+
+    password = opts["tier_password"]
+    if opts["tier_password_file"] is not None:
+        lines = opts["tier_password_file"].read_text().splitlines()
+        password = lines[0].strip() if lines else ""
+        if not password:
+            raise click.UsageError("--tier-password-file is empty")
+    try:
+        parse_tier_url(url)
+        KeyLayout(opts["tier_prefix"])
+    except PionError as exc:
+        raise click.UsageError(exc.message) from None
+    queue = opts["tier_queue_max"]
+    if queue is not None and queue < 1:
+        raise click.UsageError("--tier-queue-max must be at least 1 byte")
+    return TierConfig(
+        url=url,
+        write=opts["tier_write"],
+        username=opts["tier_user"],
+        password=password,
+        tls=opts["tier_tls"],
+        tls_ca_file=opts["tier_tls_ca"],
+        tls_cert_file=opts["tier_tls_cert"],
+        tls_key_file=opts["tier_tls_key"],
+        prefix=opts["tier_prefix"],
+        timeout=opts["tier_timeout"],
+        queue_max_bytes=_TIER_DEFAULTS.queue_max_bytes if queue is None else queue,
     )
 
 
@@ -262,7 +406,12 @@ def _run_server(opts: dict[str, Any]) -> None:
     config = _build_config(opts)
     configure_logging(config.log_level)
     try:
-        code = run(config)
+        if config.workers > 1:
+            from pion.server.supervisor import supervise
+
+            code = supervise(config)
+        else:
+            code = run(config)
     except PionError as exc:
         click.echo(f"pion-server: {exc.message}", err=True)
         sys.exit(1)

@@ -14,9 +14,17 @@ from typing import Literal
 from pion.codecs.base import MAX_DIM
 from pion.resp.limits import MB, ProtocolLimits
 
-__all__ = ["AppendFsync", "ProtocolLimits", "ServerConfig", "VStoreLimits"]
+__all__ = [
+    "AppendFsync",
+    "ProtocolLimits",
+    "ServerConfig",
+    "TierConfig",
+    "TierWrite",
+    "VStoreLimits",
+]
 
 AppendFsync = Literal["always", "everysec", "no"]
+TierWrite = Literal["sync", "async"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,40 @@ class VStoreLimits:
     max_dim: int = MAX_DIM  # what every codec supports
     max_schema_layers: int = 59  # Pion's RESP3 inline-array limit: 5 + N <= 64
     max_fetch_ids: int = 1024  # legacy V.FETCH id list
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """The shared second tier on a Valkey / Redis Cluster or one redis-server
+    (``--tier``; see ``pion.tier`` and docs/tier.md)."""
+
+    # redis://[user:password@]host:port[,host:port...] (rediss:// for TLS); parsed and
+    # checked by pion.tier.url.parse_tier_url.
+    url: str
+    # sync: a write's reply waits for the tier while it is reachable; async: it is
+    # queued and written behind. Either way a tier that is down never fails a write.
+    write: TierWrite = "sync"
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+    tls_ca_file: Path | None = None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    # Every key starts with "<prefix>:v<format version>:", so several deployments (or
+    # a future format) can share one cluster.
+    prefix: str = "pion"
+    # Seconds one tier round trip may take (socket timeout). Reads block the worker's
+    # loop while they wait, so this bounds how long a slow tier can stall it.
+    timeout: float = 2.0
+    # How long a sync write waits for the tier before its reply goes out anyway (the
+    # write stays queued and is retried).
+    sync_timeout: float = 5.0
+    # Bound of the write-behind queue: copies of payloads waiting for the tier. Past it
+    # a session is marked for a full resync instead of queueing more (pion.tier.writer).
+    queue_max_bytes: int = 256 << 20
+    queue_max_ops: int = 65_536
+    # How long shutdown waits for queued writes to reach the tier.
+    drain_timeout: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +88,15 @@ class ServerConfig:
     wal_enabled: bool = True
     save_interval: float = 0.0  # seconds between automatic snapshots; 0 = off
     worker_id: int = 0
+    # -w N --independent-workers: N worker processes under a supervisor.
+    workers: int = 1
+    # TLS on the RESP ports and the binary lane: a PEM certificate chain and its key;
+    # with tls_ca, clients must present a certificate signed by it.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
+    # Prometheus text format on this port (0 picks a free one); None = no endpoint.
+    metrics_port: int | None = None
     # Attention tier (docs/attention.md). fa_window: the default sliding window of a query
     # that sends none (0 = full attention, N = the last N prefix tokens).
     fa_window: int = 0
@@ -69,6 +120,7 @@ class ServerConfig:
     binary_port: int | None = None
     protocol: ProtocolLimits = field(default_factory=ProtocolLimits)
     vstore: VStoreLimits = field(default_factory=VStoreLimits)
+    tier: TierConfig | None = None  # None: no shared second tier
 
     @property
     def auth_required(self) -> bool:

@@ -16,9 +16,13 @@ Tree::
       MisconfError            code MISCONF  (persistence failing: writes refused)
       OOMError                code OOM      (a write larger than --maxmemory)
       ColdMissError           code COLDMISS (attention slot demoted to the cold tier)
+      WrongTypeError          code WRONGTYPE (a keyspace command on a key of another type)
       CodecError              code ERR   a value a storage format cannot hold
       SessionNotFoundError    code ERR   unknown V-store session
       WrongWorkerError        code ERR   the session lives on another worker
+      TierError               code ERR   a session not held locally that the cluster
+                                         tier could not supply (unreachable, or its
+                                         copy there is incomplete)
 
 Clients match a few messages by text (``blob size``, ``session lives on worker N``,
 ``already``/``exists``); those texts are part of the wire contract (DESIGN section 3).
@@ -39,7 +43,9 @@ __all__ = [
     "PionError",
     "ProtocolError",
     "SessionNotFoundError",
+    "TierError",
     "WrongPassError",
+    "WrongTypeError",
     "WrongWorkerError",
 ]
 
@@ -115,6 +121,15 @@ class ColdMissError(PionError):
     code = "COLDMISS"
 
 
+class WrongTypeError(PionError):
+    code = "WRONGTYPE"
+
+    def __init__(
+        self, message: str = "Operation against a key holding the wrong kind of value"
+    ) -> None:
+        super().__init__(message)
+
+
 class CodecError(PionError):
     """A storage format refused its input (non-finite, overflow, bad buffer length)."""
 
@@ -130,3 +145,8 @@ class WrongWorkerError(PionError):
     def __init__(self, message: str, owner: int) -> None:
         super().__init__(message)
         self.owner = owner
+
+
+class TierError(PionError):
+    """The shared second tier (``--tier``) could not supply a session this worker does
+    not hold: the tier is unreachable or in backoff, or its copy is incomplete."""

@@ -83,5 +83,9 @@ def test_client_sees_errors_and_short_prefixes(pc: object) -> None:
     # Asking for more rows than stored: zeros past tpl, as Pion does.
     got = pc._fetch_range("s", 0, 8)
     assert got.shape == (8 * KV_DIM,) and got[: 5 * KV_DIM].all() and not got[5 * KV_DIM :].any()
+    # Far more rows than stored is refused (a huge reply of zeros), and the client says so.
+    with pytest.raises(RuntimeError, match=r"V\.FETCH RANGE failed: b'-ERR rows 0\.\.100000 would"):
+        pc._fetch_range("s", 0, 100_000)
+    assert pc._fetch_range("s", 0, 5).shape == (5 * KV_DIM,)  # the connection is fine
     with pytest.raises(RuntimeError, match=r"V\.FETCH BATCH layer 1 nil"):
         pc._fetch_batch_all_layers("s", 5, 2)

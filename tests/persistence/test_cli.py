@@ -33,12 +33,25 @@ def test_torn_tail_is_reported_and_fixed(tmp_path: Path) -> None:
     path.write_bytes(raw[:-5])
     out = CliRunner().invoke(check_wal_command, [str(path)])
     assert out.exit_code == 1
-    assert "problem: torn tail at offset" in out.output
+    assert "problem: torn write (an incomplete last record" in out.output
     assert f"pion check-wal --fix {path}" in out.output
     fixed = CliRunner().invoke(check_wal_command, ["--fix", str(path)])
     assert fixed.exit_code == 0 and "fixed: cut" in fixed.output
     again = CliRunner().invoke(check_wal_command, [str(path)])
     assert again.exit_code == 0 and "no problems found" in again.output
+
+
+def test_a_damaged_complete_last_record_is_corruption(tmp_path: Path) -> None:
+    path, raw = _log(tmp_path)
+    damaged = bytearray(raw)
+    damaged[-2] ^= 0x40  # the last record's payload checksum
+    path.write_bytes(bytes(damaged))
+    out = CliRunner().invoke(check_wal_command, [str(path)])
+    assert out.exit_code == 1
+    assert "problem: corruption (a complete last record that fails its checksum)" in out.output
+    assert "payload checksum mismatch in the last record, complete" in out.output
+    fixed = CliRunner().invoke(check_wal_command, ["--fix", str(path)])
+    assert fixed.exit_code == 0 and "fixed: cut" in fixed.output
 
 
 def test_corruption_reports_what_fix_discards(tmp_path: Path) -> None:

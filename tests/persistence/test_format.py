@@ -18,7 +18,7 @@ from pion.persistence.format import (
     decode_mutation,
     encode_record,
 )
-from pion.persistence.reader import LogDamage, read_records
+from pion.persistence.reader import Damage, LogDamage, read_records
 from pion.vstore import (
     CreateSession,
     DropSession,
@@ -215,3 +215,58 @@ def test_damage_with_valid_records_after_is_corruption() -> None:
         list(read_records(io.BytesIO(bytes(bad)), 0, len(bad), 1))
     d = info.value.damage
     assert (d.offset, d.torn, d.next_valid) == (0, False, len(raw) // 3)
+
+
+def _two_records() -> bytes:
+    return b"".join(
+        bytes(p)
+        for i in (1, 2)
+        for p in encode_record(i, StoreRows(b"s", 0, i, 1, 5, 4, bytes(8)))[0]
+    )
+
+
+def _damage_of(raw: bytes) -> Damage:
+    with pytest.raises(LogDamage) as info:
+        list(read_records(io.BytesIO(raw), 0, len(raw), 1))
+    return info.value.damage
+
+
+@pytest.mark.parametrize(
+    ("where", "reason"),
+    [
+        (-1, "payload checksum mismatch in the last record, complete,"),  # its CRC
+        (-6, "payload checksum mismatch in the last record, complete,"),  # its payload
+        (0, "header checksum mismatch in the last record, whose payload is complete"),
+        (4, "header checksum mismatch in the last record, whose payload is complete"),
+    ],
+)
+def test_a_complete_last_record_that_fails_its_checksum_is_corruption(
+    where: int, reason: str
+) -> None:
+    """It was written whole, so it may have been fsynced and acknowledged: cutting it
+    as if a crash had torn it would drop an acknowledged write silently."""
+    raw = bytearray(_two_records())
+    last = len(raw) // 2
+    raw[where if where < 0 else last + where] ^= 0x20
+    d = _damage_of(bytes(raw))
+    assert (d.offset, d.torn) == (last, False)
+    assert reason in d.reason
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [b"\x00" * 40, b"\xff" * 3, b"\x00" * 4096, bytes(range(200))],
+)
+def test_trailing_zeros_or_garbage_are_a_torn_write(tail: bytes) -> None:
+    raw = _two_records()
+    d = _damage_of(raw + tail)
+    assert (d.offset, d.torn) == (len(raw), True)
+
+
+def test_an_incomplete_last_record_says_how_much_of_it_is_there() -> None:
+    raw = _two_records()
+    d = _damage_of(raw[:-7])
+    assert (
+        d.torn
+        and d.reason == f"incomplete final record: {len(raw) // 2 - 7} of its {len(raw) // 2} bytes"
+    )

@@ -23,7 +23,7 @@ from pion.persistence import RecoveryError, snapshot_path, wal_path
 from pion.persistence.recovery import WAL_HEADER_SIZE, recover_sync
 from pion.vstore import VStore
 from support import durable_state as canonical
-from support import f16_rows, fresh_store, no_retry, open_store, rows
+from support import f16_rows, fresh_store, no_retry, open_store, open_stores_with_ssm, rows
 
 Spawn = Callable[..., Any]
 DIM = 16
@@ -80,6 +80,36 @@ def test_restart_keeps_snapshots_restores_and_ids(tmp_path: Path, via: str) -> N
     p2.close()
 
 
+@pytest.mark.parametrize("via", ["log", "snapshot"])
+def test_restart_keeps_a_restore_over_sparse_runs(tmp_path: Path, via: str) -> None:
+    """Held runs with holes between them, a draft across and above the recorded
+    length, then V.RESTORE: after a restart (from the log, or from a snapshot file that
+    holds only the held runs) the layer holds the same runs and the snapshot restores
+    the same way again."""
+    data = tmp_path / "d"
+    vs, p = open_store(data)
+    vs.create(b"h", 8, "int8")
+    vs.store(b"h", 0, 0, rows(10, 8, 1))
+    vs.store(b"h", 0, 100_000, rows(10, 8, 2))
+    snap = vs.snapshot(b"h")
+    vs.store(b"h", 0, 100_010, rows(5, 8, 3))
+    vs.store(b"h", 0, 150_000, rows(5, 8, 4))
+    vs.restore(b"h", snap)
+    if via == "snapshot":
+        p.save(None)
+        assert snapshot_path(data, 0).stat().st_size < 2000  # no hole in the file
+    expected = canonical(vs)
+    p.close()
+    vs2, p2 = open_store(data)
+    assert canonical(vs2) == expected
+    lay = vs2._sessions[b"h"].layers[0]
+    assert [(r.lo, r.hi) for r in lay.runs] == [(0, 10), (100_000, 100_010)]
+    vs2.store(b"h", 0, 100_010, rows(5, 8, 5))
+    vs2.restore(b"h", snap)
+    assert canonical(vs2) == expected
+    p2.close()
+
+
 def test_the_id_counter_survives_a_snapshot_without_live_snapshots(tmp_path: Path) -> None:
     data = tmp_path / "d"
     vs, p = open_store(data)
@@ -120,6 +150,39 @@ def test_reset_recipe_starts_empty_with_a_warning(
     vs3, p3 = open_store(data)
     assert canonical(vs3) == expected
     p3.close()
+
+
+def test_reset_recipe_beside_the_ssm_store_snapshot(tmp_path: Path) -> None:
+    """SAVE also wrote pion.ssm.<w>, whose ``covered`` keeps the new log's numbering
+    past 1: the V-store starts empty, the SSM state is kept, and what is written after
+    the recipe survives the next restarts (its records do not read as needing the
+    removed file); removing the snapshot again once the log holds records refuses."""
+    data = tmp_path / "d"
+    vs, ssm, p = open_stores_with_ssm(data)
+    vs.create(b"x", 8, "int8")
+    vs.store(b"x", 0, 0, rows(3, 8))
+    ssm.store(b"x", 0, b"state")
+    p.save(None)  # both stores covered at record 3; the log holds no records
+    p.close()
+    snapshot_path(data, 0).unlink()
+    vs2, ssm2, p2 = open_stores_with_ssm(data)
+    assert len(vs2) == 0 and ssm2.get(b"x", 0) == b"state"
+    assert p2.recovered.started_empty == ["vstore"] and p2.recovered.replayed == 0
+    assert p2.info()["wal_seq"] == 3
+    vs2.create(b"y", 8, "int8")
+    vs2.store(b"y", 0, 0, rows(2, 8))
+    ssm2.store(b"y", 1, b"after")
+    expected = canonical(vs2)
+    p2.close()
+    for _ in range(2):
+        vs3, ssm3, p3 = open_stores_with_ssm(data)
+        assert not p3.recovered.started_empty and p3.recovered.replayed == 3
+        assert canonical(vs3) == expected
+        assert ssm3.get(b"x", 0) == b"state" and ssm3.get(b"y", 1) == b"after"
+        p3.close()
+    snapshot_path(data, 0).unlink()
+    with pytest.raises(RecoveryError, match="move both"):
+        open_stores_with_ssm(data)
 
 
 def test_reset_recipe_with_a_torn_first_record(tmp_path: Path) -> None:
@@ -242,8 +305,11 @@ def test_reset_recipe_on_a_real_server(spawn_server: Spawn, tmp_path: Path) -> N
     err = srv.stderr_text()
     assert f"{snapshot_path(data, 0)} is missing" in err
     assert "WAL replayed: 0 records" in err
-    # A log that holds records needs the snapshot: the server refuses to start.
+    # What was written after the recipe is kept.
     srv, r = _spawn(spawn_server)
+    assert r.execute_command("V.INFO").startswith(b"enabled:1\r\nsessions:1\r\n")
+    assert b"value_dim:16" in r.execute_command("V.INFO", "after")
+    # A log that holds records needs the snapshot: the server refuses to start.
     assert r.execute_command("KV.PREFIX.SAVE") == b"OK"
     r.execute_command("V.CREATE", "more", DIM)
     assert srv.stop() == 0

@@ -20,6 +20,9 @@ import pytest
 import redis
 
 from pion.persistence import faults, snapshot_path, wal_path
+from pion.persistence.reader import read_records
+from pion.persistence.recovery import WAL_HEADER_SIZE
+from pion.persistence.ssm_durable import OP_SSM_STORE
 from support import f16_rows, no_retry, rows, wait_loaded
 
 Spawn = Callable[..., Any]
@@ -170,7 +173,57 @@ def test_torn_tail_is_cut_with_a_log_line(spawn_server: Spawn, tmp_path: Path) -
     assert b"layer_0_tokens:2" in srv2.client().execute_command("V.INFO", "s")
     assert log.stat().st_size == good
     assert srv2.stop() == 0
-    assert "torn tail at offset" in srv2.stderr_text()
+    err = srv2.stderr_text()
+    assert f"torn write at offset {good}" in err and "incomplete final record" in err
+    assert "never acknowledged" in err
+
+
+def test_a_damaged_complete_last_record_stops_startup(spawn_server: Spawn, tmp_path: Path) -> None:
+    """Issue 10: a complete final record whose checksum fails was fsynced (under always,
+    acknowledged), so it is refused like any other corruption, not cut as torn."""
+    srv = spawn_server("--appendfsync", "always")
+    r = srv.client()
+    r.execute_command("V.CREATE", "s", 8, "VQUANT", "int8")
+    r.execute_command("V.STOREBATCH", "s", 0, 0, 2, rows(2, 8).tobytes())
+    srv.kill()
+    log = wal_path(tmp_path / "data", 0)
+    raw = bytearray(log.read_bytes())
+    raw[-10] ^= 0x01  # the last record's payload: acknowledged, now damaged
+    log.write_bytes(bytes(raw))
+    with pytest.raises(RuntimeError) as info:
+        spawn_server()
+    text = str(info.value)
+    assert str(log) in text and "payload checksum mismatch in the last record" in text
+    assert "the record is complete" in text and f"pion check-wal --fix {log}" in text
+    assert log.read_bytes() == bytes(raw)  # nothing was cut
+
+
+def test_a_damaged_complete_last_ssm_record_stops_startup(
+    spawn_server: Spawn, tmp_path: Path
+) -> None:
+    """The rule holds for every store sharing the log: a complete last SSM_STORE whose
+    checksum fails is corruption (it may have been acknowledged), never cut as torn."""
+    srv = spawn_server("--appendfsync", "always")
+    r = srv.client()
+    r.execute_command("SSM.PREFIX.STORE", "s", 0, b"first")
+    r.execute_command("SSM.PREFIX.STORE", "s", 1, b"acknowledged state " * 8)
+    srv.kill()
+    log = wal_path(tmp_path / "data", 0)
+    raw = bytearray(log.read_bytes())
+    with open(log, "rb") as f:
+        records = list(read_records(f, WAL_HEADER_SIZE, len(raw), 1))
+    last = records[-1]
+    assert last.op == OP_SSM_STORE and last.end == len(raw)
+    raw[-10] ^= 0x01  # inside the last record's blob: acknowledged, now damaged
+    log.write_bytes(bytes(raw))
+    with pytest.raises(RuntimeError) as info:
+        spawn_server()
+    text = str(info.value)
+    assert f"{log}: corrupt record at offset {last.offset}" in text, text
+    assert "payload checksum mismatch in the last record" in text
+    assert "the record is complete" in text and f"pion check-wal --fix {log}" in text
+    assert "torn write" not in text
+    assert log.read_bytes() == bytes(raw)  # nothing was cut
 
 
 def test_corruption_stops_startup_until_repaired(spawn_server: Spawn, tmp_path: Path) -> None:

@@ -14,7 +14,15 @@ from pion.persistence import faults, snapshot_path, wal_path
 from pion.persistence import format as fmt
 from pion.persistence import snapshot as snapshot_mod
 from pion.persistence.recovery import WAL_HEADER_SIZE, recover_sync
-from support import durable_state, make_store, open_store, rows, small_workload
+from pion.vstore import StoreRows
+from support import (
+    durable_state,
+    make_store,
+    open_store,
+    open_stores_with_ssm,
+    rows,
+    small_workload,
+)
 
 
 @pytest.fixture
@@ -80,6 +88,94 @@ def test_large_layers_are_written_in_pieces_highest_first(
     assert durable_state(loaded) == durable_state(vs)
     # The first piece sized the buffer exactly: nothing was reallocated or over-grown.
     assert loaded.bytes_allocated == loaded.vstore_bytes
+
+
+def test_holes_stay_out_of_snapshots_and_runs_load_without_reallocation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A layer of three runs, one of them larger than a piece: the snapshot holds the
+    runs only, and loading allocates each run once (the sizing pass), copying nothing."""
+    from pion.vstore import layer as layer_module
+
+    monkeypatch.setattr(snapshot_mod, "SNAPSHOT_CHUNK", 1000)
+    vs, p = open_store(tmp_path)
+    vs.create(b"h", 100, "fp16")  # 200-byte rows: 5 rows per piece
+    vs.store(b"h", 0, 3, rows(2, 100, 1))
+    vs.store(b"h", 0, 40, rows(12, 100, 2))  # 3 pieces
+    vs.store(b"h", 0, 150_000, rows(1, 100, 3))
+    vs.store(b"h", 2, 7, rows(6, 100, 4))  # 2 pieces
+    p.save(None)
+    p.close()
+    path = snapshot_path(tmp_path, 0)
+    with open(path, "rb") as f:
+        size = path.stat().st_size
+        f.seek(40)
+        spans = [
+            (m.layer, m.start, m.count)
+            for _, m in snapshot_mod.iter_snapshot(f, size)
+            if isinstance(m, StoreRows)
+        ]
+        hints = snapshot_mod.run_hints(f, size)
+    layer0 = [(0, 3, 2), (0, 50, 2), (0, 45, 5), (0, 40, 5), (0, 150_000, 1)]
+    assert spans == [*layer0, (2, 12, 1), (2, 7, 5)]
+    assert hints == {(b"h", 0, 52): 40, (b"h", 2, 13): 7}
+    assert size < 5000  # 21 rows of 200 bytes, and no hole
+    merges = 0
+    real = layer_module.Layer._merge
+
+    def counting(self: layer_module.Layer, *args: object) -> layer_module.Run:
+        nonlocal merges
+        merges += 1
+        return real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(layer_module.Layer, "_merge", counting)
+    loaded = make_store()
+    recover_sync(loaded, path, wal_path(tmp_path, 0))
+    assert durable_state(loaded) == durable_state(vs)
+    assert merges == 0
+    assert loaded.bytes_allocated == loaded.vstore_bytes == 21 * 200
+
+
+def test_holes_stay_sparse_through_persistence_with_the_ssm_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the SSM store beside it (its own snapshot file, loaded through the plain
+    ``apply_frame``), the V-store still sizes its runs from its snapshot: a sparse layer
+    comes back holding exactly the rows written, each run allocated once, no hole."""
+    from pion.vstore import layer as layer_module
+
+    monkeypatch.setattr(snapshot_mod, "SNAPSHOT_CHUNK", 1000)
+    vs, ssm, p = open_stores_with_ssm(tmp_path)
+    vs.create(b"h", 100, "fp16")  # 200-byte rows: 5 rows per piece
+    vs.store(b"h", 0, 3, rows(2, 100, 1))
+    vs.store(b"h", 0, 40, rows(12, 100, 2))  # 3 pieces
+    vs.store(b"h", 0, 150_000, rows(1, 100, 3))
+    vs.store(b"h", 2, 7, rows(6, 100, 4))  # 2 pieces
+    ssm.store(b"h", 0, b"recurrent state" * 100)
+    ssm.store(b"h", 4, b"")
+    p.save(None)
+    p.close()
+    assert (tmp_path / "pion.ssm.0").exists()
+    assert snapshot_path(tmp_path, 0).stat().st_size < 5000  # 21 rows, and no hole
+    merges = 0
+    real = layer_module.Layer._merge
+
+    def counting(self: layer_module.Layer, *args: object) -> layer_module.Run:
+        nonlocal merges
+        merges += 1
+        return real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(layer_module.Layer, "_merge", counting)
+    loaded, loaded_ssm, p2 = open_stores_with_ssm(tmp_path)
+    res = p2.recovered
+    p2.close()
+    assert res.snapshot_units == {"ssm": 2, "vstore": 1} and res.replayed == 0
+    assert durable_state(loaded) == durable_state(vs)
+    assert merges == 0
+    assert loaded.bytes_allocated == loaded.vstore_bytes == 21 * 200
+    assert loaded_ssm.get(b"h", 0) == b"recurrent state" * 100
+    assert loaded_ssm.get(b"h", 4) == b""
+    assert loaded_ssm.bytes == ssm.bytes and len(loaded_ssm) == 2
 
 
 def test_snapshot_keeps_lru_order(tmp_path: Path) -> None:

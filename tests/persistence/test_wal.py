@@ -4,6 +4,7 @@ counted or made to fail; and group commit through a real in-process server."""
 from __future__ import annotations
 
 import errno
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,9 +14,9 @@ import pytest
 import redis
 
 from pion.errors import MisconfError
-from pion.persistence import snapshot_path
+from pion.persistence import snapshot_path, wal_path
 from pion.persistence import wal as wal_mod
-from support import no_retry, open_store
+from support import no_retry, open_store, rows
 
 
 class FsyncSpy:
@@ -138,3 +139,96 @@ def test_group_commit_withholds_replies_when_fsync_fails(
     assert r2.execute_command("KV.PREFIX.SAVE") == b"OK"  # the way back
     r2.execute_command("V.CREATE", "c", 8, "VQUANT", "int8")
     assert r2.execute_command("KV.PREFIX.COMMIT") == b"OK"
+
+
+class PartialWrite:
+    """``write_all`` that writes the first bytes of a record and then fails, as a full
+    disk does (``fail_with`` set), else writes normally."""
+
+    def __init__(self) -> None:
+        self.fail_with: int | None = None
+
+    def __call__(self, fd: int, parts: Any, total: int | None = None) -> int:
+        if self.fail_with is None:
+            return real_write_all(fd, parts, total)
+        os.write(fd, bytes(memoryview(parts[0]))[:9])  # a torn record's first bytes
+        raise OSError(self.fail_with, os.strerror(self.fail_with))
+
+
+real_write_all = wal_mod.write_all
+
+
+@pytest.fixture
+def disk(monkeypatch: pytest.MonkeyPatch) -> PartialWrite:
+    fake = PartialWrite()
+    monkeypatch.setattr(wal_mod, "write_all", fake)
+    return fake
+
+
+def test_out_of_space_blocks_cuts_the_partial_record_and_resumes(
+    tmp_path: Path, disk: PartialWrite
+) -> None:
+    vs, p = open_store(tmp_path, appendfsync="always")
+    vs.create(b"a", 8, "int8")
+    vs.create(b"b", 8, "int8")
+    p.sync()
+    wal = p.wal
+    assert wal is not None
+    good = wal.size
+    disk.fail_with = errno.ENOSPC
+    with pytest.raises(MisconfError, match=r"the refused record needs \d+ bytes") as info:
+        vs.store(b"a", 0, 0, rows(4, 8))
+    assert "No space left on device" in info.value.message
+    assert wal_path(tmp_path, 0).stat().st_size == good  # the 9 bytes were cut
+    assert wal.blocked is not None and wal.failure is None and wal.needed > 0
+    assert p.write_refusal() is None  # the log refuses by itself, so drops can pass
+    assert p.info()["wal_status"] == "err" and p.info()["wal_blocked_bytes"] == wal.needed
+    assert vs.vstore_bytes == 0  # nothing of the refused write was applied
+    disk.fail_with = None
+    with pytest.raises(MisconfError):  # still blocked: only a probe unblocks
+        vs.store(b"a", 0, 0, rows(4, 8))
+    with pytest.raises(MisconfError):  # an eviction is not a client's drop
+        vs.set_limits(max_sessions=2)
+        vs.create(b"c", 8, "int8")
+    assert vs.drop(b"b")  # a drop is tried, and it fits
+    p.sync()  # the file is trusted: group commit goes on
+    wal.unblock()
+    vs.store(b"a", 0, 0, rows(4, 8))
+    p.close()
+    vs2, p2 = open_store(tmp_path)
+    assert b"b" not in vs2 and vs2.describe(b"a").layers[0].held == 4
+    p2.close()
+
+
+def test_other_write_errors_fail_the_log(tmp_path: Path, disk: PartialWrite) -> None:
+    vs, p = open_store(tmp_path)
+    vs.create(b"a", 8, "int8")
+    disk.fail_with = errno.EIO
+    with pytest.raises(MisconfError, match=r"write of pion\.vstore\.wal\.0 failed"):
+        vs.create(b"b", 8, "int8")
+    assert p.wal is not None and p.wal.failure is not None and p.wal.blocked is None
+    assert p.write_refusal() is not None
+    disk.fail_with = None
+    with pytest.raises(MisconfError):  # a failed log takes nothing, drops included
+        vs.drop(b"a")
+    p.save(None)  # the way back from a failed log: a snapshot and a fresh log
+    vs.create(b"b", 8, "int8")
+    assert vs.drop(b"a")
+    p.close()
+
+
+def test_a_cut_that_fails_fails_the_log(
+    tmp_path: Path, disk: PartialWrite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vs, p = open_store(tmp_path)
+
+    def no_truncate(fd: int, size: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(wal_mod.os, "ftruncate", no_truncate)
+    disk.fail_with = errno.ENOSPC
+    with pytest.raises(MisconfError, match="truncation after a failed write"):
+        vs.create(b"a", 8, "int8")
+    assert p.wal is not None and p.wal.failure is not None
+    monkeypatch.undo()
+    p.close()

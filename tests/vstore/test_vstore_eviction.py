@@ -1,12 +1,15 @@
-"""Eviction (DESIGN section 7): LRU over max_sessions by namespace, and the byte budget."""
+"""Eviction: LRU over max_sessions by namespace, and the byte budget."""
 
 from __future__ import annotations
+
+import sys
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from pion.errors import OOMError, PionError
-from pion.vstore import DropSession, StoreRows, namespace_of
+from pion.vstore import DropSession, StoreRows, VStore, namespace_of
 from support import RecordingJournal, make_store, rows
 
 
@@ -137,3 +140,83 @@ def test_empty_sessions_are_not_evicted_for_bytes() -> None:
     assert sorted(vs.sids()) == [b"empty", b"w"]
     got = vs.fetch_range(b"w", 0, 0, 3)
     assert got is not None and np.abs(got - rows(3, 4)).max() < 1e-2
+
+
+def _calls(action: Callable[[], object]) -> int:
+    """Python and builtin function calls made while ``action`` runs: a count of the work
+    done that does not depend on the machine's speed."""
+    count = 0
+
+    def profile(frame: object, event: str, arg: object) -> None:
+        nonlocal count
+        if event in ("call", "c_call"):
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        action()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def _full_store(n: int, namespaces: bool = True) -> VStore:
+    """``n`` sessions (namespace halves when ``namespaces``) with a row each, at the limit."""
+    vs = make_store(max_sessions=n)
+    for i in range(n):
+        sid = b"ns%d_p%s" % (i // 2, b"kv"[i % 2 : i % 2 + 1]) if namespaces else b"s%d" % i
+        vs.create(sid, 4, "fp16")
+        vs.store(sid, 0, 0, rows(1, 4))
+    vs.touch(b"ns0_pk" if namespaces else b"s0")  # the oldest is now the second group
+    return vs
+
+
+def test_a_create_at_the_limit_costs_the_same_at_200_and_20000_sessions() -> None:
+    """Issue 10: at 20k sessions a create at the limit cost 20 ms (a sort of every
+    session per victim). The work of one create, evicting one namespace, must not grow
+    with the number of sessions."""
+    small, big = _full_store(200), _full_store(20_000)
+    work = [_calls(lambda vs=vs: vs.create(b"new", 4, "fp16")) for vs in (small, big)]
+    assert work[0] == work[1], work
+    assert b"ns1_pk" not in big and b"ns1_pv" not in big and b"ns0_pk" in big
+    assert len(big) == 20_000 - 1 and big.evictions == 2
+
+
+def test_lowering_the_limit_costs_o1_per_victim() -> None:
+    """Issue 10: lowering the limit to 1 with 4,000 sessions froze the server for 8 s
+    (quadratic). Evicting 4,000 sessions must cost 100x evicting 40, not 10,000x."""
+    work = []
+    for n in (40, 4000):
+        vs = _full_store(n, namespaces=False)
+        vs.set_limits(max_sessions=1)
+        work.append(_calls(lambda vs=vs: vs.create(b"new", 4, "fp16")))
+        assert vs.sids() == [b"new"] and vs.evictions == n
+    assert work[1] <= 101 * work[0], work
+
+
+def test_the_byte_budget_walks_only_its_victims() -> None:
+    """A budget eviction examines the groups it evicts, not the empty sessions (nor the
+    held ones) it does not: the same work at 200 and at 20,000 sessions."""
+    work, refused = [], []
+    for n in (200, 20_000):
+        vs = make_store(max_sessions=n + 10)
+        for i in range(n):
+            vs.create(b"e%d" % i, 4, "fp16")  # empty: nothing to free there
+        for sid in (b"a", b"b", b"c"):
+            vs.create(sid, 4, "fp16")
+            vs.store(sid, 0, 0, rows(10, 4))
+        vs.set_limits(maxmemory=vs.vstore_bytes)
+        work.append(_calls(lambda vs=vs: vs.store(b"c", 0, 10, rows(10, 4))))
+        assert b"a" not in vs and b"b" in vs and vs.evictions == 1
+        # Not enough to evict: refused at once, nothing evicted, no walk either (the first
+        # refusal warms pytest's and re's caches).
+        _expect_oom(vs)
+        refused.append(_calls(lambda vs=vs: _expect_oom(vs)))
+        assert b"b" in vs and vs.evictions == 1
+    assert work[0] == work[1], work
+    assert refused[0] == refused[1], refused
+
+
+def _expect_oom(vs: VStore) -> None:
+    with pytest.raises(OOMError, match="only 80 are evictable"):
+        vs.store(b"c", 0, 20, rows(30, 4))

@@ -4,6 +4,8 @@ copy-on-write, the per-session limit, ids, journal records and replay."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -20,7 +22,7 @@ from pion.vstore import (
     VStore,
 )
 from pion.vstore.layer import Layer
-from support import FailingJournal, RecordingJournal, make_store, rows
+from support import FailingJournal, RecordingJournal, check_layers, make_store, rows
 from support import durable_state as state_of
 
 
@@ -46,7 +48,8 @@ def test_restore_keeps_rows_below_exactly_and_zeroes_rows_above(fmt: str) -> Non
     assert np.array_equal(after, before)  # bit for bit: rows carry their own scales
     # Everything above the recorded length is zero bytes again (the layer invariant).
     lay = vs._sessions[b"s"].layers[0]
-    assert not lay.buf[50:].any()
+    assert lay.runs and all(not r.buf[max(0, 50 - r.base) :].any() for r in lay.runs)
+    check_layers(vs)
     assert vs.fetch_range(b"s", 0, 50, 80) is None  # past tpl: absent
     # A later store at those positions writes fresh rows; nothing of the branch leaks.
     fresh = rows(20, 96, seed=3)
@@ -154,23 +157,29 @@ def test_a_rollback_of_at_most_half_keeps_the_buffer(monkeypatch: pytest.MonkeyP
     vs = make_store()
     vs.create(b"s", 8, "fp16")
     vs.store(b"s", 0, 0, rows(1000, 8))
-    vs.store(b"s", 0, 1000, rows(5, 8))  # grows the capacity to 1250
+    vs.store(b"s", 0, 1000, rows(5, 8))  # grows the run: 1005 live rows + 25% slack
     lay = vs._sessions[b"s"].layers[0]
-    assert lay.capacity == int(1000 * GROWTH)
-    copies: list[int] = []
-    original = Layer._reallocate
+    capacity = 1005 + int(1005 * (GROWTH - 1))
+    assert len(lay.runs) == 1 and lay.allocated == capacity * lay.row_bytes
+    copies: list[str] = []
+    # Every way layer.py copies rows to a new buffer: merging/growing, and reallocating.
+    for name in ("_merge", "_reallocate"):
+        original = getattr(Layer, name)
 
-    def counting(self: Layer, capacity: int) -> None:
-        copies.append(capacity)
-        original(self, capacity)
+        def counting(self: Layer, *args: Any, _name: str = name, _f: Any = original) -> Any:
+            copies.append(_name)
+            return _f(self, *args)
 
-    monkeypatch.setattr(Layer, "_reallocate", counting)
+        monkeypatch.setattr(Layer, name, counting)
+    run = lay.runs[0]
     snap = vs.snapshot(b"s")
     for step in range(20):  # a drafter's append / reject cycle never copies the layer
         vs.store(b"s", 0, 1005, rows(4, 8, seed=step))
         vs.restore(b"s", snap)
     assert copies == []
-    assert lay.tpl == 1005 and lay.capacity == 1250 and not lay.buf[1005:].any()
+    assert lay.runs == [run] and lay.tpl == 1005
+    assert lay.allocated == capacity * lay.row_bytes and not run.buf[1005:].any()
+    check_layers(vs)
 
 
 def test_a_large_rollback_releases_memory() -> None:
@@ -291,4 +300,88 @@ def test_rope_layer_stores_and_dumps_with_its_rope() -> None:
     loaded = make_store()
     for m in vs.dump():
         loaded.apply(m)
+    assert state_of(loaded) == state_of(vs)
+
+
+def test_restore_over_sparse_runs() -> None:
+    """A layer holding separate runs (holes between them): a restore drops the runs
+    above the recorded length and cuts the one across it; holes stay free, the rows
+    below keep their contents (overwrites and holes filled since included), and the
+    accounting (held bytes, tpl tokens, the LRU's bytes) follows."""
+    vs = make_store()
+    vs.create(b"s", 8, "int8")
+    row = get_codec("int8").row_bytes(8)
+    vs.store(b"s", 0, 0, rows(10, 8, seed=1))
+    outer = vs.snapshot(b"s")  # length 10
+    vs.store(b"s", 0, 50, rows(10, 8, seed=2))  # a hole 10..50
+    inner = vs.snapshot(b"s")  # length 60
+    vs.store(b"s", 0, 55, rows(3, 8, seed=3))  # an overwrite below the length
+    vs.store(b"s", 0, 20, rows(5, 8, seed=4))  # a hole below the length, filled
+    vs.store(b"s", 0, 60, rows(10, 8, seed=5))  # the draft: appended to the run
+    vs.store(b"s", 0, 100, rows(10, 8, seed=6))  # and a run of its own
+    lay = vs._sessions[b"s"].layers[0]
+    assert [(r.lo, r.hi) for r in lay.runs] == [(0, 10), (20, 25), (50, 70), (100, 110)]
+    kept = vs.fetch_range(b"s", 0, 0, 60)
+    assert kept is not None
+    kept = kept.copy()
+
+    vs.restore(b"s", inner)
+    check_layers(vs)
+    assert [(r.lo, r.hi) for r in lay.runs] == [(0, 10), (20, 25), (50, 60)]
+    assert (lay.tpl, lay.held) == (60, 25)
+    assert vs.total_tokens == 60 and vs.vstore_bytes == 25 * row
+    assert vs._lru.bytes_of((b"s",)) == vs.vstore_bytes
+    got = vs.fetch_range(b"s", 0, 0, 60)
+    assert got is not None and np.array_equal(got, kept)
+    assert vs.fetch_range(b"s", 0, 60, 110) is None  # past tpl
+
+    vs.restore(b"s", outer)
+    check_layers(vs)
+    assert [(r.lo, r.hi) for r in lay.runs] == [(0, 10)]
+    assert vs.total_tokens == 10 and vs.vstore_bytes == 10 * row
+    assert vs._lru.bytes_of((b"s",)) == vs.vstore_bytes
+    vs.restore(b"s", inner)  # recorded 60 > current 10: nothing grows back
+    assert [(r.lo, r.hi) for r in lay.runs] == [(0, 10)] and lay.tpl == 10
+
+
+def test_a_restore_releases_its_bytes_to_the_budget() -> None:
+    """--maxmemory sees the bytes a restore released: what the session holds after it
+    is what it is charged with when the budget looks for bytes to evict."""
+    row = get_codec("int8").row_bytes(8)
+    vs = make_store(maxmemory=100 * row)
+    vs.create(b"other", 8, "int8")
+    vs.store(b"other", 0, 0, rows(40, 8))
+    vs.create(b"s", 8, "int8")
+    vs.store(b"s", 0, 0, rows(10, 8))
+    snap = vs.snapshot(b"s")
+    vs.store(b"s", 0, 30, rows(50, 8))  # 100 rows held in all: the budget is full
+    vs.restore(b"s", snap)
+    assert vs.vstore_bytes == 50 * row
+    # 90 more rows of s need exactly other's 40 (s itself is never a victim).
+    vs.store(b"s", 0, 10, rows(90, 8))
+    assert b"other" not in vs and vs.evictions == 1
+    assert vs.vstore_bytes == 100 * row
+
+
+def test_restore_and_replay_over_sparse_runs_rebuild_the_same_store() -> None:
+    journal = RecordingJournal()
+    vs = make_store(journal=journal)
+    vs.create(b"s", 8, "fp8")
+    vs.store(b"s", 0, 0, rows(10, 8, seed=1))
+    vs.store(b"s", 0, 40, rows(10, 8, seed=2))
+    snap = vs.snapshot(b"s")
+    vs.store(b"s", 0, 45, rows(20, 8, seed=3))
+    vs.store(b"s", 0, 90, rows(5, 8, seed=4))
+    vs.store(b"s", 1, 200, rows(5, 8, seed=5))
+    vs.restore(b"s", snap)
+    replayed = make_store()
+    for m in journal.records:
+        replayed.apply(m)
+    check_layers(replayed)
+    assert state_of(replayed) == state_of(vs)
+    loaded = make_store()  # a snapshot file's records: the held runs, then the VSNAP
+    for m in vs.dump():
+        loaded.apply(m)
+    assert state_of(loaded) == state_of(vs)
+    loaded.restore(b"s", snap)
     assert state_of(loaded) == state_of(vs)

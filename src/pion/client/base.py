@@ -63,6 +63,7 @@ __all__ = [
     "connection_options",
     "map_results",
     "operation",
+    "tls_options",
 ]
 
 P = ParamSpec("P")
@@ -112,6 +113,16 @@ def connection_options(
         "retry": Retry(NoBackoff(), 0) if retry is None else retry,
         **(extra or {}),
     }
+
+
+def tls_options(ssl: bool | Mapping[str, Any]) -> dict[str, Any]:
+    """redis-py's options for the client's ``ssl`` argument: ``{}`` for False,
+    ``ssl=True`` plus each ``key`` of a mapping as ``ssl_<key>``."""
+    if ssl is False:
+        return {}
+    if ssl is True:
+        return {"ssl": True}
+    return {"ssl": True, **{f"ssl_{key}": value for key, value in ssl.items()}}
 
 
 def map_results(results: Sequence[object]) -> list[object]:
@@ -237,14 +248,18 @@ class BasePromptCache(ABC, Generic[C]):
         timeout: float = 60.0,
         follow_redirects: bool = True,
         redis_options: Mapping[str, Any] | None = None,
+        ssl: bool | Mapping[str, Any] = False,
     ) -> None:
         """``host``/``port``: the server (Pion's default port 1974). ``password`` (and
         ``username``): AUTH on every new connection. ``vquant``: the storage format
         ``register`` uses when none is given (``fp16 int8 fp8 mlx4g32 turbo4 turbo3
         turbo2``). ``timeout``: seconds to connect and per reply. ``follow_redirects``:
         on ``session lives on worker N``, retry once on the worker's affinity port
-        ``port + 2 + N``. ``redis_options``: passed to redis-py's ``Redis`` (e.g.
-        ``ssl=True``)."""
+        ``port + 2 + N``. ``redis_options``: passed to redis-py's ``Redis``.
+        ``ssl``: connect over TLS (every port, affinity ports too): True verifies the
+        server against the system's CAs; a mapping gives redis-py's ``ssl_*`` options
+        without the prefix, e.g. ``{"ca_certs": "ca.pem", "certfile": "client.pem",
+        "keyfile": "client.key"}``."""
         self.host = host
         self.port = port
         self.vquant = vquant
@@ -252,7 +267,11 @@ class BasePromptCache(ABC, Generic[C]):
         self.cold_rehydrates_observed = 0
         self.redirects_followed = 0
         self._options = connection_options(
-            password, username, timeout, redis_options, retry=self._no_retry()
+            password,
+            username,
+            timeout,
+            {**tls_options(ssl), **(redis_options or {})},
+            retry=self._no_retry(),
         )
         # One connection (pool) per port: the given one, then each affinity port a
         # redirect led to. The first is made now so that a bad option fails here;

@@ -13,7 +13,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from types import MappingProxyType
 
-from pion.commands import attend, generic, persist, prefix, rollback, ssm, vstore
+from pion.commands import (
+    attend,
+    generic,
+    hashes,
+    keys,
+    persist,
+    prefix,
+    rollback,
+    ssm,
+    strings,
+    vstore,
+    zsets,
+)
 from pion.commands.state import Command, CommandTable
 
 __all__ = ["COMMAND_TABLE", "build_table"]
@@ -26,6 +38,10 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     persist.COMMANDS,
     attend.COMMANDS,
     ssm.COMMANDS,
+    keys.COMMANDS,
+    strings.COMMANDS,
+    hashes.COMMANDS,
+    zsets.COMMANDS,
 )
 
 

@@ -35,6 +35,7 @@ from pion.attend.queries import (
 )
 from pion.commands.args import Args
 from pion.commands.state import Command, Context, ServerState
+from pion.commands.workers import redirect_namespace
 from pion.errors import PionError
 from pion.prefix.registry import k_sid, v_sid
 from pion.resp.reply import Reply, Simple
@@ -251,6 +252,7 @@ def _warm(ctx: Context, args: Sequence[bytes]) -> Reply:
         if len(attend_sid) > MAX_SID_LEN:
             raise PionError(f"{cmd}: attend_sid length must be 1..{MAX_SID_LEN}")
     cur.expect_done()
+    redirect_namespace(ctx, ns, cmd)
     layers, skipped = warm(ctx.state, ns, h, d, attend_sid)
     return Simple(f"{layers} skipped_dim={skipped}" if skipped else str(layers))
 

@@ -179,6 +179,7 @@ def config(ctx: Context, args: Sequence[bytes]) -> Reply:
     if sub == "RESETSTAT" and cur.done():
         ctx.state.counters.reset()
         ctx.state.receipt.reset()
+        ctx.state.keyspace.reset_stats()
         return Simple("OK")
     raise PionError(
         f"unknown subcommand or wrong number of arguments for '{sub.lower()}'. Try CONFIG HELP."

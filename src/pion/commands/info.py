@@ -1,6 +1,6 @@
 """INFO: the server's state as ``name:value`` lines grouped in ``# Section`` blocks.
 
-Sections: Server, Clients, Memory, Persistence, Stats, Pion, Keyspace. ``INFO`` and
+Sections: Server, Clients, Memory, Persistence, Stats, Pion, Tier, Keyspace. ``INFO`` and
 ``INFO default``/``all``/``everything`` give all of them; ``INFO <section>...`` those
 named (case-insensitive); an unknown section gives an empty reply, as in Redis.
 
@@ -37,7 +37,7 @@ from pion.resp.reply import Reply, Verbatim
 __all__ = ["MAXMEMORY_POLICY", "bytes_to_human", "info_command", "memory_usage", "rss_bytes"]
 
 # Redis's name for what the V-store does when over a limit: evict the least recently
-# used namespace, whatever it is.
+# used namespace, whatever it is. Plain keys are never evicted (docs/keyspace.md).
 MAXMEMORY_POLICY = "allkeys-lru"
 
 
@@ -139,6 +139,7 @@ def _memory(ctx: Context) -> list[str]:
         f"maxmemory_policy:{MAXMEMORY_POLICY}",
         f"vstore_bytes:{vs.vstore_bytes}",
         f"vstore_bytes_allocated:{vs.bytes_allocated}",
+        f"keyspace_bytes:{ctx.state.keyspace.used_bytes}",
         # Redis's name: every client's query buffer and unsent replies, measured now.
         f"mem_clients_normal:{measure() if measure is not None else 0}",
         f"maxmemory_clients:{ctx.state.config.maxmemory_clients}",
@@ -165,6 +166,7 @@ def _stats(ctx: Context) -> list[str]:
     c = ctx.state.counters
     vs = ctx.state.vstore
     tables = ctx.state.attention
+    ks = ctx.state.keyspace
     return [
         f"total_connections_received:{c.total_connections_received}",
         f"total_commands_processed:{c.total_commands_processed}",
@@ -181,6 +183,9 @@ def _stats(ctx: Context) -> list[str]:
         f"sdpa_rehydrates:{tables.rehydrates}",
         f"sdpa_cold_forgotten:{tables.forgotten}",
         f"ssm_entries:{len(ctx.state.ssm)}",
+        f"expired_keys:{ks.expired_keys}",
+        f"keyspace_hits:{ks.hits}",
+        f"keyspace_misses:{ks.misses}",
     ]
 
 
@@ -188,9 +193,18 @@ def _pion(ctx: Context) -> list[str]:
     return ctx.state.receipt.info_lines()
 
 
+def _tier(ctx: Context) -> list[str]:
+    tier = ctx.state.tier
+    return ["tier_enabled:0"] if tier is None else tier.info_lines()
+
+
 def _keyspace(ctx: Context) -> list[str]:
-    # The plain keyspace is empty: V-store sessions are counted by KV.PREFIX.INFO.
-    return []
+    # Redis's line for database 0, left out while it is empty (as Redis does). Only the
+    # plain keyspace: V-store sessions are counted by KV.PREFIX.INFO.
+    ks = ctx.state.keyspace
+    if not len(ks):
+        return []
+    return [f"db0:keys={len(ks)},expires={ks.volatile},avg_ttl={ks.avg_ttl()}"]
 
 
 _SECTIONS: dict[str, tuple[str, Callable[[Context], list[str]]]] = {
@@ -200,6 +214,7 @@ _SECTIONS: dict[str, tuple[str, Callable[[Context], list[str]]]] = {
     "persistence": ("Persistence", _persistence),
     "stats": ("Stats", _stats),
     "pion": ("Pion", _pion),
+    "tier": ("Tier", _tier),
     "keyspace": ("Keyspace", _keyspace),
 }
 _ALL = ("default", "all", "everything")

@@ -16,8 +16,15 @@ from pion.codecs import FORMAT_NAMES, SCHEMA_ONLY_FORMATS
 from pion.commands.args import Args
 from pion.commands.state import Command, Context
 from pion.commands.vstore import format_name
+from pion.commands.workers import (
+    directory_fields,
+    owner_of,
+    redirect_namespace,
+    redirect_namespaces,
+)
 from pion.errors import PionError
 from pion.resp.reply import Reply, Simple
+from pion.wire import namespace_sids
 
 __all__ = ["COMMANDS"]
 
@@ -90,35 +97,39 @@ def _register(ctx: Context, args: Sequence[bytes]) -> Reply:
             prefill_ms = _prefill_ms(cur, cmd)
         else:
             raise PionError(f"{cmd}: unknown option '{opt or '?'}'")
+    if ctx.state.tier is not None:  # keep the layout another node registered
+        ctx.state.tier.ensure_local(namespace_sids(ns), required=False)
     ctx.state.registry.register(ns, kv_dim, vquant, blocks, prefill_ms)
     return Simple("OK")
 
 
 def _lookup(ctx: Context, args: Sequence[bytes]) -> Reply:
     cmd = "KV.PREFIX.LOOKUP"
+    tokens: int | None = None
+    prefill_ms: int | None = None
     if len(args) == 1:
-        # The form routers probe with, many times a second: nothing is allocated
-        # here beyond the reply, which is a constant.
+        # The form routers probe with, many times a second: no cursor, and nothing is
+        # allocated beyond the reply, which is a constant.
         ns = args[0]
         if not 1 <= len(ns) <= MAX_NS_LEN:
             raise PionError(f"{cmd}: ns_key length must be 1..{MAX_NS_LEN}")
-        return _HIT if ctx.state.registry.lookup(ns, None, None) else _MISS
-    cur = Args(args, cmd)
-    ns = _ns(cur, cmd)
-    tokens: int | None = None
-    prefill_ms: int | None = None
-    while not cur.done():
-        opt = cur.keyword()
-        if cur.done():
-            raise PionError(f"{cmd}: {opt or 'option'} requires a value")
-        if opt == "TOKENS":
-            tokens = cur.integer(
-                "TOKENS", 0, MAX_TOKENS, f"{cmd}: TOKENS out of range (0..{MAX_TOKENS})"
-            )
-        elif opt == "PREFILL_MS":
-            prefill_ms = _prefill_ms(cur, cmd)
-        else:
-            raise PionError(f"{cmd}: unknown option '{opt or '?'}'")
+    else:
+        cur = Args(args, cmd)
+        ns = _ns(cur, cmd)
+        while not cur.done():
+            opt = cur.keyword()
+            if cur.done():
+                raise PionError(f"{cmd}: {opt or 'option'} requires a value")
+            if opt == "TOKENS":
+                tokens = cur.integer(
+                    "TOKENS", 0, MAX_TOKENS, f"{cmd}: TOKENS out of range (0..{MAX_TOKENS})"
+                )
+            elif opt == "PREFILL_MS":
+                prefill_ms = _prefill_ms(cur, cmd)
+            else:
+                raise PionError(f"{cmd}: unknown option '{opt or '?'}'")
+    if ctx.state.tier is not None:
+        ctx.state.tier.before_lookup(ns)
     return _HIT if ctx.state.registry.lookup(ns, tokens, prefill_ms) else _MISS
 
 
@@ -126,18 +137,24 @@ def _drop(ctx: Context, args: Sequence[bytes]) -> Reply:
     cmd = "KV.PREFIX.DROP"
     cur = Args(args, cmd)
     namespaces = [_ns(cur, cmd) for _ in range(len(args))]
-    return sum(ctx.state.registry.drop(ns) for ns in dict.fromkeys(namespaces))
+    redirect_namespaces(ctx, namespaces, cmd)
+    tier = ctx.state.tier
+    return sum(
+        (tier is not None and tier.before_drop(ns)) | ctx.state.registry.drop(ns)
+        for ns in dict.fromkeys(namespaces)
+    )
 
 
 def _owner(ctx: Context, args: Sequence[bytes]) -> Reply:
     ns = _ns(Args(args, "KV.PREFIX.OWNER"), "KV.PREFIX.OWNER")
-    if ctx.state.registry.holds_any(ns):
-        return Simple(str(ctx.state.config.worker_id))
-    return Simple("-1")
+    return Simple(str(owner_of(ctx, ns)))
 
 
 def _blocks(ctx: Context, args: Sequence[bytes]) -> Reply:
     ns = _ns(Args(args, "KV.PREFIX.BLOCKS"), "KV.PREFIX.BLOCKS")
+    redirect_namespace(ctx, ns, "KV.PREFIX.BLOCKS")
+    if ctx.state.tier is not None:
+        ctx.state.tier.ensure_local(namespace_sids(ns)[:1], required=True)
     table = ctx.state.registry.block_table(ns)
     if table is None:
         return _UNKNOWN
@@ -151,6 +168,9 @@ def _membership(ctx: Context, args: Sequence[bytes]) -> Reply:
     cur = Args(args, cmd)
     ns = _ns(cur, cmd)
     probes = _hash_blob(cur, cmd, f"hash_count out of range (0..{MAX_HASH_COUNT})")
+    redirect_namespace(ctx, ns, cmd)
+    if ctx.state.tier is not None:
+        ctx.state.tier.ensure_local(namespace_sids(ns)[:1], required=True)
     table = ctx.state.registry.block_table(ns)
     if table is None:
         return _UNKNOWN
@@ -175,10 +195,7 @@ def _info(ctx: Context, args: Sequence[bytes]) -> Reply:
         ("wal_bytes", wal.get("wal_bytes", 0)),
         ("wal_appended", wal.get("wal_appended", 0)),
         ("wal_replayed", wal.get("wal_replayed", 0)),
-        # Single-worker server: no cross-worker directory.
-        ("directory_enabled", 0),
-        ("my_worker_id", state.config.worker_id),
-        ("directory_entries", 0),
+        *directory_fields(state),
         # The attention tier's slot tables (docs/attention.md).
         ("sdpa_warm", state.attention.warm_count),
         ("sdpa_cold", state.attention.cold_count),
@@ -195,8 +212,13 @@ def _pion_stats(ctx: Context, args: Sequence[bytes]) -> Reply:
         if cur.peek_keyword() != "RESET" or len(cur) != 1:
             raise PionError("PION.STATS: unknown subcommand (want RESET)")
         ctx.state.receipt.reset()
+        if ctx.state.tier is not None:
+            ctx.state.tier.reset_stats()
         return Simple("OK")
-    return {k: v for k, v in ctx.state.receipt.pairs().items()}
+    pairs: dict[str | bytes, Reply] = {k: v for k, v in ctx.state.receipt.pairs().items()}
+    if ctx.state.tier is not None:  # only with --tier: the sixteen stay Pion's
+        pairs.update(ctx.state.tier.stats_pairs())
+    return pairs
 
 
 COMMANDS: list[Command] = [

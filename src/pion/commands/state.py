@@ -18,15 +18,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pion.attend import AttentionTables, SsmStore
 from pion.commands.deferred import Deferred
 from pion.config import ServerConfig
+from pion.keyspace import Keyspace
 from pion.prefix.receipt import Receipt
 from pion.prefix.registry import PrefixRegistry
 from pion.resp.reply import Reply
 from pion.vstore import VStore
+
+if TYPE_CHECKING:  # imported only where --tier is given (it pulls in redis-py)
+    from pion.tier import Tier
 
 __all__ = [
     "ClientState",
@@ -115,6 +119,10 @@ class ServerState:
     kill_client: Callable[[int], bool] | None = None
     # Installed by the server: bytes all clients' query and reply buffers hold now.
     client_memory: Callable[[], int] | None = None
+    # The shared second tier (--tier), started after recovery; None without one.
+    tier: Tier | None = None
+    # The plain keyspace (strings, hashes, sorted sets), beside the V-store.
+    keyspace: Keyspace = field(default_factory=Keyspace)
     # Built from vstore and receipt: the KV.PREFIX registry over them.
     registry: PrefixRegistry = field(init=False)
     # Built from config: the attention tier's slot tables and the SSM state blobs.
@@ -128,6 +136,12 @@ class ServerState:
             cfg.attend_warm_slots, cfg.attend_cold_slots, cfg.attend_maxmemory
         )
         self.ssm = SsmStore(cfg.ssm_maxmemory)
+        # One --maxmemory for both stores: the V-store counts the keyspace's bytes, and
+        # a key write makes room by evicting V-store namespaces (keys are never
+        # evicted; when that is not enough the write answers -OOM).
+        keyspace = self.keyspace
+        self.vstore.external_bytes = lambda: keyspace.used_bytes
+        keyspace.budget = self.vstore.make_room
 
     def uptime(self) -> int:
         return int(time.monotonic() - self.started_monotonic)

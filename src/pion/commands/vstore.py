@@ -1,5 +1,6 @@
 """V-store commands: ``V.CREATE``, ``V.STOREBATCH``, ``V.FETCH``, ``V.INFO``
-(``V.SNAPSHOT``/``V.RESTORE``/``V.COMMIT`` are in ``rollback.py``).
+(docs/protocol.md, "V-store"; ``V.SNAPSHOT``/``V.RESTORE``/``V.COMMIT`` are in
+``rollback.py``).
 
 Handlers parse and bound every argument with the ``Args`` cursor before touching the
 store, then call :class:`pion.vstore.VStore`. Sizes are declared, never inferred: a
@@ -24,6 +25,12 @@ Where Pion is silent or lax, we choose (and the tests pin):
   session's layer count), ``$-1`` for a layer absent or empty; the error
   ``session has no stored layers`` when the session holds no rows at all.
 - The legacy id list answers ``$-1`` when no id names a held row.
+- ``RANGE``/``BATCH`` replies pad rows never written (past a layer's ``tpl``, or in a
+  hole) with zeros, as Pion does, but a reply may carry at most as many bytes of such
+  zeros as of held rows (or 1 MiB, whichever is larger; ``pion.vstore.store``): a
+  range far past the stored rows is an error naming both sizes, never a huge reply of
+  zeros. Writes past a layer's end are accepted, as Pion accepts them; the hole costs
+  nothing (``pion.vstore.layer``).
 - ``bf16_rope_fp8_body`` exists only per layer (``fmt=bf16_rope_fp8_body,dim=D,rope=R``,
   ``1 <= R < D``); ``VQUANT bf16_rope_fp8_body`` is refused naming SCHEMA, and
   ``rope=`` with any other format is refused (Pion ignores it there).
@@ -43,6 +50,7 @@ from pion.codecs import ALL_FORMAT_NAMES, FORMAT_NAMES, SCHEMA_ONLY_FORMATS, Cod
 from pion.commands.args import Args, parse_int
 from pion.commands.deferred import Deferred, LazyBulk, Offload, Stream
 from pion.commands.state import Command, Context
+from pion.commands.workers import redirect_session
 from pion.errors import PionError
 from pion.resp.decoder import SCRATCH_BYTES
 from pion.resp.reply import Reply, Simple
@@ -105,6 +113,13 @@ def format_name(raw: bytes, names: tuple[str, ...] = FORMAT_NAMES) -> str | None
     return name if name in names else None
 
 
+def _from_tier(ctx: Context, sid: bytes, *, required: bool) -> None:
+    """With ``--tier``: a session this worker does not hold is filled from the tier
+    first. ``required``: the command cannot answer without it (see pion.tier)."""
+    if ctx.state.tier is not None:
+        ctx.state.tier.ensure_local((sid,), required=required)
+
+
 def _bulk(ctx: Context, array: npt.NDArray[np.generic]) -> memoryview:
     """A flat byte view of a fetched array (no copy for a C-contiguous one), counted in
     the receipt's bytes served."""
@@ -150,6 +165,7 @@ def v_create(ctx: Context, argv: Sequence[bytes]) -> Reply:
                 )
             raise PionError(f"V.CREATE: unknown VQUANT format '{_show(raw)}' (want {_WANT})")
         fmt = named
+    _from_tier(ctx, sid, required=False)
     return ctx.state.vstore.create(sid, dim, fmt)
 
 
@@ -174,6 +190,7 @@ def _create_schema(ctx: Context, a: Args, sid: bytes, default_dim: int) -> Reply
     ]
     schema = [(fmt, dim) for fmt, dim, _ in specs]
     ropes = [rope for _, _, rope in specs]
+    _from_tier(ctx, sid, required=False)
     return ctx.state.vstore.create_schema(sid, default_dim, schema, ropes)
 
 
@@ -278,6 +295,8 @@ def _storebatch_args(
             raise PionError("V.STOREBATCH: unknown option (expected FMT F16)")
         f16 = width == b"F16"
     vs = ctx.state.vstore
+    redirect_session(ctx, sid, "V.STOREBATCH")
+    _from_tier(ctx, sid, required=True)
     dim, codec = vs.layer_layout(sid, layer)  # session not found / layer out of range
     if start < 0 or count < 1:
         raise PionError("V.STOREBATCH: invalid start/count (start >= 0, count >= 1)")
@@ -304,6 +323,7 @@ def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
     vs = ctx.state.vstore
     a = Args(argv, "V.FETCH")
     sid = a.arg("session_id")
+    redirect_session(ctx, sid, "V.FETCH")
     if a.peek_keyword() == "BATCH":
         a.arg()
         start = a.integer("start")
@@ -316,6 +336,7 @@ def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
             raise PionError("V.FETCH BATCH invalid range: end must exceed start (>=0)")
         if num_layers is not None and not 1 <= num_layers <= limits.max_layers:
             raise PionError(f"V.FETCH BATCH: num_layers out of range (1..{limits.max_layers})")
+        _from_tier(ctx, sid, required=True)
         layers = vs.fetch_batch_pieces(sid, start, end, num_layers, native=native)
         if layers is None:
             raise PionError("V.FETCH BATCH: session has no stored layers")
@@ -328,6 +349,7 @@ def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
         native = _fetch_options(a)
         if start < 0 or end <= start:
             raise PionError("invalid RANGE: end must exceed start (>=0)")
+        _from_tier(ctx, sid, required=True)
         rows = vs.fetch_range_pieces(sid, layer, start, end, native=native)
         return None if rows is None else _rows_reply(ctx, [rows], array=False)
     raw_ids = a.rest()
@@ -336,6 +358,7 @@ def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
     if any(raw.upper() == b"FMT" for raw in raw_ids):
         raise PionError(_NATIVE_ERROR)
     ids = [parse_int(raw, "id") for raw in raw_ids]
+    _from_tier(ctx, sid, required=True)
     found = vs.fetch_ids(sid, layer, ids)
     return None if found is None else _bulk(ctx, found)
 
@@ -389,6 +412,8 @@ def v_info(ctx: Context, argv: Sequence[bytes]) -> Reply:
         return "".join(f"{line}\r\n" for line in lines).encode()
     sid = a.arg("session_id")
     a.expect_done()
+    redirect_session(ctx, sid, "V.INFO")
+    _from_tier(ctx, sid, required=True)
     info = vs.describe(sid)
     hetero = info.heterogeneous
     lines = [

@@ -4,7 +4,8 @@
 :func:`check_file` reads a file end to end (every CRC, every sequence number, every
 payload decoded) and reports what it holds and where the first problem is.
 :func:`fix_file` cuts a damaged log at the first bad record, which is what recovery
-does by itself for a torn tail and refuses to do for corruption before the tail.
+does by itself for a torn write (an incomplete last record) and refuses to do for
+corruption (a complete record that fails its checksum, or damage before the end).
 Snapshots are checked but never cut: a snapshot without its END record is useless.
 """
 

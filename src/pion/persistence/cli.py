@@ -33,7 +33,12 @@ def _describe(rep: CheckReport) -> list[str]:
         lines.append(f"  problem: {rep.fatal}")
     elif rep.damage is not None:
         d = rep.damage
-        kind = "torn tail" if d.torn else "corruption before the end of the log"
+        if d.torn:
+            kind = "torn write (an incomplete last record; startup cuts it by itself)"
+        elif d.next_valid >= 0:
+            kind = "corruption before the end of the log"
+        else:
+            kind = "corruption (a complete last record that fails its checksum)"
         lines.append(f"  problem: {kind} at offset {d.offset}: {d.reason}")
         if rep.after_damage:
             lines.append(

@@ -6,16 +6,29 @@ It owns the data directory of its worker (an exclusive ``flock`` on
 ``pion.lock.<w>`` keeps a second server off the same files), recovery at start, the
 write-ahead log, snapshots, ``--save-interval`` and the way back from a failure.
 
-Failure and the way back. When the log fails (a write, an fsync, a rename that cannot
-be made durable) writes are refused with ``-MISCONF`` and reads keep working. The log
-file is then never trusted again: after a failed fsync the kernel may have dropped the
-dirty pages and cleared the error, so a later fsync that succeeds proves nothing. The
-only source of truth left is memory, so the way back is a full snapshot written from
-memory followed by a brand-new log. A once-a-second probe on the loop tries that when
-the file system reports room for it (``statvfs`` free space >= what the store holds
-plus a margin); a failed attempt backs off (2, 4 ... 30 s). ``KV.PREFIX.SAVE`` tries
-it at once. Under ``--no-wal`` nothing is promised between snapshots, so a failed
-snapshot is reported to its caller and in INFO but does not refuse writes.
+Failure and the way back (the two kinds are described in ``wal.py``).
+
+Out of space: the log is blocked, not failed. Writes answer ``-MISCONF`` (naming the
+bytes the refused record needs and the bytes free) and reads keep working; a client's
+drop (``KV.PREFIX.DROP``, ``SSM.PREFIX.DROP``) is still tried, since it is small and
+dropping data is how an operator makes room for a snapshot. So the dispatcher is not
+asked to refuse writes (:meth:`Persistence.write_refusal` is None): each mutation, of
+whichever store, reaches the shared log, which refuses all but drops. A once-a-second
+probe unblocks the log when ``statvfs`` reports room for the refused record plus a
+margin, and appending resumes on the same file: no snapshot, however much data the
+stores hold. If writes fail again right away (a quota ``statvfs`` does not show), the
+probe backs off (2, 4 ... 30 s).
+
+Anything else (an fsync, an I/O error, a rename that cannot be made durable): writes
+are refused with ``-MISCONF`` by the dispatcher and reads keep working. The log file is
+then never trusted again: after a failed fsync the kernel may have dropped the dirty
+pages and cleared the error, so a later fsync that succeeds proves nothing. The only
+source of truth left is memory, so the way back is a full snapshot written from memory
+followed by a brand-new log. The probe tries that when the file system reports room for
+it (free space >= what the stores hold plus a margin; the log says how much that is); a
+failed attempt backs off likewise. ``KV.PREFIX.SAVE`` tries it at once (and also ends a
+block). Under ``--no-wal`` nothing is promised between snapshots, so a failed snapshot
+is reported to its caller and in INFO but does not refuse writes.
 """
 
 from __future__ import annotations
@@ -54,6 +67,11 @@ _MAX_BACKOFF_S = 30.0
 # Room a re-established snapshot needs beyond the stored bytes: headers, records and
 # the new log's header, with slack for the file system's own blocks.
 _SAVE_MARGIN = 1 << 20
+# Room beyond the refused record before a blocked log resumes, so that it does not
+# resume only to fill the disk again with the next small write.
+_ROOM_MARGIN = 1 << 20
+# How often the probe repeats "still no room" in the log while the disk stays full.
+_SPACE_LOG_S = 60.0
 # Why KV.PREFIX.COMMIT cannot be served under --no-wal.
 NO_WAL = "the write-ahead log is disabled (--no-wal); use KV.PREFIX.SAVE for a snapshot"
 
@@ -112,6 +130,8 @@ class Persistence:
         self._last_save_mono = time.monotonic()
         self._probe_at = 0.0
         self._backoff = _TICK_S
+        self._space_logged = -_SPACE_LOG_S  # monotonic time of the last "no room" line
+        self._appended_at_unblock = -1  # WAL appends when it was last unblocked
         self._tick_handle: asyncio.TimerHandle | None = None
 
     # -- start -----------------------------------------------------------------------
@@ -153,6 +173,9 @@ class Persistence:
         self.recovered = res
         self.snapshot_bytes = res.snapshot_bytes
         self._base_seq = res.last_seq
+        for store in self.stores:
+            if store.name in res.started_empty:
+                self._record_reset_recipe(store, res.last_seq)
         if self.wal is not None:
             if res.wal_action == "continue":
                 self.wal.open(res.wal_bytes, res.last_seq)
@@ -173,6 +196,26 @@ class Persistence:
             res.seconds,
         )
 
+    def _record_reset_recipe(self, store: DurableStore, covered: int) -> None:
+        """``store`` started empty without its snapshot (the reset recipe). Its empty
+        snapshot, covering ``covered``, is written before the log is reset: otherwise a
+        new log starting past 1 (another store's snapshot keeps the numbering) would read
+        at the next start as needing the removed file."""
+        path = store_snapshot_path(self.dir, store.name, self.worker)
+        try:
+            write_frames(store.frames(), store.unit_ops, path, SnapshotHeader(self.worker, covered))
+        except OSError as exc:
+            raise recovery.RecoveryError(
+                f"starting the {store.name} empty: cannot write its empty snapshot "
+                f"{path}: {exc.strerror or exc}"
+            ) from None
+        log.warning(
+            "wrote an empty %s snapshot %s covering record %d (the reset recipe)",
+            store.name,
+            path,
+            covered,
+        )
+
     def start(self) -> None:
         """Start the once-a-second tick (save interval, failure probe) on this loop."""
         self._schedule()
@@ -185,9 +228,13 @@ class Persistence:
     def _tick(self) -> None:
         try:
             now = time.monotonic()
-            if self.wal is not None and self.wal.failure is not None:
+            wal = self.wal
+            if wal is not None and wal.failure is not None:
                 if now >= self._probe_at:
                     self._probe()
+            elif wal is not None and wal.blocked is not None:
+                if now >= self._probe_at:
+                    self._probe_room(now)
             elif (
                 self.save_interval > 0
                 and self.changes
@@ -203,7 +250,9 @@ class Persistence:
 
     def _probe(self) -> None:
         need = sum(s.held_bytes() for s in self.stores) + _SAVE_MARGIN
-        if shutil.disk_usage(self.dir).free < need:
+        free = shutil.disk_usage(self.dir).free
+        if free < need:
+            self._log_no_room("a snapshot of every store (the log failed)", need, free)
             return
         try:
             self.save(None)
@@ -214,6 +263,42 @@ class Persistence:
             return
         self._backoff = _TICK_S
         log.warning("persistence restored: snapshot and a new log written; accepting writes")
+
+    def _probe_room(self, now: float) -> None:
+        """Unblock an out-of-space log once its file system has room again."""
+        wal = self.wal
+        if wal is None or wal.blocked is None:
+            return
+        if 0 <= self._appended_at_unblock < wal.appended:
+            self._backoff = _TICK_S  # the last unblock held: writes went through
+        need = wal.needed + _ROOM_MARGIN
+        free = shutil.disk_usage(self.dir).free
+        if free < need:
+            self._log_no_room("the refused log record", need, free)
+            return
+        wal.unblock()
+        self._appended_at_unblock = wal.appended
+        # Should writes fail again at once (a quota statvfs does not show), wait longer.
+        self._probe_at = now + self._backoff
+        self._backoff = min(self._backoff * 2, _MAX_BACKOFF_S)
+        log.warning(
+            "write-ahead log %s has room again (%d bytes free, %d needed); accepting writes",
+            self.wal_path,
+            free,
+            need,
+        )
+
+    def _log_no_room(self, what: str, need: int, free: int) -> None:
+        now = time.monotonic()
+        if now - self._space_logged >= _SPACE_LOG_S:
+            self._space_logged = now
+            log.warning(
+                "writes stay refused: %s needs %d bytes free in %s, %d are (checked every second)",
+                what,
+                need,
+                self.dir,
+                free,
+            )
 
     # -- the journal -----------------------------------------------------------------
 
@@ -231,6 +316,8 @@ class Persistence:
     # -- Durability ------------------------------------------------------------------
 
     def write_refusal(self) -> str | None:
+        # A blocked log (out of space) refuses mutations itself, so that drops can
+        # still go through; only a failed log makes the dispatcher refuse every write.
         if self.wal is not None and self.wal.failure is not None:
             return self.wal.refusal()
         return None
@@ -340,7 +427,7 @@ class Persistence:
 
     def info(self) -> dict[str, int | str]:
         wal = self.wal
-        ok = "ok" if wal is None or wal.failure is None else "err"
+        ok = "ok" if wal is None or (wal.failure is None and wal.blocked is None) else "err"
         return {
             "wal_enabled": int(wal is not None),
             "wal_bytes": wal.size if wal is not None else 0,
@@ -349,6 +436,8 @@ class Persistence:
             "wal_seq": wal.last_seq if wal is not None else self._base_seq,
             "appendfsync": self.policy,
             "wal_status": ok,
+            # Out of space: the size of the refused record (0 when not blocked).
+            "wal_blocked_bytes": wal.needed if wal is not None and wal.blocked else 0,
             "snapshot_bytes": self.snapshot_bytes,
             "recovery_ms": int(self.recovered.seconds * 1000),
             # The Redis names monitoring tools already read.

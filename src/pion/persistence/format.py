@@ -74,13 +74,23 @@ Op-code ranges, one per store, frozen (``stores.py``): 1..15 the V-store (above)
 16..31 the plain keyspace (specified in ``keyspace_format.py``), 32..47 SSM and
 attention state, 127 END. Every store's records share this framing and the log's one
 sequence; each store has its own snapshot file, ``pion.<store>.<w>``, with the header
-above.
+above; END counts the store's units (V-store: sessions, opened by CREATE or
+CREATE_ROPES).
 
 A V-store snapshot is SNAPIDS (when an id was ever issued), then per session in LRU
-order (least recent first, so loading restores the order): CREATE, one or more STOREs
-per layer holding rows 0..tpl in pieces of at most SNAPSHOT_CHUNK bytes (highest rows
-first, so the first piece sizes the layer's buffer exactly), BLOCKS when the session
-has a table, one VSNAP per live rollback snapshot; then END and end of file.
+order (least recent first, so loading restores the order): CREATE (or CREATE_ROPES),
+one or more STOREs per layer holding the layer's held runs of rows (holes, rows never
+written, are not written), each run in pieces of at most SNAPSHOT_CHUNK bytes, highest
+rows first; BLOCKS when the session has a table; one VSNAP per live rollback snapshot;
+then END and end of file. VSNAP follows the rows, so loading it only records lengths.
+
+Version. Both files are version 1, and version 1 is the V-store's ops 1..9, the other
+stores' ops (specified in their own modules, e.g. ``ssm_durable.py``) and END, with
+their payloads. Ops are only ever added (never changed or renumbered); a reader meets
+an op it does not know as a named error (``unknown op code``), never as a misread.
+Holes need no new op: a STORE has always carried its ``start``, so a snapshot of held
+runs is read by any version 1 reader. The version changes only when an existing layout
+does.
 
 Records hold no Python objects; this module turns them into the store's mutations
 (:mod:`pion.vstore.mutations`) and back. Reading them from files is ``reader.py``.
@@ -135,6 +145,7 @@ __all__ = [
     "encode_frame",
     "encode_record",
     "op_of",
+    "store_span",
     "vstore_payload",
 ]
 
@@ -514,3 +525,20 @@ def decode_mutation(op: int, payload: Buffer) -> Mutation:
         raise FormatError(f"unknown op code {op}")
     cur.done()
     return m
+
+
+# The most bytes of a STORE payload that hold its fixed fields (sid, layer, rows).
+STORE_PREFIX: Final = _SID.size + MAX_SID_LEN + _STORE.size
+
+
+def store_span(prefix: Buffer) -> tuple[bytes, int, int, int] | None:
+    """``(sid, layer, start, count)`` from the first bytes (up to :data:`STORE_PREFIX`)
+    of a STORE payload, or None when they do not parse. Reads no rows and checks no
+    CRC: for sizing hints only (``snapshot.run_hints``)."""
+    try:
+        cur = _Cursor(memoryview(prefix).cast("B"))
+        sid = cur.sid()
+        layer, start, count, _, _, _ = cur.unpack(_STORE)
+    except FormatError:
+        return None
+    return sid, layer, start, count

@@ -1,18 +1,22 @@
 """Reading records back: one sequential reader shared by recovery, snapshot loading
-and ``pion check-wal``, and the rule that tells a torn tail from corruption.
+and ``pion check-wal``, and the rule that tells a torn write from corruption.
 
-A crash can only damage the end of the log: records are appended in order, so what a
-killed process or a power cut leaves is a last record cut short or, after power loss,
-trailing blocks of zeros or stale bytes. Damage *followed by a valid record* cannot come
-from a crash; it is corruption, and replaying past it (or cutting it off) would
-silently lose acknowledged writes. So at the first bad record the reader looks ahead:
+A crash can only damage the end of the log, and only by leaving it *incomplete*:
+records are appended in order, so what a killed process or a power cut leaves is a
+last record cut short or, after power loss, trailing blocks of zeros or stale bytes.
+Such a record was never wholly fsynced, so under ``appendfsync always`` its reply was
+never sent. A record that is *complete* (all its bytes are there) but fails its
+checksum is different: it was written whole, may have been fsynced and acknowledged,
+and damaged since; cutting it would silently drop an acknowledged write. So is damage
+followed by a valid record. Both are corruption. At the first bad record:
 
-* header CRC intact (the length is then trustworthy): the record is torn if it runs
-  past the end of the file, or if it is the file's last record and its payload CRC
-  fails; a bad payload CRC with bytes after it is corruption;
-* header CRC bad (the length is unknown): torn unless a valid record header with a
+* header CRC intact (the length is then trustworthy): *torn* if it runs past the end of
+  the file; a payload CRC mismatch is corruption, last record or not;
+* header CRC bad (the length is unknown): corruption if a valid record header with a
   plausible sequence number starts somewhere after it (found with ``mmap.find`` on the
-  sequence number bytes, so the look-ahead costs little even in a large file).
+  sequence number bytes, so the look-ahead costs little even in a large file), or if
+  the bytes to the end of the file form a complete record whose payload CRC holds (the
+  last record, complete, with a damaged header); otherwise torn.
 
 Large payloads are read into one reused buffer and checksummed where they lie; the
 store copies them once into its layer buffers (``bench/persistence.py`` compares the
@@ -103,7 +107,13 @@ def read_records(
     while offset < size:
         head = f.read(_HEAD)
         if len(head) < _HEAD:
-            raise _damage(f, offset, size, seq, f"{size - offset} trailing bytes, not a record")
+            raise _damage(
+                f,
+                offset,
+                size,
+                seq,
+                f"incomplete final record: {size - offset} bytes, less than a header",
+            )
         length, op, rseq = RECORD_HEAD.unpack_from(head)
         if crc32c(head[: RECORD_HEAD.size]) != _U32.unpack_from(head, RECORD_HEAD.size)[0]:
             raise _damage(f, offset, size, seq, "record header checksum mismatch")
@@ -118,7 +128,12 @@ def read_records(
         end = offset + RECORD_OVERHEAD + length
         if end > size:
             raise LogDamage(
-                Damage(offset, f"record of {length} bytes cut short at end of file", torn=True)
+                Damage(
+                    offset,
+                    f"incomplete final record: {size - offset} of its "
+                    f"{RECORD_OVERHEAD + length} bytes",
+                    torn=True,
+                )
             )
         payload: Buffer
         if length <= _SMALL:
@@ -136,16 +151,43 @@ def read_records(
         if got != length or len(tail) != 4:
             raise LogDamage(Damage(offset, "file shrank while being read", torn=True))
         if crc32c(payload) != _U32.unpack(tail)[0]:
-            torn = end == size
-            where = "last record" if torn else "record"
-            raise LogDamage(Damage(offset, f"{where} payload checksum mismatch", torn=torn))
+            if end == size:
+                reason = "payload checksum mismatch in the last record, complete,"
+                raise LogDamage(Damage(offset, reason, torn=False))
+            nxt = find_valid_record(f, end, size, seq + 1)
+            reason = "payload checksum mismatch in a complete record"
+            raise LogDamage(Damage(offset, reason, torn=False, next_valid=nxt))
         yield Record(offset, op, rseq, payload)
         offset = end
         seq += 1
 
 
+def _complete_tail(f: BinaryIO, offset: int, size: int) -> bool:
+    """Whether the bytes from ``offset`` to the end of the file are a complete record
+    whose payload CRC holds (its header aside): a torn write cannot produce that."""
+    length = size - offset - RECORD_OVERHEAD
+    if not 0 <= length <= MAX_PAYLOAD:
+        return False
+    f.seek(offset + _HEAD)
+    crc = 0
+    left = length
+    while left:
+        chunk = f.read(min(left, 1 << 20))
+        if not chunk:
+            return False
+        crc = crc32c(chunk, crc)
+        left -= len(chunk)
+    tail = f.read(4)
+    return len(tail) == 4 and crc == _U32.unpack(tail)[0]
+
+
 def _damage(f: BinaryIO, offset: int, size: int, seq: int, reason: str) -> LogDamage:
+    """Damage where the length is unknown: corruption if a valid record follows or the
+    rest of the file is one complete record, else a torn write."""
     nxt = find_valid_record(f, offset + 1, size, seq)
+    if nxt < 0 and _complete_tail(f, offset, size):
+        reason += " in the last record, whose payload is complete and intact"
+        return LogDamage(Damage(offset, reason, torn=False))
     return LogDamage(Damage(offset, reason, torn=nxt < 0, next_valid=nxt))
 
 

@@ -12,20 +12,24 @@ Order and rules:
    replays all of it. If the log starts later, a SAVE completed and wrote every
    store's file; so when the V-store's file (which every Pion data directory has) is
    there and another store's is not, that store did not exist then (a directory
-   written before it): it counts as covered like the V-store's, with a warning. A
-   missing V-store file with a reset log is a lost snapshot and stops startup.
+   written before it): it counts as covered like the V-store's, with a warning.
 3. The log is replayed from its header's ``start``, each record into the store that
    owns its op code. A record with ``seq <=`` its store's ``covered`` is already in
    that store's snapshot (a crash hit between the renames of SAVE and the log's reset)
    and is skipped, never applied twice. A log starting after the oldest ``covered + 1``
-   has lost records and stops startup, with one exception: the V-store's snapshot
-   file is missing and the log holds no records. That is the reset recipe (delete the
-   snapshot after a SAVE emptied the log): nothing acknowledged depends on the missing
-   file, so the server starts empty, with a warning naming it. A log whose records do
-   need the missing snapshot still stops startup, naming both files and the fix.
-4. A torn tail (see ``reader.py``) is cut off with a warning: those bytes were never
-   acknowledged as durable. Corruption before the tail stops startup with a message
-   naming the file, the offset and ``pion check-wal --fix``.
+   has lost records and stops startup, with one exception: a snapshot file is missing
+   and the log holds no records. That is the reset recipe (delete the snapshot after a
+   SAVE emptied the log): nothing acknowledged depends on the missing file, so that
+   store starts empty, with a warning naming it (``started_empty``: ``Persistence``
+   then writes that store's empty snapshot before the new log, so the records logged
+   from then on do not read at the next start as needing the removed file). A log
+   whose records do need the missing snapshot still stops startup, naming both files
+   and the fix.
+4. A torn write (an incomplete last record, see ``reader.py``) is cut off with a
+   warning: it was never wholly fsynced, so never acknowledged under ``always``.
+   Corruption (a complete record that fails its checksum, last or not, or damage
+   followed by a valid record) stops startup with a message naming the file, the
+   offset and ``pion check-wal --fix``.
 
 Where it runs: on the event loop, in slices. The server listens while recovery runs and
 answers ``-LOADING`` (``ServerState.loading``); :func:`recover_async` hands the loop
@@ -51,7 +55,7 @@ from pion.persistence import faults
 from pion.persistence.format import WAL_HEADER, FormatError, SnapshotHeader, WalHeader
 from pion.persistence.reader import LogDamage, read_records
 from pion.persistence.snapshot import SNAPSHOT_HEADER_SIZE, iter_frames
-from pion.persistence.stores import DurableStore
+from pion.persistence.stores import DurableStore, SizesSnapshots
 from pion.persistence.vstore_durable import VStoreDurable
 from pion.vstore import VStore
 
@@ -108,6 +112,10 @@ class RecoveryResult:
     seconds: float = 0.0
     # The snapshot path when there was no snapshot file (the log must then not need one).
     snapshot_missing: Path | None = None
+    # Stores started empty by the reset recipe (their file missing, the log empty): the
+    # caller writes their empty snapshots before the new log, so the next start finds
+    # every file covering the sequence the log continues from.
+    started_empty: list[str] = field(default_factory=list)
 
 
 def _repair_hint(path: Path, offset: int) -> str:
@@ -137,6 +145,13 @@ def _load_snapshot(
             raise RecoveryError(f"{path}: {exc.message} (offset 0)") from None
         if header.worker != worker:
             raise RecoveryError(f"{path} belongs to worker {header.worker}, not {worker}")
+        # A store that sizes its buffers from the snapshot first (the V-store's sparse
+        # runs) loads through its own applier.
+        apply = (
+            store.snapshot_applier(f, size)
+            if isinstance(store, SizesSnapshots)
+            else store.apply_frame
+        )
         try:
             for rec in iter_frames(f, size, store.unit_ops):
                 if rec.op not in store.ops:
@@ -146,7 +161,7 @@ def _load_snapshot(
                         "store's snapshot?"
                     )
                 try:
-                    store.apply_frame(rec.op, rec.payload)
+                    apply(rec.op, rec.payload)
                 except PionError as exc:
                     raise RecoveryError(
                         f"{path}: record at offset {rec.offset} cannot be applied: {exc.message}"
@@ -165,10 +180,10 @@ def _load_snapshot(
     res.snapshot_units[store.name] = store.units()
 
 
-def _cover_missing(missing: list[str], log_start: int, res: RecoveryResult) -> None:
+def _cover_missing(missing: list[tuple[str, Path]], log_start: int, res: RecoveryResult) -> None:
     """Step 2's rule for stores without a snapshot file (see the module docstring)."""
     anchor = res.covered_by.get(ANCHOR_STORE)
-    for name in missing:
+    for name, _ in missing:
         if log_start > 1 and anchor is not None and name != ANCHOR_STORE:
             log.warning(
                 "no snapshot of the %s beside the V-store's (covering record %d) and the "
@@ -187,7 +202,7 @@ def _replay_log(
     path: Path,
     worker: int,
     res: RecoveryResult,
-    missing: list[str],
+    missing: list[tuple[str, Path]],
 ) -> Iterator[None]:
     size = path.stat().st_size if path.exists() else 0
     if path.exists() and size < WAL_HEADER_SIZE:
@@ -217,25 +232,31 @@ def _replay_log(
     with open(path, "rb", buffering=_READ_BUFFER) as f:
         if header.worker != worker:
             raise RecoveryError(f"{path} belongs to worker {header.worker}, not {worker}")
-        if header.start > oldest + 1 and res.snapshot_missing is not None:
+        lost = [p for name, p in missing if covered.get(name, 0) == 0]
+        if header.start > oldest + 1 and lost:
+            files = ", ".join(str(p) for p in lost)
             if not _holds_records(f, size, header.start):
+                stores = " and ".join(f"an empty {n}" for n, p in missing if p in lost)
                 log.warning(
-                    "%s is missing and %s holds no records (it starts at record %d): "
-                    "starting with an empty V-store and a new log. If the snapshot was "
-                    "not removed on purpose, stop the server and put it back before "
-                    "any write.",
-                    res.snapshot_missing,
+                    "%s %s missing and %s holds no records (it starts at record %d): "
+                    "starting with %s and a new log. If the snapshot was not removed on "
+                    "purpose, stop the server and put it back before any write.",
+                    files,
+                    "is" if len(lost) == 1 else "are",
                     path,
                     header.start,
+                    stores.replace("vstore", "V-store"),
                 )
+                res.started_empty = [n for n, p in missing if p in lost]
                 return
-            lost = res.snapshot_missing
+            names = " and ".join(p.name for p in lost)
+            move = "both" if len(lost) == 1 else "all of"
             raise RecoveryError(
                 f"{path} starts at record {header.start}: its records need the snapshot "
-                f"{lost} (which held records 1..{header.start - 1}), and that file is "
+                f"{files} (which held records 1..{header.start - 1}), and that file is "
                 f"missing. Startup stopped so that no acknowledged write is dropped "
-                f"silently. Put {lost.name} back from a backup; or, to start empty on "
-                f"purpose, move both {lost.name} and {path.name} out of {path.parent}."
+                f"silently. Put {names} back from a backup; or, to start empty on "
+                f"purpose, move {move} {names} and {path.name} out of {path.parent}."
             )
         if header.start > oldest + 1:
             raise RecoveryError(
@@ -269,16 +290,26 @@ def _replay_log(
         except LogDamage as exc:
             d = exc.damage
             if not d.torn:
-                follows = ""
                 if d.next_valid >= 0:
-                    follows = f"; a valid record follows at offset {d.next_valid}"
+                    where = (
+                        "before the end of the log (a valid record follows at offset "
+                        f"{d.next_valid})"
+                    )
+                else:
+                    where = (
+                        "at the end of the log; the record is complete, so it was written "
+                        "whole and may have been fsynced and acknowledged: this is damage, "
+                        "not a write cut short by a crash"
+                    )
                 raise RecoveryError(
-                    f"{path}: corrupt record at offset {d.offset} ({d.reason}), before "
-                    f"the end of the log{follows}. {_repair_hint(path, d.offset)}"
+                    f"{path}: corrupt record at offset {d.offset} ({d.reason}), {where}. "
+                    f"{_repair_hint(path, d.offset)}"
                 ) from None
             log.warning(
-                "%s: torn tail at offset %d (%s): cutting %d bytes that were never "
-                "acknowledged as durable",
+                "%s: torn write at offset %d (%s): cutting the %d bytes a crash left of "
+                "the last record. It was never wholly fsynced, so under appendfsync "
+                "always it was never acknowledged (under everysec or no it may have been, "
+                "and is lost as those policies allow)",
                 path,
                 d.offset,
                 d.reason,
@@ -331,14 +362,14 @@ def _steps(
     stores: Sequence[StoreFile], wal: Path, worker: int, res: RecoveryResult
 ) -> Iterator[None]:
     _remove_leftovers([*(path for _, path in stores), wal])
-    missing: list[str] = []
+    missing: list[tuple[str, Path]] = []
     for store, path in stores:
         if path.exists():
             yield from _load_snapshot(store, path, worker, res)
         else:
-            missing.append(store.name)
-            if store.name == ANCHOR_STORE:
-                res.snapshot_missing = path
+            missing.append((store.name, path))
+    if missing:
+        res.snapshot_missing = missing[0][1]
     for store, _ in stores:
         if isinstance(store, VStoreDurable):
             res.snapshot_sessions = res.snapshot_units.get(store.name, 0)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from pion.persistence import keyspace_format
 from pion.persistence.format import OPS as VSTORE_OPS
 from pion.persistence.format import VSTORE_UNIT_OPS, Buffer, FormatError, decode_mutation
 from pion.persistence.ssm_durable import SSM_OPS, SSM_UNIT_OPS, describe_ssm
@@ -42,6 +43,9 @@ def _describe_vstore(op: int, payload: Buffer) -> str:
 FAMILIES: tuple[RecordFamily, ...] = (
     RecordFamily("vstore", VSTORE_OPS, VSTORE_UNIT_OPS, _describe_vstore),
     RecordFamily("ssm", SSM_OPS, SSM_UNIT_OPS, describe_ssm),
+    RecordFamily(
+        "keyspace", keyspace_format.OPS, keyspace_format.UNIT_OPS, keyspace_format.describe
+    ),
 )
 
 

@@ -19,10 +19,15 @@ units (sessions, keys). The store is read on the event-loop
 thread, so the snapshot is a consistent cut at one log sequence number; it blocks the
 worker for about the time the disk takes to absorb the bytes (like Redis's ``SAVE``).
 
+Writing only the held runs of each layer (``VStore.dump``) keeps holes out of the
+file: a row written at 199,999 of an empty layer is one row in the snapshot.
+
 Reading: payloads go straight from the file into numpy buffers (``reader.py``) and
-through the store's ``apply_frame`` (``VStore.apply`` for the V-store); a layer's first
-record carries its highest rows, so the first write sizes the layer's buffer exactly
-and later pieces never reallocate it.
+through the store's ``apply_frame`` (``VStore.apply`` for the V-store). A V-store run
+larger than one piece arrives highest rows first; a sizing pass over the record headers
+(:func:`run_hints`, through ``VStoreDurable.snapshot_applier``) finds where each such
+run starts, so its buffer is allocated exactly once (``VStore.reserve``) and later
+pieces never reallocate it.
 A snapshot is renamed into place complete, so unlike the log it is never torn: any
 damage is corruption and stops startup.
 """
@@ -39,17 +44,24 @@ from pion.persistence import faults
 from pion.persistence.files import fsync_dir, write_all
 from pion.persistence.format import (
     END,
+    MAX_PAYLOAD,
+    OP_STORE,
+    RECORD_HEAD,
+    RECORD_OVERHEAD,
     SNAPSHOT_CHUNK,
     SNAPSHOT_HEADER,
+    STORE_PREFIX,
     VSTORE_UNIT_OPS,
     Buffer,
     FormatError,
     SnapshotHeader,
+    crc32c,
     decode_end,
     decode_mutation,
     encode_end,
     encode_frame,
     op_of,
+    store_span,
     vstore_payload,
 )
 from pion.persistence.reader import LogDamage, Record, read_records
@@ -62,6 +74,7 @@ __all__ = [
     "SnapshotStats",
     "iter_frames",
     "iter_snapshot",
+    "run_hints",
     "vstore_frames",
     "write_frames",
     "write_snapshot",
@@ -197,6 +210,42 @@ def iter_frames(f: BinaryIO, size: int, unit_ops: frozenset[int]) -> Iterator[Re
         d = exc.damage
         raise FormatError(f"damaged record at offset {d.offset}: {d.reason}") from None
     raise FormatError(f"no END record: the snapshot is incomplete ({size} bytes)")
+
+
+def run_hints(f: BinaryIO, size: int) -> dict[tuple[bytes, int, int], int]:
+    """For each run of a layer stored in two or more pieces, ``(sid, layer, end) ->
+    start``: the rows its pieces (highest first) will fill. Reads only record headers
+    and the fixed fields of STOREs; stops quietly at the first header it cannot trust
+    (the loading pass then reports it). Hints only size buffers: the rows themselves
+    are checked when they are loaded."""
+    spans: dict[tuple[bytes, int], list[tuple[int, int]]] = {}
+    offset = SNAPSHOT_HEADER_SIZE
+    head_size = RECORD_HEAD.size + 4
+    while offset + head_size <= size:
+        f.seek(offset)
+        head = f.read(head_size)
+        if len(head) < head_size or crc32c(head[:-4]) != int.from_bytes(head[-4:], "little"):
+            break
+        length, op, _ = RECORD_HEAD.unpack_from(head)
+        if length > MAX_PAYLOAD:
+            break
+        if op == OP_STORE:
+            span = store_span(f.read(min(length, STORE_PREFIX)))
+            if span is not None:
+                sid, layer, start, count = span
+                spans.setdefault((sid, layer), []).append((start, start + count))
+        offset += RECORD_OVERHEAD + length
+    hints: dict[tuple[bytes, int, int], int] = {}
+    for (sid, layer), pieces in spans.items():
+        end, start, count = -1, -1, 0
+        for lo, hi in [*pieces, (-1, -1)]:
+            if count and hi == start:  # the next piece down of the same run
+                start, count = lo, count + 1
+                continue
+            if count > 1:
+                hints[(sid, layer, end)] = start
+            end, start, count = hi, lo, 1
+    return hints
 
 
 def iter_snapshot(f: BinaryIO, size: int) -> Iterator[tuple[int, Mutation]]:

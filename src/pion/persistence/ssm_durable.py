@@ -62,7 +62,8 @@ def ssm_frame(m: SsmMutation) -> Frame:
     if isinstance(m, SsmWrite):
         return Frame(OP_SSM_STORE, (_sid(m.sid) + _STORE.pack(m.layer, len(m.blob)), m.blob))
     scope, layer = (_ALL, 0) if m.layer is None else (_ONE, m.layer)
-    return Frame(OP_SSM_DROP, (_sid(m.sid) + _DROP.pack(scope, layer),))
+    # Every SSM drop is a client's SSM.PREFIX.DROP (nothing evicts SSM state).
+    return Frame(OP_SSM_DROP, (_sid(m.sid) + _DROP.pack(scope, layer),), drop=True)
 
 
 def decode_ssm(op: int, payload: Buffer) -> SsmMutation:

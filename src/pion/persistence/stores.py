@@ -21,18 +21,21 @@ A store joins by implementing :class:`DurableStore` (``vstore_durable.py`` and
 ``keyspace_durable.py`` are the two there are) and being handed to ``Persistence``.
 The protocol is small on purpose: a store turns its state into :class:`Frame` records
 (a snapshot), applies one record (replay), and sends the records of its own
-mutations to a :class:`FrameSink` (the log) before applying them.
+mutations to a :class:`FrameSink` (the log) before applying them. A store that wants
+to size its buffers before loading a snapshot (the V-store, whose long runs of rows
+arrive in pieces, highest first) also implements :class:`SizesSnapshots`; recovery
+asks for it, so other stores need nothing more.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import BinaryIO, Protocol, runtime_checkable
 
 from pion.persistence.format import Buffer
 
-__all__ = ["DurableStore", "Frame", "FrameSink"]
+__all__ = ["DurableStore", "Frame", "FrameSink", "SizesSnapshots"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,9 @@ class Frame:
 
     op: int
     parts: Sequence[Buffer]
+    # A client's drop (it only removes data): a log blocked for lack of room still
+    # takes it, since dropping data is how an operator makes room (``wal.py``).
+    drop: bool = False
 
     @property
     def size(self) -> int:
@@ -101,4 +107,17 @@ class DurableStore(Protocol):
 
     def units(self) -> int:
         """How many units (sessions, keys) the store holds."""
+        ...
+
+
+@runtime_checkable
+class SizesSnapshots(Protocol):
+    """Optional beside :class:`DurableStore`: a store that looks over a snapshot before
+    its records are applied, to allocate each buffer once at its final size."""
+
+    def snapshot_applier(self, f: BinaryIO, size: int) -> Callable[[int, Buffer], None]:
+        """Read what sizing needs from the open snapshot ``f`` of ``size`` bytes (it
+        may move the file position, and must stop quietly at anything it cannot
+        trust: loading reports damage), and return the function that applies the
+        snapshot's records in place of ``apply_frame``."""
         ...

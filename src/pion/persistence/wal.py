@@ -18,26 +18,46 @@ policy decides is power loss:
               one second (plus one fsync's duration) of acknowledged writes.
 ``no``        the kernel writes back when it likes (typically within 30 s).
 
-Failures. A failed write or fsync is never retried and trusted: the log enters a
-failed state (``failure`` holds the reason), every further append raises
-``MisconfError`` (so the store applies nothing), and only :meth:`reset`, a brand-new
-log started right after a full snapshot written from memory, clears it. Records that
-were appended but not yet synced when an fsync failed are abandoned: their replies are
-withheld by the server, and the next snapshot captures them from memory anyway.
+Failures come in two kinds.
+
+*Out of space* (a write fails with ``ENOSPC`` or ``EDQUOT``): the kernel refused the
+bytes, and everything written before them is intact in the page cache. The partial
+record the failed ``writev`` may have left is cut off (``ftruncate`` back to the last
+whole record, as Redis does with its AOF), and the log is *blocked*: ``blocked`` holds
+the reason and ``needed`` the size of the refused record. Appends raise
+``MisconfError``, except a client's drop (a :class:`~pion.persistence.stores.Frame`
+marked ``drop``, whichever store it is for: ``KV.PREFIX.DROP``, ``SSM.PREFIX.DROP``),
+which is tried (a drop is small, and dropping data is how an operator makes room for a
+snapshot). The file stays
+trusted: fsyncs go on, and :meth:`unblock` (called once the file system has room)
+resumes appending to the same file. Nothing needs a snapshot.
+
+*Anything else* (an fsync error, an I/O error, a rename that cannot be made durable,
+a truncation that fails): the file is never retried and trusted. After a failed fsync
+the kernel may have dropped the dirty pages and cleared the error, so a later fsync
+that succeeds proves nothing. The log enters a failed state (``failure`` holds the
+reason), every further append raises ``MisconfError`` (so the store applies nothing),
+and only :meth:`reset`, a brand-new log started right after a full snapshot written
+from memory, clears it. Records that were appended but not yet synced when an fsync
+failed are abandoned: their replies are withheld by the server, and the next snapshot
+captures them from memory anyway.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import shutil
 import threading
 from pathlib import Path
 
 from pion.config import AppendFsync
 from pion.errors import MisconfError
 from pion.persistence.files import UncertainRename, create_atomically, fdatasync, write_all
-from pion.persistence.format import WalHeader, encode_frame, op_of, vstore_payload
+from pion.persistence.format import WalHeader, encode_frame
 from pion.persistence.stores import Frame
+from pion.persistence.vstore_durable import vstore_frame
 from pion.vstore import Mutation
 
 __all__ = ["WriteAheadLog"]
@@ -45,6 +65,9 @@ __all__ = ["WriteAheadLog"]
 log = logging.getLogger("pion.persistence")
 
 _EVERYSEC_S = 1.0
+# Write errors that mean "no room" (the file system or the user's quota is full), after
+# which the bytes already written are intact and appending can resume.
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class WriteAheadLog:
@@ -55,6 +78,8 @@ class WriteAheadLog:
         self.worker = worker
         self.policy = policy
         self.failure: str | None = None
+        self.blocked: str | None = None  # out of space: writes refused, file trusted
+        self.needed = 0  # bytes of the record refused for lack of room
         self.last_seq = 0  # the sequence number of the last record appended
         self.size = 0  # bytes in the file
         self.appended = 0  # records appended by this process
@@ -94,6 +119,8 @@ class WriteAheadLog:
             raise
         self._install(fd, len(content), start - 1)
         self.failure = None
+        self.blocked = None
+        self.needed = 0
 
     def _install(self, fd: int, size: int, last_seq: int) -> None:
         with self._lock:
@@ -116,20 +143,24 @@ class WriteAheadLog:
 
     def append(self, m: Mutation) -> None:
         """Write one V-store record; see :meth:`append_frame`."""
-        self.append_frame(Frame(op_of(m), vstore_payload(m)))
+        self.append_frame(vstore_frame(m))
 
     def append_frame(self, frame: Frame) -> None:
-        """Write one record; raises MisconfError (nothing written is trusted) on failure."""
+        """Write one record of any store; raises MisconfError (and the record is not in
+        the log) when the log is failed, blocked (but for a client's drop), or the write
+        fails."""
         if self.failure is not None:
             raise MisconfError(self.refusal())
         if self._fd < 0:
             raise MisconfError("the write-ahead log is not open")
+        if self.blocked is not None and not frame.drop:
+            raise MisconfError(self.refusal())
         seq = self.last_seq + 1
         parts, size = encode_frame(seq, frame.op, frame.parts)
         try:
             write_all(self._fd, parts, size)
         except OSError as exc:
-            self._fail("write", exc)
+            self._write_failed(exc, size)
             raise MisconfError(self.refusal()) from None
         self.size += size
         self.appended += 1
@@ -175,6 +206,38 @@ class WriteAheadLog:
                     continue
                 self._synced = max(self._synced, target)
 
+    def _write_failed(self, exc: OSError, size: int) -> None:
+        """Cut the partial record a failed write may have left, then block (no room) or
+        fail (anything else, or if the cut itself fails)."""
+        try:
+            # Not under the lock: the fd stays, and waiting for an everysec fsync here
+            # would stall the event loop.
+            os.ftruncate(self._fd, self.size)
+        except OSError as cut:
+            self._fail("truncation after a failed write", cut)
+            return
+        if exc.errno not in _NO_ROOM:
+            self._fail("write", exc)
+            return
+        free = _free_bytes(self.path)
+        if self.blocked is None:
+            log.error(
+                "write-ahead log %s: no room for a record of %d bytes (%d bytes free on its "
+                "file system: %s); refusing writes until there is room, reads and drops "
+                "keep working",
+                self.path,
+                size,
+                free,
+                exc.strerror or exc,
+            )
+        self.blocked = f"write of {self.path.name} failed: {exc.strerror or exc}"
+        self.needed = max(self.needed, size)
+
+    def unblock(self) -> None:
+        """Resume appending after an out-of-space block (the caller saw room)."""
+        self.blocked = None
+        self.needed = 0
+
     def _fail(self, what: str, exc: OSError) -> None:
         reason = exc.strerror or str(exc)
         if self.failure is None:
@@ -182,7 +245,14 @@ class WriteAheadLog:
         self.failure = f"{what} of {self.path.name} failed: {reason}"
 
     def refusal(self) -> str:
-        """The MISCONF message (without the code) while failed."""
+        """The MISCONF message (without the code) while failed or blocked."""
+        if self.failure is None and self.blocked is not None:
+            return (
+                f"Errors writing to the write-ahead log ({self.blocked}). Pion refuses "
+                f"writes until its file system has room for them (the refused record "
+                f"needs {self.needed} bytes; {_free_bytes(self.path)} are free) and then "
+                "resumes by itself; reads, SSM.PREFIX.DROP and KV.PREFIX.DROP keep working"
+            )
         return (
             f"Errors writing to the write-ahead log ({self.failure}). Pion refuses "
             "writes until it can persist them again; reads keep working"
@@ -207,6 +277,14 @@ class WriteAheadLog:
             raise
         finally:
             _close_quietly(fd)
+
+
+def _free_bytes(path: Path) -> int:
+    """Bytes free to us on the file system holding ``path`` (-1 if unknown)."""
+    try:
+        return int(shutil.disk_usage(path.parent).free)
+    except OSError:
+        return -1
 
 
 def _close_quietly(fd: int) -> None:

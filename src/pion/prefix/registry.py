@@ -8,7 +8,10 @@ What lives where, and why:
   them and eviction/drop remove them with the sessions;
 * PREFILL_MS lives here, in memory only: it describes the registering process's cold
   prefill, and is deliberately not persisted (docs/persistence.md);
-* crediting a hit goes to the :class:`~pion.prefix.receipt.Receipt`.
+* crediting a hit goes to the :class:`~pion.prefix.receipt.Receipt`;
+* under ``-w N`` the :class:`~pion.prefix.directory.Directory` says which worker owns
+  a namespace held elsewhere: REGISTER claims it there before creating anything, and
+  LOOKUP answers HIT from it (0 tokens unless TOKENS is given).
 
 The registry never validates wire arguments; ``pion.commands.prefix`` does that before
 calling in, so nothing here is half-applied by a bad option.
@@ -19,6 +22,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from pion.errors import WrongWorkerError
+from pion.prefix.directory import Directory
 from pion.prefix.receipt import Receipt
 from pion.vstore import BlockTable, VStore
 from pion.wire import namespace_for, namespace_sids
@@ -45,6 +50,8 @@ class PrefixRegistry:
         self.receipt = receipt
         self._prefill_ms: dict[bytes, int] = {}
         self._sids: dict[bytes, tuple[bytes, bytes]] = {}
+        # Set by a worker of a multi-worker server; None on a single-process server.
+        self.directory: Directory | None = None
 
     def sids(self, ns: bytes) -> tuple[bytes, bytes]:
         """``namespace_sids(ns)``, built once per namespace (bounded cache)."""
@@ -71,11 +78,20 @@ class PrefixRegistry:
         prefill_ms: int,
     ) -> None:
         """Create both halves (idempotent: an existing half keeps its layout), replace
-        the block table when given, and record PREFILL_MS (0 when absent)."""
-        self.vstore.create(k_sid(ns), kv_dim, vquant)
-        self.vstore.create(v_sid(ns), kv_dim, vquant)
-        if blocks is not None:
-            self.vstore.set_blocks(k_sid(ns), blocks[0], blocks[1])
+        the block table when given, and record PREFILL_MS (0 when absent).
+
+        With a directory the namespace is claimed first: when another worker owns it
+        (and no half is held here) nothing is created and the caller is redirected."""
+        claimed = self._claim(ns, kv_dim, prefill_ms)
+        try:
+            self.vstore.create(k_sid(ns), kv_dim, vquant)
+            self.vstore.create(v_sid(ns), kv_dim, vquant)
+            if blocks is not None:
+                self.vstore.set_blocks(k_sid(ns), blocks[0], blocks[1])
+        except BaseException:
+            if claimed and self.directory is not None and not self.holds_any(ns):
+                self.directory.release(ns)
+            raise
         self._prefill_ms[ns] = prefill_ms
         self._prune()
 
@@ -83,6 +99,8 @@ class PrefixRegistry:
         """HIT iff both halves exist; credits the receipt (see ``receipt.py``)."""
         vs = self.vstore
         if not self.is_registered(ns):
+            if self._credit_remote(ns, tokens, prefill_ms):
+                return True
             self.receipt.credit_miss()
             return False
         k, v = self.sids(ns)
@@ -97,12 +115,37 @@ class PrefixRegistry:
         self.receipt.credit_hit(credit_tokens, credit_ms)
         return True
 
+    def _claim(self, ns: bytes, kv_dim: int, prefill_ms: int) -> bool:
+        """Claim ``ns`` in the directory for this worker; True when this call made the
+        entry. A namespace held here stays here, whatever the directory says."""
+        if self.directory is None:
+            return False
+        owner, inserted = self.directory.claim(ns, prefill_ms, kv_dim)
+        if owner != self.directory.worker and not self.holds_any(ns):
+            raise WrongWorkerError(f"KV.PREFIX.REGISTER session lives on worker {owner}", owner)
+        return inserted
+
+    def _credit_remote(self, ns: bytes, tokens: int | None, prefill_ms: int | None) -> bool:
+        """A cross-worker hit: the directory names another owner. Its tokens live
+        there, so a hit credits 0 tokens unless TOKENS is given; the time is the
+        PREFILL_MS registered with it (kept in the directory) or this call's."""
+        entry = self.directory.remote(ns) if self.directory is not None else None
+        if entry is None:
+            return False
+        if tokens is not None:
+            self.receipt.credit_hit(tokens, prefill_ms or 0)
+        else:
+            self.receipt.credit_hit(0, entry.prefill_ms if prefill_ms is None else prefill_ms)
+        return True
+
     def drop(self, ns: bytes) -> bool:
         """Drop both halves; True when a half was held."""
         held = False
         for sid in (k_sid(ns), v_sid(ns)):
             held = self.vstore.drop(sid) or held
         self._prefill_ms.pop(ns, None)
+        if self.directory is not None:
+            self.directory.release(ns)
         return held
 
     def block_table(self, ns: bytes) -> BlockTable | None:

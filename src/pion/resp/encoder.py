@@ -106,8 +106,10 @@ def encode_reply(value: Reply, proto: int, out: Chunks) -> None:
 
 
 def _format_double(value: float) -> str:
+    """Redis 7.0's ``addReplyDouble``: ``%.17g`` (round-trips every double exactly),
+    ``inf``/``-inf`` spelled out."""
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
     if math.isnan(value):
         return "nan"
-    return repr(value)
+    return f"{value:.17g}"

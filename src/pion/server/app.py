@@ -23,6 +23,7 @@ from pion.server.clientmem import ClientMemory
 from pion.server.connection import Connection
 from pion.server.offload import Offloader
 from pion.server.replies import ReplySink
+from pion.server.tls import HANDSHAKE_TIMEOUT_S, server_context
 
 __all__ = ["PionServer"]
 
@@ -39,6 +40,8 @@ class PionServer:
         self.sink = ReplySink(state.persistence)
         self.offload = Offloader()
         self._scratch = memoryview(bytearray(SCRATCH_BYTES))
+        # One TLS context for every listener of this server (None: plain TCP).
+        self.ssl = server_context(state.config)
         self.connections: dict[int, Connection] = {}
         self.client_memory = ClientMemory(state, self.connections)
         self._ids = itertools.count(1)
@@ -55,7 +58,13 @@ class PionServer:
         loop = asyncio.get_running_loop()
         for sock in sockets:
             sock.setblocking(False)
-            srv = await loop.create_server(self._connection, sock=sock, backlog=1024)
+            srv = await loop.create_server(
+                self._connection,
+                sock=sock,
+                backlog=1024,
+                ssl=self.ssl,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if self.ssl is not None else None,
+            )
             self._servers.append(srv)
 
     def _connection(self) -> Connection:
@@ -100,6 +109,8 @@ class PionServer:
         await self._drain()
         for conn in list(self.connections.values()):
             conn.close()
+        if self.state.tier is not None:
+            self.state.tier.close()  # drains queued tier writes (bounded)
         persistence = self.state.persistence
         if persistence is not None:
             try:

@@ -53,6 +53,7 @@ from pion.server.binary_wire import (
     encode_frame,
     parse_query_fused,
 )
+from pion.server.tls import HANDSHAKE_TIMEOUT_S, server_context
 
 __all__ = ["MAX_PREAUTH_BODY", "BinaryConnection", "BinaryLane"]
 
@@ -200,10 +201,16 @@ class BinaryLane:
 
     async def start(self, sockets: Iterable[socket.socket]) -> None:
         loop = asyncio.get_running_loop()
+        # TLS as on the RESP port (--tls-cert/--tls-key/--tls-ca), else plain TCP.
+        context = server_context(self.state.config)
         for sock in sockets:
             sock.setblocking(False)
             server = await loop.create_server(
-                lambda: BinaryConnection(self.state, self.connections), sock=sock, backlog=1024
+                lambda: BinaryConnection(self.state, self.connections),
+                sock=sock,
+                backlog=1024,
+                ssl=context,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if context is not None else None,
             )
             self._servers.append(server)
 

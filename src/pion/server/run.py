@@ -24,13 +24,16 @@ from pion.commands import COMMAND_TABLE
 from pion.commands.state import CommandTable, ServerState
 from pion.config import ServerConfig
 from pion.errors import PionError
+from pion.keyspace import SWEEP_INTERVAL_S, SWEEP_MAX_KEYS
 from pion.persistence import Persistence, RecoveryAborted
+from pion.persistence.keyspace_durable import KeyspaceDurable
 from pion.persistence.ssm_durable import SsmDurable
 from pion.prefix.receipt import Receipt
 from pion.server.app import PionServer
 from pion.server.binary import BinaryLane
 from pion.server.fdlimit import fit_maxclients
 from pion.server.malloc import tune_allocator
+from pion.server.metrics import MetricsEndpoint, WorkerMetrics
 from pion.vstore import VStore
 
 __all__ = [
@@ -65,10 +68,16 @@ def build_state(config: ServerConfig) -> ServerState:
         maxmemory=config.maxmemory,
     )
     state = ServerState(config=config, vstore=vstore, receipt=Receipt(worker_id=config.worker_id))
-    persistence = Persistence(config, vstore, SsmDurable(state.ssm))
+    persistence = Persistence(
+        config, vstore, SsmDurable(state.ssm), KeyspaceDurable(state.keyspace)
+    )
     persistence.open()
     state.persistence = persistence
     state.loading = True
+    if config.tier is not None:
+        from pion.tier import Tier
+
+        state.tier = Tier(config.tier, vstore, config.vstore, config.vstore_max_sessions)
     return state
 
 
@@ -201,10 +210,36 @@ async def _serve(
             raise
         state.loading = False
         persistence.start()
+    if state.tier is not None:
+        state.tier.start()
     state.loading = False
+    sweeps = _Sweeps(state)
     if on_ready is not None:
         on_ready(server)
-    await server.wait_stopped()
+    try:
+        await server.wait_stopped()
+    finally:
+        sweeps.cancel()
+
+
+class _Sweeps:
+    """The keyspace's active expiry on the loop: every SWEEP_INTERVAL_S, remove up to
+    SWEEP_MAX_KEYS keys whose deadline passed (``pion.keyspace.expiry``)."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.keyspace = state.keyspace
+        self.loop = asyncio.get_running_loop()
+        self.handle = self.loop.call_later(SWEEP_INTERVAL_S, self.tick)
+
+    def tick(self) -> None:
+        try:
+            self.keyspace.sweep(SWEEP_MAX_KEYS)
+        except Exception:  # a bug must not stop expiry for the rest of the run
+            log.exception("keyspace expiry sweep failed")
+        self.handle = self.loop.call_later(SWEEP_INTERVAL_S, self.tick)
+
+    def cancel(self) -> None:
+        self.handle.cancel()
 
 
 def _install_uvloop() -> None:
@@ -232,6 +267,10 @@ def run(config: ServerConfig) -> int:
     binary_port = binary.getsockname()[1] if binary is not None else 0
     _install_uvloop()
     tune_allocator()  # a server process's own setting: not for ServerThread's host
+    # --metrics-port: commands counted and timed through a metered table.
+    metrics = WorkerMetrics(state) if config.metrics_port is not None else None
+    table = COMMAND_TABLE if metrics is None else metrics.meter(COMMAND_TABLE)
+    endpoints: list[MetricsEndpoint] = []
 
     def ready(server: PionServer) -> None:
         loop = asyncio.get_running_loop()
@@ -240,6 +279,9 @@ def run(config: ServerConfig) -> int:
         log.info("pion-server ready on %s:%d (worker %d)", config.bind, port, config.worker_id)
         if binary is not None:
             log.info("binary lane on %s:%d", config.bind, binary_port)
+        if metrics is not None:
+            endpoints.append(metrics.serve(config))
+            print(f"pion-server metrics port={endpoints[0].port}", flush=True)
         # A machine-readable line for scripts and tests that start us on port 0.
         print(f"pion-server ready port={port} binary_port={binary_port}", flush=True)
 
@@ -249,10 +291,15 @@ def run(config: ServerConfig) -> int:
 
     try:
         lanes = [binary] if binary is not None else []
-        asyncio.run(serve(state, [sock], ready, on_listening=listening, binary_sockets=lanes))
+        asyncio.run(
+            serve(state, [sock], ready, on_listening=listening, table=table, binary_sockets=lanes)
+        )
     except PionError as exc:
         log.critical("%s", exc.message)
         raise
+    finally:
+        for endpoint in endpoints:
+            endpoint.close()
     log.info("pion-server stopped")
     return 0
 

@@ -1,8 +1,10 @@
-"""The V-store: sessions -> layers -> rows of K/V in a stored format (DESIGN 4.2, 7).
+"""The V-store: sessions -> layers -> rows of K/V in a stored format.
 
 ``VStore`` is the store; ``mutations`` are the records every change is made of and
-``Journal`` the hook through which they reach the WAL. Synchronous and pure: it
-imports only ``codecs``, ``errors`` and ``config``.
+``Journal`` the hook through which they reach the WAL. Reading order: ``store.py``
+(the store and its definitions), ``layer.py`` (rows held as sparse runs), ``lru.py``
+(eviction order), ``session.py``, ``mutations.py``, ``journal.py``, ``views.py``.
+Synchronous and pure: it imports only ``codecs``, ``errors`` and ``config``.
 """
 
 from __future__ import annotations
@@ -22,15 +24,17 @@ from pion.vstore.mutations import (
 )
 from pion.vstore.rollback import MAX_SNAPSHOTS_PER_SESSION
 from pion.vstore.session import ENCODE_CHUNK_BYTES, MAX_SID_LEN, Encoded, encode_for
-from pion.vstore.store import MAX_REPLY_BYTES, VStore
+from pion.vstore.store import MAX_REPLY_BYTES, MAX_RUNS, MAX_ZERO_FILL_BYTES, VStore
 from pion.vstore.views import BlockTable, LayerInfo, SessionInfo, namespace_of
 
 __all__ = [
     "ENCODE_CHUNK_BYTES",
     "GROWTH",
     "MAX_REPLY_BYTES",
+    "MAX_RUNS",
     "MAX_SID_LEN",
     "MAX_SNAPSHOTS_PER_SESSION",
+    "MAX_ZERO_FILL_BYTES",
     "BlockTable",
     "CreateSession",
     "DropSession",

@@ -8,8 +8,10 @@ its own block scales (int8, fp8), scales and biases (mlx4g32) or group norms (tu
 and no format keeps state shared between rows (Pion's int8 has session-wide scales and
 must snapshot them; ours has none). Cutting a layer back to its recorded length
 therefore leaves every row below it decoding exactly as before, and the rows above it
-are zeroed, so a later STOREBATCH at those positions writes fresh rows and nothing of
-the rejected branch can leak (rows never written read as zeros).
+are no longer held (runs wholly above it are dropped, the run across it is cut and its
+rows above zeroed; see ``Layer.truncate``), so a later STOREBATCH at those positions
+writes fresh rows and nothing of the rejected branch can leak (rows never written read
+as zeros).
 
 Rules (Pion's, and what the tests pin):
 
@@ -24,7 +26,8 @@ Rules (Pion's, and what the tests pin):
   removed on restore (they appeared with the rejected rows);
 * a restore rolls back appends, not overwrites: rows below a recorded length that
   were overwritten after the snapshot keep their new contents (as in Pion; drafters
-  only append past the accepted prefix).
+  only append past the accepted prefix). The same holds for a hole below a recorded
+  length written after the snapshot: it is below the length, so it stays held.
 
 Not here: journaling and accounting (``store.py`` calls these helpers).
 """
@@ -47,18 +50,20 @@ def lengths_of(s: Session) -> tuple[tuple[int, int], ...]:
 
 def cut_back(s: Session, lengths: tuple[tuple[int, int], ...]) -> tuple[int, int]:
     """Cut the session's layers back to ``lengths`` (never growing one); returns the
-    rows and stored bytes removed."""
+    tokens (``tpl``, holes included) and the stored bytes (held rows) removed."""
     recorded = dict(lengths)
-    rows = nbytes = 0
+    tokens = nbytes = 0
     for index in sorted(s.layers):
         lay = s.layers[index]
         length = recorded.get(index)
+        tpl = lay.tpl
         if length is None and s.schema is None:
             # A uniform session's layer created after the snapshot: it goes entirely.
-            removed = lay.tpl
+            held = lay.held
             del s.layers[index]
+            tokens += tpl
         else:
-            removed = lay.truncate(0 if length is None else length)
-        rows += removed
-        nbytes += removed * lay.row_bytes
-    return rows, nbytes
+            held = lay.truncate(0 if length is None else length)
+            tokens += tpl - lay.tpl
+        nbytes += held * lay.row_bytes
+    return tokens, nbytes

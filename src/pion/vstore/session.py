@@ -20,7 +20,7 @@ from pion.config import VStoreLimits
 from pion.errors import CodecError, PionError
 from pion.vstore.layer import Layer
 from pion.vstore.mutations import CreateSession
-from pion.vstore.views import BlockTable, LayerInfo, SessionInfo
+from pion.vstore.views import BlockTable, LayerInfo, SessionInfo, namespace_of
 
 __all__ = [
     "ENCODE_CHUNK_BYTES",
@@ -57,6 +57,7 @@ class Session:
         "clock",
         "default_dim",
         "default_fmt",
+        "group",
         "layers",
         "ropes",
         "schema",
@@ -67,6 +68,7 @@ class Session:
 
     def __init__(self, m: CreateSession, slot: int) -> None:
         self.sid = m.sid
+        self.group = namespace_of(m.sid)  # its eviction group (views.namespace_of)
         self.slot = slot
         self.default_dim = m.default_dim
         self.schema = m.schema
@@ -98,6 +100,7 @@ class Session:
 
     @property
     def rows(self) -> int:
+        """Sum of the layers' ``tpl`` (Pion's ``total_tokens``; holes included)."""
         return sum(layer.tpl for layer in self.layers.values())
 
     def info(self) -> SessionInfo:
@@ -109,6 +112,7 @@ class Session:
                 lay.codec.format_id,
                 lay.row_bytes,
                 lay.tpl,
+                lay.held,
                 lay.codec.rope,
             )
             for i, lay in sorted(self.layers.items())

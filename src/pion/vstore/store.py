@@ -7,36 +7,49 @@ Definitions (also what ``V.INFO`` and ``KV.PREFIX.INFO`` report):
 
 - ``tpl`` of a layer: the largest ``start + count`` stored; rows below it that were
   never written read as zeros, and so do rows past it.
-- ``vstore_bytes`` = sum over layers of ``tpl * row_bytes``: the K/V bytes held, in
-  stored format, holes included (they are zero rows of the stored format). It is what
-  ``--maxmemory`` budgets and what a snapshot writes.
-- ``bytes_allocated`` = sum of buffer capacities: at most ``GROWTH`` (1.25) times
-  ``vstore_bytes`` (a layer grows only when a write ends past its capacity, so the
-  new capacity is at most 1.25x its new ``tpl``), and the slack is never touched.
+- ``held`` rows of a layer: the rows of its runs (``layer.py``). A write far past the
+  stored rows leaves a hole that is not held: holes cost nothing in memory, in the
+  log or in snapshots.
+- ``vstore_bytes`` = sum over layers of ``held * row_bytes``: the K/V bytes held, in
+  stored format. It is what ``--maxmemory`` budgets, together with
+  ``external_bytes()`` (what other stores hold under the same budget: the keyspace),
+  and what a snapshot writes.
+- ``bytes_allocated`` = sum of run buffer capacities: at most ``GROWTH`` (1.25) times
+  ``vstore_bytes`` for rows written in ascending order (the slack of a run grown by
+  appends), at most 1.5 times when runs also grew downward, at most 2 times after a
+  ``V.RESTORE`` (a cut of at most half a run keeps its buffer, so a drafter's
+  append/reject cycle never copies); the slack is never touched, so it is not
+  resident.
 - ``total_tokens`` = sum of ``tpl`` over every layer of every session (as Pion counts
-  it: rows held, all layers).
+  it: the high-water marks, holes included).
 - ``total_fetches``: one per layer read requested (a RANGE or id-list fetch counts 1, a
   BATCH fetch counts its layers); ``evictions``: sessions evicted (a namespace counts
   its halves). Both count from process start.
 
-Eviction (DESIGN section 7). The unit is the namespace: a ``<ns>_pk``/``<ns>_pv`` sid
+Eviction. The unit is the namespace: a ``<ns>_pk``/``<ns>_pv`` sid
 takes its other half with it (``views.namespace_of``); a namespace's age is that of its
 most recently used half. Creating a session beyond ``max_sessions`` evicts the least
 recently used namespace(s); a write that would take ``vstore_bytes`` past
 ``maxmemory`` evicts LRU namespaces holding bytes until it fits. The namespace being
 written is never a victim, so a write that cannot fit even then (or that alone is
-larger than the budget) raises ``OOMError`` and evicts nothing.
+larger than the budget) raises ``OOMError`` and evicts nothing. The order lives in
+``lru.py``: a touch and each victim cost O(1), whatever the number of sessions.
+
+Reads. A fetch's reply may pad rows never written (past ``tpl`` or in holes) with
+zeros, as Pion does, but never more of them than the rows it carries that are held
+(or :data:`MAX_ZERO_FILL_BYTES`, whichever is larger): a small request cannot ask for
+a huge reply of zeros. Replies are also bounded by :data:`MAX_REPLY_BYTES`.
 
 Mutations follow one order: validate everything -> encode -> ``journal.append`` ->
 apply (see ``journal.py``); :meth:`VStore.apply` replays a record without journaling.
 The surface is kept narrow on purpose (create, store, fetch, drop, enumerate, blocks)
-so the WAL and a cluster tier plug in behind it (DESIGN section 13).
+so the WAL and a cluster tier plug in behind it.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -46,6 +59,7 @@ from pion.config import VStoreLimits
 from pion.errors import OOMError, PionError, SessionNotFoundError
 from pion.vstore.journal import Journal
 from pion.vstore.layer import Layer, Pieces
+from pion.vstore.lru import Group, GroupLRU
 from pion.vstore.mutations import (
     CreateSession,
     DropSession,
@@ -68,12 +82,26 @@ from pion.vstore.session import (
 )
 from pion.vstore.views import BlockTable, SessionInfo, namespace_of
 
-__all__ = ["MAX_REPLY_BYTES", "VStore"]
+__all__ = ["MAX_REPLY_BYTES", "MAX_RUNS", "MAX_ZERO_FILL_BYTES", "VStore"]
 
-# The largest fetch reply (one RANGE bulk, or a whole BATCH array) built in memory.
-# Rows past tpl are zeros, so without a cap a 1-row session could be asked for
-# max_rows * max_dim * 4 = 6.5 GB; 4 GiB still serves 32 layers x 32k tokens x 1024.
+# The largest fetch reply (one RANGE bulk, or a whole BATCH array) built in memory:
+# 4 GiB serves 32 layers x 32k tokens x 1024 dims of fp32.
 MAX_REPLY_BYTES = 4 << 30
+# Zero rows (never written: past tpl or in a hole) a fetch reply may carry beyond as
+# many bytes as it carries of held rows. Pion pads a RANGE past tpl with zeros, and
+# clients ask for "a few rows more than stored"; 1 MiB covers that for any dim (32
+# rows of 8192 fp32), while one RANGE 0 32768 on a 1-row 8192-wide session (1 GiB of
+# zeros for 32 KB of data) is refused.
+MAX_ZERO_FILL_BYTES = 1 << 20
+# Separate runs of rows (stretches between holes) one layer may hold. Known clients
+# write a layer as one run; 16 leaves room for chunks written out of order, and bounds
+# the per-run bookkeeping (a buffer object each) a hostile writer can make the server
+# hold beyond the bytes it is charged for.
+MAX_RUNS = 16
+
+
+def _nothing() -> int:
+    return 0
 
 
 class VStore:
@@ -88,10 +116,13 @@ class VStore:
     ) -> None:
         self.limits = limits
         self.max_sessions = max_sessions
-        self.maxmemory = maxmemory  # bytes of vstore_bytes; 0 = no budget
+        self.maxmemory = maxmemory  # bytes of vstore_bytes + external_bytes(); 0 = none
+        # Bytes other stores hold under the same --maxmemory (set by the server).
+        self.external_bytes: Callable[[], int] = _nothing
         # Attached after recovery: replay goes through apply(), which never journals.
         self.journal = journal
         self._sessions: dict[bytes, Session] = {}
+        self._lru = GroupLRU()
         self._free_slots: list[int] = []  # heap: the lowest free slot is reused first
         self._next_slot = 0
         self._clock = 0
@@ -212,12 +243,51 @@ class VStore:
         count = int(rows.shape[0])
         self._check_rows(start, start + count)
         if encoded is not None and encoded[0] is codec and len(encoded[1]) == count:
-            data = encoded[1]
+            rows_ = encoded[1]
         else:
-            data = encode_rows(codec, rows, layer, start)
+            rows_ = encode_rows(codec, rows, layer, start)
+        self._write(s, rows_, sid=sid, layer=layer, start=start, codec=codec, dim=dim)
+
+    def store_encoded(
+        self, sid: bytes, layer: int, start: int, data: npt.NDArray[np.uint8]
+    ) -> None:
+        """Store rows already in the layer's stored format (``[count, row_bytes]``
+        uint8) at ``start``, bit-exact: the cluster tier's read-through fill
+        (``pion.tier.fill``), which must never quantize again. Same order as
+        :meth:`store`: check, make room, journal, apply."""
+        s = self._get(sid)
+        dim, codec = self._layout(s, layer)
+        row_bytes = codec.row_bytes(dim)
+        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != row_bytes:
+            raise PionError(f"encoded rows must be uint8 [count, {row_bytes}]")
+        if data.shape[0] < 1:
+            raise PionError("encoded rows must hold at least one row")
+        self._check_rows(start, start + int(data.shape[0]))
+        self._write(s, data, sid=sid, layer=layer, start=start, codec=codec, dim=dim)
+
+    def _write(
+        self,
+        s: Session,
+        data: npt.NDArray[np.uint8],
+        *,
+        sid: bytes,
+        layer: int,
+        start: int,
+        codec: Codec,
+        dim: int,
+    ) -> None:
+        """The common tail of :meth:`store` and :meth:`store_encoded`: the run limit,
+        room for the bytes the layer grows by, the journal, then the rows."""
+        count = int(data.shape[0])
+        end = start + count
         lay = s.layers.get(layer)
-        grow = max(0, start + count - (lay.tpl if lay is not None else 0)) * codec.row_bytes(dim)
-        self._make_room_for_bytes(sid, grow)
+        if lay is not None and lay.runs_after(start, end) > MAX_RUNS:
+            raise PionError(
+                f"layer {layer} would hold more than {MAX_RUNS} separate runs of rows "
+                "(stretches between rows never written); write the rows between them"
+            )
+        grow = (lay.growth(start, end) if lay is not None else count) * codec.row_bytes(dim)
+        self._make_room_for_bytes(s.group, grow)
         self._journal(StoreRows(sid, layer, start, count, codec.format_id, dim, bytes_of(data)))
         self._apply_store(s, layer, start, data)
 
@@ -240,6 +310,12 @@ class VStore:
         self._journal(SetBlocks(sid, block_size, bytes_of(data)))
         s.blocks = BlockTable.build(block_size, data)
         self._touch(s)
+
+    def make_room(self, nbytes: int) -> None:
+        """Make ``nbytes`` fit under ``maxmemory`` for another store sharing the budget
+        (the keyspace): evict LRU namespaces as a V-store write would, or raise
+        ``OOMError`` and evict nothing."""
+        self._make_room_for_bytes((), nbytes)
 
     # -- rollback snapshots (V.SNAPSHOT / V.RESTORE / V.COMMIT; see rollback.py) -----
 
@@ -281,7 +357,7 @@ class VStore:
         return sorted(self._get(sid).snapshots)
 
     def trim(self) -> int:
-        """Shrink every buffer to its ``tpl``; returns the bytes released."""
+        """Shrink every run's buffer to its live rows; returns the bytes released."""
         return sum(lay.trim() for s in self._sessions.values() for lay in s.layers.values())
 
     # -- reads -----------------------------------------------------------------------
@@ -311,7 +387,7 @@ class VStore:
         self._check_rows(start, end)
         lay = s.layers.get(layer)
         live = lay if lay is not None and start < lay.tpl else None
-        self._check_reply([live], end - start, native)
+        self._check_reply([live], start, end, native)
         self._touch(s)
         self.total_fetches += 1
         return live
@@ -359,7 +435,7 @@ class VStore:
         count = s.num_layers if num_layers is None else num_layers
         picked = [s.layers.get(i) for i in range(count)]
         live = [lay if lay is not None and start < lay.tpl else None for lay in picked]
-        self._check_reply(live, end - start, native)
+        self._check_reply(live, start, end, native)
         self._touch(s)
         self.total_fetches += count
         return live
@@ -367,8 +443,9 @@ class VStore:
     def fetch_ids(
         self, sid: bytes, layer: int, ids: Sequence[int]
     ) -> npt.NDArray[np.float32] | None:
-        """fp32 rows in the order of ``ids`` (ids outside ``0 .. tpl-1`` are zeros);
-        None when no id names a held row."""
+        """fp32 rows in the order of ``ids`` (ids of rows not held are zeros); None
+        when no id names a held row. At most ``max_fetch_ids`` ids: the reply is
+        bounded by that, whatever the ids."""
         s = self._get(sid)
         self._check_layer(layer)
         if not 1 <= len(ids) <= self.limits.max_fetch_ids:
@@ -379,7 +456,7 @@ class VStore:
         self._touch(s)
         self.total_fetches += 1
         lay = s.layers.get(layer)
-        if lay is None or not ((wanted >= 0) & (wanted < lay.tpl)).any():
+        if lay is None or not any(((wanted >= r.lo) & (wanted < r.hi)).any() for r in lay.runs):
             return None
         return lay.gather(wanted)
 
@@ -394,13 +471,32 @@ class VStore:
         for s in sorted(self._sessions.values(), key=lambda s: s.clock):
             yield s.creation()
             for index, lay in sorted(s.layers.items()):
-                if lay.tpl:
-                    data = bytes_of(lay.stored())
-                    yield StoreRows(s.sid, index, 0, lay.tpl, lay.codec.format_id, lay.dim, data)
+                for first, rows in lay.extents():  # held runs only: holes cost nothing
+                    count = int(rows.shape[0])
+                    fmt = lay.codec.format_id
+                    yield StoreRows(s.sid, index, first, count, fmt, lay.dim, bytes_of(rows))
             if s.blocks is not None:
                 yield SetBlocks(s.sid, s.blocks.block_size, bytes_of(s.blocks.hashes))
             for snap_id, lengths in sorted(s.snapshots.items()):
                 yield TakeSnapshot(s.sid, snap_id, lengths)
+
+    def reserve(self, sid: bytes, layer: int, start: int, end: int) -> None:
+        """A sizing hint for loading: rows ``start .. end`` of a layer are about to
+        arrive highest first (a snapshot's pieces of one run), so allocate their run
+        now and the pieces land without reallocation. Stores and journals nothing;
+        ignored when the session cannot take those rows there (the records that follow
+        are checked as usual) or when the hint is larger than ``max_rows``."""
+        s = self._sessions.get(sid)
+        if s is None or not 0 <= start < end or end - start > self.limits.max_rows:
+            return
+        try:
+            dim, codec = self._layout(s, layer)
+        except PionError:
+            return
+        lay = s.layers.get(layer)
+        if lay is None:
+            lay = s.layers[layer] = Layer(codec, dim)
+        lay.reserve(start, end)
 
     def apply(self, m: Mutation) -> None:
         """Apply a journaled record (WAL replay, snapshot load) without journaling it,
@@ -450,6 +546,7 @@ class VStore:
     def _touch(self, s: Session) -> None:
         self._clock += 1
         s.clock = self._clock
+        self._lru.touch(s.group)
 
     def _journal(self, m: Mutation) -> None:
         if self.journal is not None:
@@ -465,11 +562,28 @@ class VStore:
         if end > self.limits.max_rows:
             raise PionError(f"rows out of range (end must be <= {self.limits.max_rows})")
 
-    def _check_reply(self, layers: Sequence[Layer | None], rows: int, native: bool) -> None:
-        size = sum(rows * lay.dim * (2 if native and lay.is_fp16 else 4) for lay in layers if lay)
+    def _check_reply(
+        self, layers: Sequence[Layer | None], start: int, end: int, native: bool
+    ) -> None:
+        """Bound a fetch reply before building it: its size, and the zero rows (never
+        written) it pads beside the held rows it carries (see the module docstring)."""
+        size = held = 0
+        for lay in layers:
+            if lay is not None:
+                width = lay.dim * (2 if native and lay.is_fp16 else 4)
+                size += (end - start) * width
+                held += lay.held_in(start, end) * width
         if size > MAX_REPLY_BYTES:
             raise PionError(
                 f"reply of {size} bytes exceeds the {MAX_REPLY_BYTES}-byte limit; fetch fewer rows"
+            )
+        zeros = size - held
+        if zeros > max(MAX_ZERO_FILL_BYTES, held):
+            raise PionError(
+                f"rows {start}..{end} would reply {zeros} bytes of zeros for rows never "
+                f"written beside {held} bytes of stored rows (zero fill is limited to the "
+                f"larger of {MAX_ZERO_FILL_BYTES} bytes and the stored bytes); fetch the "
+                "stored rows (V.INFO layer_<i>_tokens)"
             )
 
     def _layout(self, s: Session, layer: int) -> tuple[int, Codec]:
@@ -487,55 +601,52 @@ class VStore:
             self._touch(s)
             return s.slot
         validate_create(m, self.limits)
+        spare = namespace_of(m.sid)
         while len(self._sessions) >= self.max_sessions:
-            victims = self._groups_by_age(exclude=namespace_of(m.sid))
-            if not victims:
+            victim = self._lru.oldest(spare)
+            if victim is None:
                 raise PionError(
                     f"V-store full: {len(self._sessions)} sessions "
                     f"(vstore-max-sessions {self.max_sessions}) and none evictable"
                 )
-            self._evict(victims[0])
+            self._evict(victim)
         self._journal(m)
         return self._apply_create(m).slot
 
-    def _make_room_for_bytes(self, sid: bytes, grow: int) -> None:
+    def _make_room_for_bytes(self, spare: Group, grow: int) -> None:
+        """Evict LRU groups holding bytes (never ``spare``, the writer's own) until a
+        write growing ``vstore_bytes`` by ``grow`` fits the budget; evict nothing and
+        raise OOMError when it cannot fit. Examines only the groups it evicts."""
         budget = self.maxmemory
-        if budget <= 0 or grow <= 0 or self.vstore_bytes + grow <= budget:
+        if budget <= 0 or grow <= 0:
+            return
+        used = self.vstore_bytes + self.external_bytes()
+        if used + grow <= budget:
             return
         if grow > budget:
             raise OOMError(
                 f"command not allowed: a write of {grow} bytes is larger than "
                 f"maxmemory ({budget} bytes)"
             )
-        excess = self.vstore_bytes + grow - budget
-        plan: list[tuple[bytes, ...]] = []
-        freed = 0
-        for group in self._groups_by_age(exclude=namespace_of(sid)):
-            if freed >= excess:
-                break
-            held = sum(self._sessions[x].nbytes for x in group if x in self._sessions)
-            if held:
-                plan.append(group)
-                freed += held
-        if freed < excess:
+        excess = used + grow - budget
+        evictable = self.vstore_bytes - self._lru.bytes_of(spare)
+        if evictable < excess:
             raise OOMError(
                 f"command not allowed when used memory > 'maxmemory': the write needs "
-                f"{grow} bytes, {self.vstore_bytes} of {budget} are held and only "
-                f"{freed} are evictable"
+                f"{grow} bytes, {used} of {budget} are held and only "
+                f"{evictable} are evictable"
             )
+        plan: list[Group] = []
+        freed = 0
+        for group in self._lru.holding(spare):
+            if freed >= excess:
+                break
+            plan.append(group)
+            freed += self._lru.bytes_of(group)
         for group in plan:
             self._evict(group)
 
-    def _groups_by_age(self, exclude: tuple[bytes, ...]) -> list[tuple[bytes, ...]]:
-        """Eviction groups other than ``exclude``, least recently used first."""
-        last: dict[tuple[bytes, ...], int] = {}
-        for sid, s in self._sessions.items():
-            group = namespace_of(sid)
-            if group != exclude:
-                last[group] = max(last.get(group, 0), s.clock)
-        return sorted(last, key=last.__getitem__)
-
-    def _evict(self, group: tuple[bytes, ...]) -> None:
+    def _evict(self, group: Group) -> None:
         for sid in group:
             if sid in self._sessions:
                 self._journal(DropSession(sid, "evict"))
@@ -550,6 +661,7 @@ class VStore:
             self._next_slot += 1
         s = Session(m, slot)
         self._sessions[m.sid] = s
+        self._lru.add(s.group)
         self._touch(s)
         return s
 
@@ -557,9 +669,10 @@ class VStore:
         lay = s.layers.get(layer)
         if lay is None:
             lay = s.layers[layer] = Layer(get_codec(s.default_fmt), s.default_dim)
-        grown = lay.write(start, data, self.limits.max_rows)
-        self.vstore_bytes += grown * lay.row_bytes
-        self.total_tokens += grown
+        held, tpl = lay.write(start, data, self.limits.max_rows)
+        self.vstore_bytes += held * lay.row_bytes
+        self.total_tokens += tpl
+        self._lru.grew(s.group, held * lay.row_bytes)
         self._touch(s)
 
     def _apply_rollback(
@@ -574,15 +687,18 @@ class VStore:
             lengths = s.snapshots.get(m.snap_id)
             if lengths is None:
                 raise PionError(f"unknown snap_id {m.snap_id} for this session")
-            rows, nbytes = cut_back(s, lengths)
-            self.total_tokens -= rows
+            tokens, nbytes = cut_back(s, lengths)
+            self.total_tokens -= tokens
             self.vstore_bytes -= nbytes
+            self._lru.shrank(s.group, nbytes)
         else:
             s.snapshots.pop(m.snap_id, None)
         self._touch(s)
 
     def _apply_drop(self, sid: bytes) -> None:
         s = self._sessions.pop(sid)
-        self.vstore_bytes -= s.nbytes
+        nbytes = s.nbytes
+        self.vstore_bytes -= nbytes
         self.total_tokens -= s.rows
+        self._lru.remove(s.group, nbytes)
         heapq.heappush(self._free_slots, s.slot)

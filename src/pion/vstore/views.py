@@ -52,6 +52,7 @@ class LayerInfo:
     format_id: int
     row_bytes: int
     tpl: int  # row high-water mark: the largest start+count stored
+    held: int  # rows the layer holds (holes below tpl are not held: they cost nothing)
     rope: int = 0  # bf16_rope_fp8_body's bf16 prefix length; 0 for other formats
 
 
@@ -80,7 +81,8 @@ class SessionInfo:
 
     @property
     def nbytes(self) -> int:
-        return sum(layer.tpl * layer.row_bytes for layer in self.layers)
+        """Stored-format bytes held (rows in holes are not held)."""
+        return sum(layer.held * layer.row_bytes for layer in self.layers)
 
     @property
     def heterogeneous(self) -> bool:

@@ -1,0 +1,195 @@
+"""Sorted-set commands of the plain keyspace: ZADD (NX/XX/GT/LT/CH/INCR), ZRANGE (by
+rank with negative indexes, BYSCORE, BYLEX, REV, LIMIT, WITHSCORES) and its older forms
+ZREVRANGE, ZRANGEBYSCORE, ZREVRANGEBYSCORE (what redis-py sends for some calls), ZREM,
+ZSCORE, ZCARD.
+
+Replies are Redis 7.0's: scores are doubles (``%.17g``; a bulk string in RESP2, a
+``,`` double in RESP3), ZRANGE WITHSCORES is flat in RESP2 and ``[member, score]``
+pairs in RESP3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pion.commands.state import Command, Context
+from pion.errors import PionError
+from pion.keyspace.numbers import parse_int64, parse_range_bound, parse_score
+from pion.keyspace.zsets import (
+    ScoreRange,
+    ZAddFlags,
+    parse_lex_bound,
+    zadd,
+    zrange_by_lex,
+    zrange_by_rank,
+    zrange_by_score,
+)
+from pion.resp.reply import Reply
+
+__all__ = ["COMMANDS"]
+
+_SYNTAX = "syntax error"
+_NOT_A_FLOAT = "value is not a valid float"
+_ZADD_OPTIONS = frozenset({"NX", "XX", "CH", "INCR", "GT", "LT"})
+
+
+def _keyword(raw: bytes) -> str:
+    try:
+        return raw.decode("ascii").upper()
+    except UnicodeDecodeError:
+        return ""
+
+
+def _long(raw: bytes) -> int:
+    value = parse_int64(raw)
+    if value is None:
+        raise PionError("value is not an integer or out of range")
+    return value
+
+
+def _zadd(ctx: Context, args: Sequence[bytes]) -> Reply:
+    key = args[0]
+    opts: set[str] = set()
+    i = 1
+    while i < len(args) and (word := _keyword(args[i])) in _ZADD_OPTIONS:
+        opts.add(word)
+        i += 1
+    rest = args[i:]
+    if not rest or len(rest) % 2:
+        raise PionError(_SYNTAX)
+    flags = ZAddFlags(*(o in opts for o in ("NX", "XX", "GT", "LT", "CH", "INCR")))
+    if flags.nx and flags.xx:
+        raise PionError("XX and NX options at the same time are not compatible")
+    if (flags.gt and flags.nx) or (flags.lt and flags.nx) or (flags.gt and flags.lt):
+        raise PionError("GT, LT, and/or NX options at the same time are not compatible")
+    if flags.incr and len(rest) > 2:
+        raise PionError("INCR option supports a single increment-element pair")
+    pairs: list[tuple[float, bytes]] = []
+    for j in range(0, len(rest), 2):
+        score = parse_score(rest[j])
+        if score is None:
+            raise PionError(_NOT_A_FLOAT)
+        pairs.append((score, rest[j + 1]))
+    res = zadd(ctx.state.keyspace, key, pairs, flags)
+    if flags.incr:
+        return res.last_score if res.processed else None
+    return res.added + res.updated if flags.ch else res.added
+
+
+def _with_scores(ctx: Context, entries: list[tuple[float, bytes]], scores: bool) -> Reply:
+    if not scores:
+        return [m for _, m in entries]
+    if ctx.client.proto == 3:
+        return [[m, s] for s, m in entries]
+    flat: list[Reply] = []
+    for s, m in entries:
+        flat += [m, s]
+    return flat
+
+
+def _zrange_generic(
+    ctx: Context, args: Sequence[bytes], by: str | None = None, rev: bool | None = None
+) -> Reply:
+    """Redis 7.0's ``zrangeGenericCommand``: options first, then the range, then the
+    key (so argument errors win over WRONGTYPE, and a missing key is an empty array).
+    ZREVRANGE, ZRANGEBYSCORE and ZREVRANGEBYSCORE preset ``by``/``rev``; an option
+    naming them again is a syntax error there, as in Redis."""
+    key, low_raw, high_raw = args[0], args[1], args[2]
+    # None: ZRANGE, where REV may be given; the older commands fix the direction.
+    may_reverse = rev is None
+    rev = bool(rev)
+    withscores = False
+    offset, count = 0, -1
+    i = 3
+    while i < len(args):
+        word = _keyword(args[i])
+        left = len(args) - i - 1
+        if word == "WITHSCORES":
+            withscores = True
+        elif word == "LIMIT" and left >= 2:
+            offset, count = _long(args[i + 1]), _long(args[i + 2])
+            i += 2
+        elif word == "REV" and not rev and may_reverse:
+            rev = True
+        elif word in ("BYSCORE", "BYLEX") and by is None:
+            by = word
+        else:
+            raise PionError(_SYNTAX)
+        i += 1
+    # As in Redis 7.0: a LIMIT whose count is -1 ("all") passes on a rank range.
+    if count != -1 and by in (None, "RANK"):
+        raise PionError(
+            "syntax error, LIMIT is only supported in combination with either BYSCORE or BYLEX"
+        )
+    if withscores and by == "BYLEX":
+        raise PionError("syntax error, WITHSCORES not supported in combination with BYLEX")
+    if by == "BYLEX":
+        if rev:
+            low_raw, high_raw = high_raw, low_raw
+        low_lex, high_lex = parse_lex_bound(low_raw), parse_lex_bound(high_raw)
+        if low_lex is None or high_lex is None:
+            raise PionError("min or max not valid string range item")
+        z = ctx.state.keyspace.zset(key)
+        if z is None:
+            return []
+        return [m for _, m in zrange_by_lex(z, low_lex, high_lex, rev, offset=offset, count=count)]
+    if by == "BYSCORE":
+        if rev:
+            low_raw, high_raw = high_raw, low_raw
+        low, high = parse_range_bound(low_raw), parse_range_bound(high_raw)
+        if low is None or high is None:
+            raise PionError("min or max is not a float")
+        z = ctx.state.keyspace.zset(key)
+        if z is None:
+            return []
+        rng = ScoreRange(low[0], low[1], high[0], high[1])
+        return _with_scores(ctx, zrange_by_score(z, rng, rev, offset, count), withscores)
+    start, stop = _long(low_raw), _long(high_raw)
+    z = ctx.state.keyspace.zset(key)
+    if z is None:
+        return []
+    return _with_scores(ctx, zrange_by_rank(z, start, stop, rev), withscores)
+
+
+def _zrange(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return _zrange_generic(ctx, args)
+
+
+def _zrevrange(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return _zrange_generic(ctx, args, by="RANK", rev=True)
+
+
+def _zrangebyscore(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return _zrange_generic(ctx, args, by="BYSCORE", rev=False)
+
+
+def _zrevrangebyscore(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return _zrange_generic(ctx, args, by="BYSCORE", rev=True)
+
+
+def _zrem(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return ctx.state.keyspace.zset_delete(args[0], args[1:])
+
+
+def _zscore(ctx: Context, args: Sequence[bytes]) -> Reply:
+    z = ctx.state.keyspace.zset(args[0])
+    return None if z is None else z.scores.get(args[1])
+
+
+def _zcard(ctx: Context, args: Sequence[bytes]) -> Reply:
+    z = ctx.state.keyspace.zset(args[0])
+    return 0 if z is None else len(z)
+
+
+COMMANDS: list[Command] = [
+    Command("ZADD", _zadd, -4, frozenset({"write", "fast"}), "Add members or update scores"),
+    Command("ZRANGE", _zrange, -4, frozenset({"readonly"}), "Members by rank, score or name"),
+    Command("ZREVRANGE", _zrevrange, -4, frozenset({"readonly"}), "ZRANGE ... REV"),
+    Command("ZRANGEBYSCORE", _zrangebyscore, -4, frozenset({"readonly"}), "ZRANGE BYSCORE"),
+    Command(
+        "ZREVRANGEBYSCORE", _zrevrangebyscore, -4, frozenset({"readonly"}), "ZRANGE BYSCORE REV"
+    ),
+    Command("ZREM", _zrem, -3, frozenset({"write", "fast"}), "Remove members"),
+    Command("ZSCORE", _zscore, 3, frozenset({"readonly", "fast"}), "A member's score"),
+    Command("ZCARD", _zcard, 2, frozenset({"readonly", "fast"}), "Number of members"),
+]

@@ -1,0 +1,97 @@
+"""What the keyspace stores per key, what each key counts against ``--maxmemory``, and
+the small helpers its snapshot and replay paths share.
+
+``used_bytes`` counts every key, field, member and value's bytes plus a fixed
+per-object overhead: the constants below, measured for CPython 3.11 on 64-bit with
+``sys.getsizeof`` of the objects involved (a test checks the estimate against
+``tracemalloc``). Large values dominate, so for LMCache's megabyte chunks the count is
+within a fraction of a percent of the memory really held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Literal, TypeAlias, TypeVar
+
+from pion.keyspace.mutations import Payload
+from pion.keyspace.sortedset import SortedSet
+
+__all__ = [
+    "DUMP_CHUNK",
+    "FIELD_OVERHEAD",
+    "KEY_OVERHEAD",
+    "MEMBER_OVERHEAD",
+    "Entry",
+    "Kind",
+    "Value",
+    "chunks",
+    "kind_of",
+    "own",
+    "value_size",
+]
+
+_T = TypeVar("_T")
+
+Value: TypeAlias = bytes | dict[bytes, bytes] | SortedSet
+Kind = Literal["string", "hash", "zset"]
+
+# One key beyond its own and its value's bytes: the dict slot and index (~50), the
+# key's bytes header (33), the Entry object (72), the SCAN slot (8) and an expiry heap
+# pair's share.
+KEY_OVERHEAD = 176
+# A hash field: its dict slot (~50) and two bytes headers (2 x 33).
+FIELD_OVERHEAD = 120
+# A sorted-set member: its dict slot, bytes header, float object (24), order tuple
+# (56) and list slot (8).
+MEMBER_OVERHEAD = 180
+
+
+class Entry:
+    """One key: its value, SCAN slot, deadline (absolute Unix ms, 0 none) and size."""
+
+    __slots__ = ("deadline", "size", "slot", "value")
+
+    def __init__(self, value: Value, slot: int, deadline: int, size: int) -> None:
+        self.value = value
+        self.slot = slot
+        self.deadline = deadline
+        self.size = size
+
+
+def kind_of(value: Value) -> Kind:
+    if isinstance(value, bytes):
+        return "string"
+    return "hash" if isinstance(value, dict) else "zset"
+
+
+def value_size(key: bytes, value: Value) -> int:
+    """What ``key`` holding ``value`` counts in ``used_bytes``."""
+    size = len(key) + KEY_OVERHEAD
+    if isinstance(value, bytes):
+        return size + len(value)
+    if isinstance(value, dict):
+        return size + sum(len(f) + len(v) + FIELD_OVERHEAD for f, v in value.items())
+    return size + sum(len(m) + MEMBER_OVERHEAD for m in value.scores)
+
+
+# A hash or sorted set is written to a snapshot in records of about this many bytes.
+DUMP_CHUNK = 16 << 20
+
+
+def own(data: Payload) -> bytes:
+    """A payload as bytes we may keep (replayed payloads are views of a read buffer)."""
+    return data if isinstance(data, bytes) else bytes(data)
+
+
+def chunks(items: Iterable[_T], size_of: Callable[[_T], int]) -> Iterator[tuple[_T, ...]]:
+    """``items`` in tuples of about DUMP_CHUNK bytes (as ``size_of`` counts them)."""
+    batch: list[_T] = []
+    held = 0
+    for item in items:
+        batch.append(item)
+        held += size_of(item)
+        if held >= DUMP_CHUNK:
+            yield tuple(batch)
+            batch, held = [], 0
+    if batch:
+        yield tuple(batch)

@@ -1,0 +1,130 @@
+"""The mutations of the keyspace: the only ways its durable state changes.
+
+Every write of :class:`~pion.keyspace.Keyspace` builds one of these records, hands it
+to the journal and only then applies it, so replaying the journal through
+:meth:`Keyspace.apply` rebuilds the same state. Records carry *results*, never
+requests: the final value of an INCR, the final scores of a ZADD with GT/LT/INCR, the
+absolute deadline of an EXPIRE, so replay never depends on the clock or on what was
+stored before.
+
+Deadlines are absolute Unix times in milliseconds; 0 means "no expiry". Byte payloads
+(values, fields, members) are whatever buffer the command had; a journal that keeps
+one beyond ``append`` must copy it.
+
+===================  ===========================================================
+record               meaning
+===================  ===========================================================
+``SetString``        a string value replaces whatever the key held, with deadline
+``SetStrings``       MSET: several string values, every deadline cleared
+``DeleteKeys``       keys disappear: ``"del"`` (a client) or ``"expire"`` (their
+                     deadline passed; logged so a restart never revives them)
+``SetDeadline``      an existing key's deadline changes (0: PERSIST)
+``SetFields``        HSET: fields of a hash set (the hash is created if absent)
+``DeleteFields``     HDEL: fields removed (a hash left empty disappears)
+``SetScores``        ZADD: members of a sorted set get these scores (created if
+                     absent)
+``DeleteMembers``    ZREM: members removed (a sorted set left empty disappears)
+``Flush``            FLUSHDB/FLUSHALL: every key disappears
+``NewKey``           snapshots only: an empty hash or sorted set with a deadline,
+                     filled by the SetFields/SetScores records after it
+===================  ===========================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+__all__ = [
+    "DeleteFields",
+    "DeleteKeys",
+    "DeleteMembers",
+    "DeleteReason",
+    "Flush",
+    "KeyMutation",
+    "NewKey",
+    "Payload",
+    "SetDeadline",
+    "SetFields",
+    "SetScores",
+    "SetString",
+    "SetStrings",
+]
+
+# A buffer-protocol payload (what the request decoder and the snapshot reader hand us).
+Payload: TypeAlias = bytes | bytearray | memoryview
+DeleteReason = Literal["del", "expire"]
+
+
+@dataclass(frozen=True, slots=True)
+class SetString:
+    key: bytes
+    value: Payload
+    deadline: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SetStrings:
+    items: tuple[tuple[bytes, Payload], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteKeys:
+    keys: tuple[bytes, ...]
+    reason: DeleteReason = "del"
+
+
+@dataclass(frozen=True, slots=True)
+class SetDeadline:
+    key: bytes
+    deadline: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetFields:
+    key: bytes
+    items: tuple[tuple[bytes, Payload], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteFields:
+    key: bytes
+    fields: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SetScores:
+    key: bytes
+    items: tuple[tuple[float, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteMembers:
+    key: bytes
+    members: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Flush:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class NewKey:
+    key: bytes
+    kind: Literal["hash", "zset"]
+    deadline: int = 0
+
+
+KeyMutation: TypeAlias = (
+    SetString
+    | SetStrings
+    | DeleteKeys
+    | SetDeadline
+    | SetFields
+    | DeleteFields
+    | SetScores
+    | DeleteMembers
+    | Flush
+    | NewKey
+)

@@ -1,0 +1,75 @@
+"""The sorted set value: members with float scores, ordered by (score, member).
+
+Order is Redis's: ascending score, equal scores by member bytes (memcmp, a shorter
+prefix first), which is exactly how Python compares ``(float, bytes)`` tuples. A dict
+gives O(1) ZSCORE; a sorted list of ``(score, member)`` gives O(log n) positions and
+O(n) insertion (a memmove), which for the sizes this keyspace serves (PrefixStore's
+LRU of segments) beats a skip list written in Python.
+
+Scores are never NaN (commands refuse them). ``-0.0`` is kept as given and compares
+equal to ``0.0``, as in Redis.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Iterator
+
+__all__ = ["SortedSet"]
+
+
+class SortedSet:
+    __slots__ = ("_order", "scores")
+
+    def __init__(self) -> None:
+        self.scores: dict[bytes, float] = {}
+        self._order: list[tuple[float, bytes]] = []
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    def __iter__(self) -> Iterator[tuple[float, bytes]]:
+        return iter(self._order)
+
+    def add(self, member: bytes, score: float) -> bool:
+        """Set ``member``'s score; True when the member is new."""
+        old = self.scores.get(member)
+        if old is not None:
+            if old == score:  # as Redis: -0.0 does not replace 0.0, nor the reverse
+                return False
+            del self._order[bisect_left(self._order, (old, member))]
+        self.scores[member] = score
+        insort(self._order, (score, member))
+        return old is None
+
+    def remove(self, member: bytes) -> bool:
+        old = self.scores.pop(member, None)
+        if old is None:
+            return False
+        del self._order[bisect_left(self._order, (old, member))]
+        return True
+
+    def by_rank(self, start: int, stop: int) -> list[tuple[float, bytes]]:
+        """Entries at ranks ``start..stop`` inclusive (already clamped, ascending)."""
+        return self._order[start : stop + 1]
+
+    def rank_bounds(
+        self, low: float, low_open: bool, high: float, high_open: bool
+    ) -> tuple[int, int]:
+        """Ranks ``[first, last)`` of the entries whose score is within the bounds."""
+        order = self._order
+        # (x, b"") sorts before every member of score x; bisect on score alone.
+        first = (
+            bisect_right(order, low, key=lambda e: e[0])
+            if low_open
+            else bisect_left(order, low, key=lambda e: e[0])
+        )
+        last = (
+            bisect_left(order, high, key=lambda e: e[0])
+            if high_open
+            else bisect_right(order, high, key=lambda e: e[0])
+        )
+        return first, max(first, last)
+
+    def at(self, first: int, last: int) -> list[tuple[float, bytes]]:
+        return self._order[first:last]

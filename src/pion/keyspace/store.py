@@ -1,0 +1,499 @@
+"""The keyspace: plain Redis keys (strings, hashes, sorted sets) with expiry, beside the
+V-store and independent of it.
+
+A synchronous, single-owner structure like the V-store: the event loop calls it
+between awaits, nobody sees it half-updated, and it imports nothing of the server.
+
+Values: a string is the ``bytes`` the request carried (never copied), a hash a
+``dict[bytes, bytes]``, a sorted set a :class:`~pion.keyspace.sortedset.SortedSet`.
+Empty hashes and sorted sets never exist: removing the last field removes the key.
+
+Writes follow the V-store's order: validate everything, then ask the memory budget for
+the bytes the write adds (``budget``, which may evict V-store sessions or raise
+``OOMError``: keys themselves are never evicted), then hand the record to the journal
+(:mod:`~pion.keyspace.mutations`), then apply. :meth:`Keyspace.apply` replays a record
+without journaling or budgeting.
+
+Expiry (``expiry.py`` has the policy): a key past its deadline is removed lazily when a
+command touches it and actively by :meth:`Keyspace.sweep`; either way the removal is
+journaled (``DeleteKeys(reason="expire")``) so a restart, whatever its clock says,
+never revives it. If the journal refuses that record (persistence failing), the key is
+removed from memory anyway: its deadline is already durable.
+
+``used_bytes`` is what ``--maxmemory`` counts for the keyspace (``entries.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol, TypeAlias, cast
+
+from pion.errors import PionError, WrongTypeError
+from pion.keyspace.entries import (
+    FIELD_OVERHEAD,
+    KEY_OVERHEAD,
+    MEMBER_OVERHEAD,
+    Entry,
+    Kind,
+    Value,
+    chunks,
+    kind_of,
+    own,
+    value_size,
+)
+from pion.keyspace.expiry import Deadlines, now_ms
+from pion.keyspace.glob import matches_all, stringmatch
+from pion.keyspace.mutations import (
+    DeleteFields,
+    DeleteKeys,
+    DeleteMembers,
+    Flush,
+    KeyMutation,
+    NewKey,
+    SetDeadline,
+    SetFields,
+    SetScores,
+    SetString,
+    SetStrings,
+)
+from pion.keyspace.scan import SlotTable
+from pion.keyspace.sortedset import SortedSet
+
+__all__ = ["Budget", "KeyJournal", "Keyspace"]
+
+log = logging.getLogger("pion.keyspace")
+
+
+class KeyJournal(Protocol):
+    """Where the keyspace's mutations go before they are applied (the WAL). Same
+    contract as :class:`pion.vstore.Journal`: return = accepted, raise = refused."""
+
+    def append(self, mutation: KeyMutation) -> None: ...
+
+
+Budget: TypeAlias = Callable[[int], None]
+"""Asked for the bytes a write adds before it is journaled; raises ``OOMError`` when
+they cannot be had (see ``pion.commands.budget``)."""
+
+
+class Keyspace:
+    """Plain keys; see the module docstring."""
+
+    def __init__(self, clock: Callable[[], int] = now_ms) -> None:
+        self.clock = clock
+        # Attached after recovery (replay goes through apply, which never journals).
+        self.journal: KeyJournal | None = None
+        self.budget: Budget | None = None
+        self._data: dict[bytes, Entry] = {}
+        self._slots = SlotTable(self._relocate)
+        self.deadlines = Deadlines()
+        self.used_bytes = 0
+        # INFO Stats counters, from process start.
+        self.expired_keys = 0
+        self.hits = 0
+        self.misses = 0
+
+    # -- enumeration -----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def reset_stats(self) -> None:
+        """CONFIG RESETSTAT: zero the INFO counters (as Redis does for these three)."""
+        self.expired_keys = self.hits = self.misses = 0
+
+    @property
+    def volatile(self) -> int:
+        """How many keys have a deadline."""
+        return self.deadlines.count
+
+    def avg_ttl(self) -> int:
+        """Mean remaining time to live of the keys with a deadline, in ms."""
+        d = self.deadlines
+        return max(0, d.total // d.count - self.clock()) if d.count else 0
+
+    # -- reads -----------------------------------------------------------------------
+
+    def _entry(self, key: bytes) -> Entry | None:
+        """The key's entry, removing it first if its deadline has passed (Redis expires
+        a key once ``now > deadline``)."""
+        e = self._data.get(key)
+        if e is not None and e.deadline and e.deadline < self.clock():
+            self._expire((key,))
+            return None
+        return e
+
+    def lookup(self, key: bytes, *, read: bool = True) -> Value | None:
+        """The key's value. ``read`` counts a hit or a miss (INFO keyspace_hits and
+        keyspace_misses count the lookups of reading commands, as in Redis)."""
+        e = self._entry(key)
+        if read:
+            if e is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+        return None if e is None else e.value
+
+    def string(self, key: bytes, *, read: bool = True) -> bytes | None:
+        value = self.lookup(key, read=read)
+        if value is None or isinstance(value, bytes):
+            return value
+        raise WrongTypeError()
+
+    def hash(self, key: bytes, *, read: bool = True) -> dict[bytes, bytes] | None:
+        value = self.lookup(key, read=read)
+        if value is None or isinstance(value, dict):
+            return value
+        raise WrongTypeError()
+
+    def zset(self, key: bytes, *, read: bool = True) -> SortedSet | None:
+        value = self.lookup(key, read=read)
+        if value is None or isinstance(value, SortedSet):
+            return value
+        raise WrongTypeError()
+
+    def kind(self, key: bytes) -> Kind | None:
+        e = self._entry(key)
+        return None if e is None else kind_of(e.value)
+
+    def deadline(self, key: bytes) -> int | None:
+        """None: no such key; 0: no deadline; else the absolute deadline in ms."""
+        e = self._entry(key)
+        return None if e is None else e.deadline
+
+    def exists(self, key: bytes) -> bool:
+        return self._entry(key) is not None
+
+    def keys(self, pattern: bytes) -> list[bytes]:
+        """Live keys matching ``pattern`` (expired ones are skipped, not removed)."""
+        now = self.clock()
+        every = matches_all(pattern)
+        return [
+            k
+            for k, e in self._data.items()
+            if not (e.deadline and e.deadline < now) and (every or stringmatch(pattern, k))
+        ]
+
+    def scan(
+        self, cursor: int, count: int, pattern: bytes | None, kind: str | None
+    ) -> tuple[int, list[bytes]]:
+        """One SCAN step: about ``count`` slots from ``cursor`` (``scan.py``)."""
+        nxt, keys = self._slots.walk(cursor, count)
+        now = self.clock()
+        out: list[bytes] = []
+        expired: list[bytes] = []
+        for k in keys:
+            e = self._data[k]
+            if e.deadline and e.deadline < now:
+                expired.append(k)
+            elif (pattern is None or stringmatch(pattern, k)) and (
+                kind is None or kind_of(e.value) == kind
+            ):
+                out.append(k)
+        if expired:
+            self._expire(tuple(expired))
+        return nxt, out
+
+    # -- writes ----------------------------------------------------------------------
+
+    def _journal(self, m: KeyMutation) -> None:
+        if self.journal is not None:
+            self.journal.append(m)
+
+    def _reserve(self, grow: int) -> None:
+        if grow > 0 and self.budget is not None:
+            self.budget(grow)
+
+    def set_string(self, key: bytes, value: bytes, deadline: int = 0) -> None:
+        """SET: ``value`` replaces whatever ``key`` held, with ``deadline`` (0 none)."""
+        e = self._data.get(key)
+        size = len(key) + len(value) + KEY_OVERHEAD  # value_size() of a string
+        self._reserve(size - (e.size if e is not None else 0))
+        self._journal(SetString(key, value, deadline))
+        self._put(key, value, deadline, size)
+
+    def set_strings(self, items: list[tuple[bytes, bytes]]) -> None:
+        """MSET: every pair at once (the last value of a repeated key wins)."""
+        final = dict(items)
+        grow = 0
+        for key, value in final.items():
+            e = self._data.get(key)
+            grow += value_size(key, value) - (e.size if e is not None else 0)
+        self._reserve(grow)
+        self._journal(SetStrings(tuple(items)))
+        for key, value in final.items():
+            self._put(key, value, 0)
+
+    def delete(self, keys: Iterable[bytes]) -> int:
+        """DEL: how many of ``keys`` existed (and were removed)."""
+        live = tuple(dict.fromkeys(k for k in keys if self._entry(k) is not None))
+        if live:
+            self._journal(DeleteKeys(live, "del"))
+            for k in live:
+                self._drop(k)
+        return len(live)
+
+    def persist(self, key: bytes) -> bool:
+        """PERSIST: True when the key existed and had a deadline (now removed)."""
+        e = self._entry(key)
+        if e is None or not e.deadline:
+            return False
+        self._journal(SetDeadline(key, 0))
+        self._set_deadline(key, e, 0)
+        return True
+
+    def set_deadline(self, key: bytes, deadline: int) -> bool:
+        """EXPIRE on an existing key (``deadline`` > 0); False if there is none. A
+        deadline not in the future removes the key (logged as a DEL, as Redis does)."""
+        if deadline <= 0:
+            raise ValueError("a deadline is a positive Unix time in ms")
+        e = self._entry(key)
+        if e is None:
+            return False
+        if deadline <= self.clock():
+            self._journal(DeleteKeys((key,), "del"))
+            self._drop(key)
+            return True
+        self._journal(SetDeadline(key, deadline))
+        self._set_deadline(key, e, deadline)
+        return True
+
+    def hash_set(self, key: bytes, items: list[tuple[bytes, bytes]]) -> int:
+        """HSET: the number of fields that were new."""
+        h = self.hash(key, read=False)
+        final = dict(items)
+        grow = 0 if h is not None else len(key) + KEY_OVERHEAD
+        added = 0
+        for f, v in final.items():
+            old = h.get(f) if h is not None else None
+            if old is None:
+                added += 1
+                grow += len(f) + len(v) + FIELD_OVERHEAD
+            else:
+                grow += len(v) - len(old)
+        self._reserve(grow)
+        self._journal(SetFields(key, tuple(items)))
+        self._apply_fields(key, final.items())
+        return added
+
+    def hash_delete(self, key: bytes, fields: Iterable[bytes]) -> int:
+        h = self.hash(key, read=False)
+        if h is None:
+            return 0
+        gone = tuple(dict.fromkeys(f for f in fields if f in h))
+        if gone:
+            self._journal(DeleteFields(key, gone))
+            self._apply_delete_fields(key, gone)
+        return len(gone)
+
+    def zset_set(self, key: bytes, items: list[tuple[float, bytes]]) -> None:
+        """ZADD's outcome: these members get these scores (computed by the caller)."""
+        z = self.zset(key, read=False)
+        grow = 0 if z is not None else len(key) + KEY_OVERHEAD
+        for m in dict.fromkeys(m for _, m in items):
+            if z is None or m not in z.scores:
+                grow += len(m) + MEMBER_OVERHEAD
+        self._reserve(grow)
+        self._journal(SetScores(key, tuple(items)))
+        self._apply_scores(key, items)
+
+    def zset_delete(self, key: bytes, members: Iterable[bytes]) -> int:
+        z = self.zset(key, read=False)
+        if z is None:
+            return 0
+        gone = tuple(dict.fromkeys(m for m in members if m in z.scores))
+        if gone:
+            self._journal(DeleteMembers(key, gone))
+            self._apply_delete_members(key, gone)
+        return len(gone)
+
+    def flush(self) -> None:
+        """FLUSHDB/FLUSHALL."""
+        self._journal(Flush())
+        self._clear()
+
+    # -- expiry ----------------------------------------------------------------------
+
+    def _expire(self, keys: tuple[bytes, ...]) -> None:
+        try:
+            self._journal(DeleteKeys(keys, "expire"))
+        except PionError as exc:
+            # Persistence is failing; the deadlines are durable already, and the way
+            # back is a snapshot from memory, which must not hold these keys.
+            log.debug("expiring %d keys without a log record: %s", len(keys), exc.message)
+        for k in keys:
+            self._drop(k)
+        self.expired_keys += len(keys)
+
+    def sweep(self, max_keys: int) -> int:
+        """Remove up to ``max_keys`` keys whose deadline has passed, earliest first;
+        returns how many (``expiry.py`` decides how often)."""
+        due = self.deadlines.due(self.clock(), max_keys, self._deadline_of)
+        if due:
+            self._expire(tuple(due))
+        if self.deadlines.stale():
+            self.deadlines.rebuild([(e.deadline, k) for k, e in self._data.items() if e.deadline])
+        return len(due)
+
+    def _deadline_of(self, key: bytes) -> int:
+        e = self._data.get(key)
+        return 0 if e is None else e.deadline
+
+    # -- snapshot and replay ---------------------------------------------------------
+
+    def dump(self) -> Iterator[KeyMutation]:
+        """The records that rebuild the live keys from an empty keyspace (keys already
+        past their deadline are left out). Values are the live objects: consume each
+        record before the keyspace changes."""
+        now = self.clock()
+        for key, e in self._data.items():
+            if e.deadline and e.deadline < now:
+                continue
+            v = e.value
+            if isinstance(v, bytes):
+                yield SetString(key, v, e.deadline)
+            elif isinstance(v, dict):
+                yield NewKey(key, "hash", e.deadline)
+                for fields in chunks(v.items(), lambda i: len(i[0]) + len(i[1])):
+                    yield SetFields(key, fields)
+            else:
+                yield NewKey(key, "zset", e.deadline)
+                for members in chunks(iter(v), lambda i: len(i[1]) + 8):
+                    yield SetScores(key, members)
+
+    def apply(self, m: KeyMutation) -> None:
+        """Apply a journaled record (replay, snapshot load) without journaling it or
+        asking the budget; raises PionError for a record that contradicts the state
+        (a hash record on a string key: the log and snapshot do not belong together)."""
+        if isinstance(m, SetString):
+            self._put(m.key, own(m.value), m.deadline)
+        elif isinstance(m, SetStrings):
+            for key, value in m.items:
+                self._put(key, own(value), 0)
+        elif isinstance(m, DeleteKeys):
+            for key in m.keys:
+                if key in self._data:
+                    self._drop(key)
+        elif isinstance(m, SetDeadline):
+            e = self._data.get(m.key)
+            if e is not None:
+                self._set_deadline(m.key, e, m.deadline)
+        elif isinstance(m, SetFields):
+            self._typed(m.key, dict)
+            self._apply_fields(m.key, ((f, own(v)) for f, v in m.items))
+        elif isinstance(m, DeleteFields):
+            if self._typed(m.key, dict):
+                self._apply_delete_fields(m.key, m.fields)
+        elif isinstance(m, SetScores):
+            self._typed(m.key, SortedSet)
+            self._apply_scores(m.key, m.items)
+        elif isinstance(m, DeleteMembers):
+            if self._typed(m.key, SortedSet):
+                self._apply_delete_members(m.key, m.members)
+        elif isinstance(m, Flush):
+            self._clear()
+        else:
+            self._put(m.key, {} if m.kind == "hash" else SortedSet(), m.deadline)
+
+    def _typed(self, key: bytes, kind: type) -> bool:
+        e = self._data.get(key)
+        if e is not None and not isinstance(e.value, kind):
+            raise PionError(f"a {kind_of(e.value)} record is applied to a key of another type")
+        return e is not None
+
+    # -- internals -------------------------------------------------------------------
+
+    def _relocate(self, key: bytes, slot: int) -> None:
+        self._data[key].slot = slot
+
+    def _put(self, key: bytes, value: Value, deadline: int, size: int = -1) -> None:
+        e = self._data.get(key)
+        if size < 0:
+            size = value_size(key, value)
+        if e is None:
+            e = self._data[key] = Entry(value, self._slots.add(key), 0, size)
+            self.used_bytes += size
+        else:
+            self.used_bytes += size - e.size
+            e.value, e.size = value, size
+        self._set_deadline(key, e, deadline)
+
+    def _set_deadline(self, key: bytes, e: Entry, deadline: int) -> None:
+        if not deadline and not e.deadline:
+            return
+        if e.deadline:
+            self.deadlines.discard(e.deadline)
+        e.deadline = deadline
+        if deadline:
+            self.deadlines.add(key, deadline)
+
+    def _drop(self, key: bytes) -> None:
+        e = self._data.pop(key)
+        self.used_bytes -= e.size
+        if e.deadline:
+            self.deadlines.discard(e.deadline)
+        self._slots.remove(e.slot)
+        self._slots.maybe_compact()
+
+    def _clear(self) -> None:
+        self._data.clear()
+        self._slots.clear()
+        self.deadlines.clear()
+        self.used_bytes = 0
+
+    def _container(self, key: bytes, kind: type) -> Entry:
+        e = self._data.get(key)
+        if e is None:
+            self._put(key, {} if kind is dict else SortedSet(), 0)
+            e = self._data[key]
+        return e
+
+    def _apply_fields(self, key: bytes, items: Iterable[tuple[bytes, bytes]]) -> None:
+        e = self._container(key, dict)
+        h = cast(dict[bytes, bytes], e.value)  # the caller checked the type
+        grow = 0
+        for f, v in items:
+            old = h.get(f)
+            grow += len(v) - len(old) if old is not None else len(f) + len(v) + FIELD_OVERHEAD
+            h[f] = v
+        e.size += grow
+        self.used_bytes += grow
+
+    def _apply_delete_fields(self, key: bytes, fields: Iterable[bytes]) -> None:
+        e = self._data[key]
+        h = cast(dict[bytes, bytes], e.value)
+        shrink = 0
+        for f in fields:
+            old = h.pop(f, None)
+            if old is not None:
+                shrink += len(f) + len(old) + FIELD_OVERHEAD
+        e.size -= shrink
+        self.used_bytes -= shrink
+        if not h:
+            self._drop(key)
+
+    def _apply_scores(self, key: bytes, items: Iterable[tuple[float, bytes]]) -> None:
+        e = self._container(key, SortedSet)
+        z = cast(SortedSet, e.value)
+        grow = 0
+        for score, m in items:
+            if z.add(own(m), score):
+                grow += len(m) + MEMBER_OVERHEAD
+        e.size += grow
+        self.used_bytes += grow
+
+    def _apply_delete_members(self, key: bytes, members: Iterable[bytes]) -> None:
+        e = self._data[key]
+        z = cast(SortedSet, e.value)
+        shrink = 0
+        for m in members:
+            if z.remove(m):
+                shrink += len(m) + MEMBER_OVERHEAD
+        e.size -= shrink
+        self.used_bytes -= shrink
+        if not len(z):
+            self._drop(key)

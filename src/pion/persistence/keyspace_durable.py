@@ -1,0 +1,62 @@
+"""The keyspace as a :class:`~pion.persistence.stores.DurableStore`: its mutations
+become records of op codes 16..31 (``keyspace_format.py``), its snapshot is
+``pion.keyspace.<w>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from pion.keyspace import KeyMutation, Keyspace
+from pion.persistence import keyspace_format
+from pion.persistence.format import Buffer
+from pion.persistence.stores import Frame, FrameSink
+
+__all__ = ["KeyspaceDurable", "KeyspaceJournal"]
+
+
+class KeyspaceJournal:
+    """The keyspace's journal: each mutation as a record to a sink."""
+
+    __slots__ = ("sink",)
+
+    def __init__(self, sink: FrameSink) -> None:
+        self.sink = sink
+
+    def append(self, mutation: KeyMutation) -> None:
+        op, parts = keyspace_format.encode(mutation)
+        self.sink.append_frame(Frame(op, parts))
+
+
+class KeyspaceDurable:
+    """Adapter from :class:`~pion.keyspace.Keyspace` to the durable-store protocol."""
+
+    name = "keyspace"
+
+    def __init__(self, keyspace: Keyspace) -> None:
+        self.keyspace = keyspace
+
+    @property
+    def ops(self) -> Mapping[int, str]:
+        return keyspace_format.OPS
+
+    @property
+    def unit_ops(self) -> frozenset[int]:
+        return keyspace_format.UNIT_OPS
+
+    def frames(self) -> Iterator[Frame]:
+        for m in self.keyspace.dump():
+            op, parts = keyspace_format.encode(m)
+            yield Frame(op, parts)
+
+    def apply_frame(self, op: int, payload: Buffer) -> None:
+        self.keyspace.apply(keyspace_format.decode(op, payload))
+
+    def attach(self, sink: FrameSink | None) -> None:
+        self.keyspace.journal = None if sink is None else KeyspaceJournal(sink)
+
+    def held_bytes(self) -> int:
+        return self.keyspace.used_bytes
+
+    def units(self) -> int:
+        return len(self.keyspace)

@@ -1,0 +1,309 @@
+"""The keyspace's records (op codes 16..31) in the log and in ``pion.keyspace.<w>``,
+byte by byte.
+
+Framing, headers and CRCs are ``format.py``'s. Every integer is little-endian; op codes
+are frozen (never reused, never renumbered). Fields::
+
+    blob      [u32 n][n bytes]          a key, field, member or value
+    deadline  i64                       absolute Unix ms, 0 = none; never negative
+    score     f64                       IEEE double, never NaN
+
+Op codes and payloads::
+
+    16 SET       blob key, deadline, then the value: every byte left in the payload
+    17 MSET      u32 count >= 1, count x (blob key, blob value); deadlines cleared
+    18 DEL       u8 reason (1 a client's DEL, 2 the deadline passed), u32 count >= 1,
+                 count x blob key
+    19 EXPIREAT  blob key, deadline (0: PERSIST)
+    20 HSET      blob key, u32 count >= 1, count x (blob field, blob value)
+    21 HDEL      blob key, u32 count >= 1, count x blob field
+    22 ZADD      blob key, u32 count >= 1, count x (score, blob member)
+    23 ZREM      blob key, u32 count >= 1, count x blob member
+    24 FLUSH     (empty)
+    25 KEY       blob key, u8 kind (1 hash, 2 sorted set), deadline; snapshot only
+    26..31       reserved for the keyspace
+
+Each record is one command's whole effect (an MSET, a DEL of many keys, an HSET of
+many fields), so a command is atomic across a crash. A snapshot holds, per live key,
+one SET (a string) or one KEY followed by HSET/ZADD records of at most ~16 MB each (a
+hash, a sorted set); its END record counts the SET and KEY records (the keys).
+
+Counts are checked against the bytes left before anything is allocated (an item is at
+least 4 bytes), so a damaged count can never make a reader build a huge list.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Final
+
+from pion.keyspace import (
+    DeleteFields,
+    DeleteKeys,
+    DeleteMembers,
+    Flush,
+    KeyMutation,
+    NewKey,
+    SetDeadline,
+    SetFields,
+    SetScores,
+    SetString,
+    SetStrings,
+)
+from pion.keyspace.mutations import Payload
+from pion.persistence.format import Buffer, FormatError
+
+__all__ = ["OPS", "UNIT_OPS", "decode", "describe", "encode", "op_of"]
+
+OP_SET: Final = 16
+OP_MSET: Final = 17
+OP_DEL: Final = 18
+OP_EXPIREAT: Final = 19
+OP_HSET: Final = 20
+OP_HDEL: Final = 21
+OP_ZADD: Final = 22
+OP_ZREM: Final = 23
+OP_FLUSH: Final = 24
+OP_KEY: Final = 25
+
+OPS: Final = {
+    OP_SET: "SET",
+    OP_MSET: "MSET",
+    OP_DEL: "DEL",
+    OP_EXPIREAT: "EXPIREAT",
+    OP_HSET: "HSET",
+    OP_HDEL: "HDEL",
+    OP_ZADD: "ZADD",
+    OP_ZREM: "ZREM",
+    OP_FLUSH: "FLUSH",
+    OP_KEY: "KEY",
+}
+UNIT_OPS: Final = frozenset({OP_SET, OP_KEY})
+
+_U8: Final = struct.Struct("<B")
+_U32: Final = struct.Struct("<I")
+_I64: Final = struct.Struct("<q")
+_F64: Final = struct.Struct("<d")
+_REASONS: Final = {"del": 1, "expire": 2}
+_REASON_NAMES: Final = {1: "del", 2: "expire"}
+_KINDS: Final = {"hash": 1, "zset": 2}
+_KIND_NAMES: Final = {1: "hash", 2: "zset"}
+# Buffers at least this big travel as their own writev part instead of being joined.
+_BIG: Final = 64 << 10
+
+
+class _Parts:
+    """A payload under construction: small pieces joined, big values kept as views."""
+
+    __slots__ = ("out", "small")
+
+    def __init__(self) -> None:
+        self.out: list[Buffer] = []
+        self.small = bytearray()
+
+    def raw(self, data: bytes) -> None:
+        self.small += data
+
+    def blob(self, data: Payload) -> None:
+        n = memoryview(data).nbytes
+        self.small += _U32.pack(n)
+        self.tail(data, n)
+
+    def tail(self, data: Payload, n: int) -> None:
+        if n >= _BIG:
+            if self.small:
+                self.out.append(bytes(self.small))
+                self.small = bytearray()
+            self.out.append(data)
+        else:
+            self.small += data
+
+    def done(self) -> list[Buffer]:
+        if self.small:
+            self.out.append(bytes(self.small))
+        return self.out
+
+
+def op_of(m: KeyMutation) -> int:
+    return _OP_BY_TYPE[type(m)]
+
+
+def encode(m: KeyMutation) -> tuple[int, list[Buffer]]:
+    """A mutation as (op code, payload buffers); values are passed through uncopied."""
+    if type(m) is SetString and isinstance(m.value, bytes):
+        # The hot path (every SET): one small header, the value as it came.
+        head = _U32.pack(len(m.key)) + m.key + _I64.pack(m.deadline)
+        return OP_SET, ([head + m.value] if len(m.value) < _BIG else [head, m.value])
+    p = _Parts()
+    if isinstance(m, SetString):
+        p.blob(m.key)
+        p.raw(_I64.pack(m.deadline))
+        p.tail(m.value, memoryview(m.value).nbytes)
+    elif isinstance(m, SetStrings):
+        p.raw(_U32.pack(len(m.items)))
+        for key, value in m.items:
+            p.blob(key)
+            p.blob(value)
+    elif isinstance(m, DeleteKeys):
+        p.raw(_U8.pack(_REASONS[m.reason]) + _U32.pack(len(m.keys)))
+        for key in m.keys:
+            p.blob(key)
+    elif isinstance(m, SetDeadline):
+        p.blob(m.key)
+        p.raw(_I64.pack(m.deadline))
+    elif isinstance(m, SetFields):
+        p.blob(m.key)
+        p.raw(_U32.pack(len(m.items)))
+        for field, value in m.items:
+            p.blob(field)
+            p.blob(value)
+    elif isinstance(m, (DeleteFields, DeleteMembers)):
+        names = m.fields if isinstance(m, DeleteFields) else m.members
+        p.blob(m.key)
+        p.raw(_U32.pack(len(names)))
+        for name in names:
+            p.blob(name)
+    elif isinstance(m, SetScores):
+        p.blob(m.key)
+        p.raw(_U32.pack(len(m.items)))
+        for score, member in m.items:
+            p.raw(_F64.pack(score))
+            p.blob(member)
+    elif isinstance(m, NewKey):
+        p.blob(m.key)
+        p.raw(_U8.pack(_KINDS[m.kind]) + _I64.pack(m.deadline))
+    return op_of(m), p.done()
+
+
+class _Reader:
+    """Bounds-checked reads over one payload; every overrun is a FormatError."""
+
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, payload: Buffer) -> None:
+        self.buf = memoryview(payload).cast("B")
+        self.pos = 0
+
+    def left(self) -> int:
+        return len(self.buf) - self.pos
+
+    def unpack(self, st: struct.Struct) -> int | float:
+        if self.pos + st.size > len(self.buf):
+            raise FormatError("payload is shorter than its fields")
+        (value,) = st.unpack_from(self.buf, self.pos)
+        self.pos += st.size
+        out: int | float = value
+        return out
+
+    def u32(self) -> int:
+        return int(self.unpack(_U32))
+
+    def blob(self) -> memoryview:
+        n = self.u32()
+        if n > self.left():
+            raise FormatError(f"a {n}-byte field runs past the payload")
+        out = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def key(self) -> bytes:
+        return bytes(self.blob())
+
+    def deadline(self) -> int:
+        value = int(self.unpack(_I64))
+        if value < 0:
+            raise FormatError(f"negative deadline {value}")
+        return value
+
+    def count(self, min_item: int) -> int:
+        n = self.u32()
+        if n < 1 or n * min_item > self.left():
+            raise FormatError(f"count {n} does not fit the {self.left()} bytes left")
+        return n
+
+    def rest(self) -> memoryview:
+        out = self.buf[self.pos :]
+        self.pos = len(self.buf)
+        return out
+
+    def done(self) -> None:
+        if self.pos != len(self.buf):
+            raise FormatError(f"{len(self.buf) - self.pos} trailing payload bytes")
+
+
+def _names(r: _Reader) -> tuple[bytes, ...]:
+    return tuple(r.key() for _ in range(r.count(4)))
+
+
+def decode(op: int, payload: Buffer) -> KeyMutation:
+    """The mutation a record holds. Values are views of ``payload`` (no copy); keys,
+    fields and members are bytes."""
+    r = _Reader(payload)
+    m: KeyMutation
+    if op == OP_SET:
+        key = r.key()
+        deadline = r.deadline()
+        m = SetString(key, r.rest(), deadline)
+    elif op == OP_MSET:
+        m = SetStrings(tuple((r.key(), r.blob()) for _ in range(r.count(8))))
+    elif op == OP_DEL:
+        reason = int(r.unpack(_U8))
+        if reason not in _REASON_NAMES:
+            raise FormatError(f"unknown DEL reason {reason}")
+        m = DeleteKeys(_names(r), "del" if reason == 1 else "expire")
+    elif op == OP_EXPIREAT:
+        key = r.key()
+        m = SetDeadline(key, r.deadline())
+    elif op == OP_HSET:
+        key = r.key()
+        m = SetFields(key, tuple((r.key(), r.blob()) for _ in range(r.count(8))))
+    elif op == OP_HDEL:
+        key = r.key()
+        m = DeleteFields(key, _names(r))
+    elif op == OP_ZADD:
+        key = r.key()
+        m = SetScores(key, tuple(_score_member(r) for _ in range(r.count(12))))
+    elif op == OP_ZREM:
+        key = r.key()
+        m = DeleteMembers(key, _names(r))
+    elif op == OP_FLUSH:
+        m = Flush()
+    elif op == OP_KEY:
+        key = r.key()
+        kind = int(r.unpack(_U8))
+        if kind not in _KIND_NAMES:
+            raise FormatError(f"unknown key kind {kind}")
+        m = NewKey(key, "hash" if kind == 1 else "zset", r.deadline())
+    else:
+        raise FormatError(f"unknown op code {op}")
+    r.done()
+    return m
+
+
+def _score_member(r: _Reader) -> tuple[float, bytes]:
+    score = float(r.unpack(_F64))
+    if math.isnan(score):
+        raise FormatError("a NaN score")
+    return score, r.key()
+
+
+def describe(op: int, payload: Buffer) -> str:
+    m = decode(op, payload)
+    if isinstance(m, DeleteKeys):
+        return f"DEL({m.reason})"
+    return OPS[op]
+
+
+_OP_BY_TYPE: Final[dict[type, int]] = {
+    SetString: OP_SET,
+    SetStrings: OP_MSET,
+    DeleteKeys: OP_DEL,
+    SetDeadline: OP_EXPIREAT,
+    SetFields: OP_HSET,
+    DeleteFields: OP_HDEL,
+    SetScores: OP_ZADD,
+    DeleteMembers: OP_ZREM,
+    Flush: OP_FLUSH,
+    NewKey: OP_KEY,
+}

@@ -1,0 +1,200 @@
+"""Read-through: copy sessions the tier holds into the local V-store, bit-exact.
+
+The tier holds stored-format bytes, so a fill never quantizes: each chunk becomes a
+``VStore.store_encoded`` of the same bytes, and what the local V-store then serves is
+byte for byte what the writing node served. The filled sessions go neither back to the
+tier (``TierJournal.local_only``) nor into the WAL (``FillGate``: they are a cache of
+the tier until a local write makes them the node's own).
+
+Order, so a bad or incomplete copy changes nothing: read the metas, bitmaps and block
+tables and check them all (every block a layer needs must be marked written, the
+block holding its last row included); refuse a copy larger than ``--maxmemory``; only
+then create the local sessions and stream the row chunks in batches of whole layers, at
+most :data:`FILL_BATCH_BYTES` (bounding the bytes held twice, as reply and as rows),
+checking every chunk of a batch before any is stored. Adjacent chunks of a layer are
+stored as one run (``_runs``). Should a chunk be missing (evicted by the cluster)
+or the tier fail half-way, the sessions created by this fill are dropped again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from pion.errors import OOMError, PionError
+from pion.tier.journal import FillGate, TierJournal
+from pion.tier.keys import CHUNK_ROWS, KeyLayout
+from pion.tier.meta import TierFormatError, TierMeta
+from pion.tier.remote import Remote, RemoteBlocks, decode_blocks
+from pion.vstore import VStore
+
+__all__ = ["FILL_BATCH_BYTES", "Fill", "TierIncomplete", "fill_sessions", "plan_fill"]
+
+log = logging.getLogger("pion.tier")
+
+# Row bytes requested from the tier per pipeline: big enough to keep every node busy
+# (a 64 MiB prefix is one batch), small enough to bound the transient copy.
+FILL_BATCH_BYTES = 64 << 20
+
+
+class TierIncomplete(Exception):
+    """The tier's copy lacks rows its metadata promises (the cluster evicted a key)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRef:
+    sid: bytes
+    name: str
+    layer: int
+    block: int
+    rows: int  # rows of the block below the layer's high-water mark
+    last: bool  # the block holding the layer's last row: it must hold all of them
+    row_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fill:
+    """Everything checked about one session before the local store is touched."""
+
+    meta: TierMeta
+    blocks: RemoteBlocks | None
+    chunks: tuple[ChunkRef, ...]
+
+
+def plan_fill(keys: KeyLayout, meta: TierMeta, bitmap: bytes, blocks: bytes | None) -> Fill:
+    """The chunks to read for ``meta``, given its written-blocks bitmap."""
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8))
+    refs: list[ChunkRef] = []
+    for layer, tpl in sorted(meta.tpl.items()):
+        row_bytes = meta.layout.row_bytes(layer)
+        last = (tpl - 1) // CHUNK_ROWS
+        for block in range(last + 1):
+            bit = keys.bit(layer, block)
+            if bit < bits.size and bits[bit]:
+                name = keys.chunk(meta.sid, meta.gen, layer, block)
+                rows = min(CHUNK_ROWS, tpl - block * CHUNK_ROWS)
+                refs.append(ChunkRef(meta.sid, name, layer, block, rows, block == last, row_bytes))
+            elif block == last:
+                raise TierIncomplete(
+                    f"layer {layer} holds {tpl} rows but the block of its last row is "
+                    "not marked written"
+                )
+    table = decode_blocks(blocks) if blocks is not None else None
+    return Fill(meta, table, tuple(refs))
+
+
+def _batches(refs: Sequence[ChunkRef]) -> Iterator[list[ChunkRef]]:
+    """Whole layers (their chunks in block order) per batch, up to FILL_BATCH_BYTES
+    (a layer larger than that is a batch of its own)."""
+    batch: list[ChunkRef] = []
+    size = 0
+    for (_, _), group in itertools.groupby(refs, key=lambda r: (r.sid, r.layer)):
+        layer = list(group)
+        nbytes = sum(ref.rows * ref.row_bytes for ref in layer)
+        if batch and size + nbytes > FILL_BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+        batch += layer
+        size += nbytes
+    if batch:
+        yield batch
+
+
+def _runs(
+    pieces: Sequence[tuple[ChunkRef, npt.NDArray[np.uint8] | None]],
+) -> Iterator[tuple[ChunkRef, npt.NDArray[np.uint8]]]:
+    """Adjacent chunks of a layer joined into one run of rows (the first chunk's ref,
+    the rows): one store and one log record per run, and the layer's buffer is
+    allocated once instead of growing chunk by chunk. A hole (a missing block, or a
+    block not written to its end) starts a new run."""
+    run: list[npt.NDArray[np.uint8]] = []
+    head: ChunkRef | None = None
+    prev: ChunkRef | None = None
+    for ref, rows in pieces:
+        if rows is None:
+            continue
+        joins = (
+            head is not None
+            and prev is not None
+            and (prev.sid, prev.layer, prev.block + 1) == (ref.sid, ref.layer, ref.block)
+            and sum(len(r) for r in run) == (ref.block - head.block) * CHUNK_ROWS
+        )
+        if not joins:
+            if head is not None:
+                yield head, run[0] if len(run) == 1 else np.concatenate(run)
+            head, run = ref, []
+        run.append(rows)
+        prev = ref
+    if head is not None:
+        yield head, run[0] if len(run) == 1 else np.concatenate(run)
+
+
+def _rows(ref: ChunkRef, data: bytes | None) -> npt.NDArray[np.uint8] | None:
+    """The chunk's rows below the high-water mark as ``[n, row_bytes]`` uint8."""
+    if data is None:
+        raise TierIncomplete(f"layer {ref.layer} block {ref.block} is marked written but gone")
+    if len(data) % ref.row_bytes or len(data) > CHUNK_ROWS * ref.row_bytes:
+        raise TierFormatError(
+            f"layer {ref.layer} block {ref.block}: {len(data)} bytes is not a whole number "
+            f"of {ref.row_bytes}-byte rows (at most {CHUNK_ROWS})"
+        )
+    held = len(data) // ref.row_bytes
+    if ref.last and held < ref.rows:
+        raise TierIncomplete(f"layer {ref.layer} block {ref.block} ends before its last row")
+    # Rows past the mark arrived after we read it (a concurrent append): not ours yet.
+    take = min(held, ref.rows)
+    if take == 0:
+        return None
+    rows = np.frombuffer(data, dtype=np.uint8, count=take * ref.row_bytes)
+    return rows.reshape(take, ref.row_bytes)
+
+
+def fill_sessions(
+    remote: Remote, vstore: VStore, journal: TierJournal, gate: FillGate, plans: Sequence[Fill]
+) -> int:
+    """Create and fill the planned sessions locally; returns the row bytes filled.
+    Raises (TierIOError, TierIncomplete, TierFormatError, PionError) with the local
+    store as it was, apart from evictions made to fit."""
+    total = sum(p.meta.nbytes for p in plans)
+    if vstore.maxmemory and total > vstore.maxmemory:
+        raise OOMError(
+            f"the tier's copy ({total} bytes) is larger than maxmemory ({vstore.maxmemory})"
+        )
+    created: list[bytes] = []
+    filled = 0
+    with journal.local_only(), gate.filling([p.meta.sid for p in plans]):
+        try:
+            for p in plans:
+                layout = p.meta.layout
+                if layout.schema is None:
+                    vstore.create(p.meta.sid, layout.default_dim, layout.default_fmt)
+                else:
+                    vstore.create_schema(
+                        p.meta.sid, layout.default_dim, layout.schema, layout.ropes
+                    )
+                created.append(p.meta.sid)
+            refs = [ref for p in plans for ref in p.chunks]
+            for batch in _batches(refs):
+                replies = remote.read_chunks([ref.name for ref in batch])
+                pieces = [(ref, _rows(ref, data)) for ref, data in zip(batch, replies, strict=True)]
+                del replies
+                for head, rows in _runs(pieces):
+                    vstore.store_encoded(head.sid, head.layer, head.block * CHUNK_ROWS, rows)
+                    filled += rows.nbytes
+            for p in plans:
+                if p.blocks is not None:
+                    hashes = np.frombuffer(p.blocks.hashes, dtype="<u8")
+                    vstore.set_blocks(p.meta.sid, p.blocks.block_size, hashes)
+        except BaseException:
+            for sid in created:
+                try:
+                    vstore.drop(sid)
+                except PionError as exc:  # the WAL failing too: report the first error
+                    log.error("could not undo the partial fill of %r: %s", sid, exc.message)
+            raise
+    return filled
