@@ -108,8 +108,6 @@ class Connection(asyncio.BufferedProtocol):
         self._registered = False
         # Reply bytes handed to the sink and not yet written to the transport.
         self._held = 0
-        # What this connection last reported to the client-memory accounting.
-        self._reported = 0
         # The deferred command in progress (module docstring), its arguments and their
         # size; then the next command, parsed ahead while it runs (or the protocol
         # error in its place), and that command's size.
@@ -450,12 +448,10 @@ class Connection(asyncio.BufferedProtocol):
             self._process()
 
     def _report(self) -> None:
+        # Every time, even when unchanged: a report is also what enforces a
+        # maxmemory-clients bound lowered at runtime (CONFIG SET).
         if self._registered and not self._closed:
-            usage = self._query_bytes() + self._unsent()
-            # Most reads leave nothing held: then there is nothing new to report.
-            if usage != self._reported:
-                self._reported = usage
-                self._memory.update(self, usage)
+            self._memory.update(self, self._query_bytes() + self._unsent())
 
     def _query_bytes(self) -> int:
         return self._decoder.held + self._next_bytes + self._busy_bytes
