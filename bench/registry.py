@@ -6,7 +6,8 @@
 2. KV.PREFIX.MEMBERSHIP end to end from redis-py (hiredis parser) over loopback,
    p50/p99 over --calls calls after warm-up, against redis-server SET of the same
    12.5 KB blob through the same client (issue 13: p50 within 1.5x, p99 within 2x);
-   GET of it and PING to both servers (the loopback floor) for reference. Pion
+   GET of it and PING to both servers (the loopback floor) for reference. The calls of
+   every series are interleaved, so load from elsewhere on the machine falls on all. Pion
    publishes 125 us p50 / 270 us p99 (Apple Silicon).
 3. KV.PREFIX.LOOKUP throughput with redis-benchmark (50 clients, unpipelined and -P 16,
    one server process) against redis-server GET in the same run. Issue 13 targets:
@@ -36,16 +37,21 @@ from pion.server.run import build_state
 from pion.vstore.views import COMPILED as MEMBERSHIP_COMPILED
 
 
-def _latencies(fn: object, calls: int, warmup: int) -> np.ndarray:
-    call = fn  # type: ignore[assignment]
+def _latencies(
+    fns: dict[str, Callable[[], object]], calls: int, warmup: int
+) -> dict[str, np.ndarray]:
+    """Per-call microseconds of each of ``fns``, the calls interleaved (one of each in
+    turn), so a burst of load on the machine hits every series alike."""
     for _ in range(warmup):
-        call()  # type: ignore[operator]
-    out = np.empty(calls)
+        for fn in fns.values():
+            fn()
+    out = {name: np.empty(calls) for name in fns}
     for i in range(calls):
-        t0 = time.perf_counter_ns()
-        call()  # type: ignore[operator]
-        out[i] = time.perf_counter_ns() - t0
-    return out / 1000.0  # microseconds
+        for name, fn in fns.items():
+            t0 = time.perf_counter_ns()
+            fn()
+            out[name][i] = time.perf_counter_ns() - t0
+    return {name: times / 1000.0 for name, times in out.items()}
 
 
 def _tables() -> tuple[np.ndarray, bytes]:
@@ -120,14 +126,22 @@ def membership(calls: int) -> dict[str, float]:
         )
         expected = r.execute_command("KV.PREFIX.MEMBERSHIP", "bench", n, probe_blob)
         assert len(expected) == (n + 7) // 8
-        lat = _latencies(
-            lambda: r.execute_command("KV.PREFIX.MEMBERSHIP", "bench", n, probe_blob), calls, 1000
-        )
-        pion_ping = _latencies(r.ping, calls, 1000)
         b = redis.Redis(port=baseline.port)
-        base_set = _latencies(lambda: b.set("k", probe_blob), calls, 1000)
-        base = _latencies(lambda: b.get("k"), calls, 1000)
-        base_ping = _latencies(b.ping, calls, 1000)
+        series = _latencies(
+            {
+                "membership": lambda: r.execute_command(
+                    "KV.PREFIX.MEMBERSHIP", "bench", n, probe_blob
+                ),
+                "set": lambda: b.set("k", probe_blob),
+                "get": lambda: b.get("k"),
+                "pion_ping": r.ping,
+                "redis_ping": b.ping,
+            },
+            calls,
+            1000,
+        )
+        lat, base_set, base = series["membership"], series["set"], series["get"]
+        pion_ping, base_ping = series["pion_ping"], series["redis_ping"]
     finally:
         pion.stop()
         baseline.stop()

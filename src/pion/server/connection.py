@@ -227,7 +227,9 @@ class Connection(asyncio.BufferedProtocol):
         proto_error: ProtocolError | None = None
         # Unsent bytes change only when this loop sends: read once, and after a send.
         unsent = self._unsent()
-        while not (self._closed or self._writing_paused or self._backlogged or self._busy):
+        while not (
+            self._closed or self._writing_paused or self._backlogged or self._busy is not None
+        ):
             if transport.is_closing():
                 # The peer hung up (a write failed) or we are closing: whatever it
                 # still had pipelined would build replies nobody reads.
