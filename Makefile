@@ -12,7 +12,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 # Stamp files: reinstall only when the pins change.
-$(VENV)/.installed: requirements.txt pyproject.toml src/pion/resp/_speedups.c src/pion/vstore/_speedups.c | $(BIN)/python
+$(VENV)/.installed: requirements.txt pyproject.toml src/pion/resp/_speedups.c src/pion/vstore/_speedups.c src/pion/codecs/_speedups.c | $(BIN)/python
 	$(BIN)/pip install -q -r requirements.txt
 	$(BIN)/pip install -q --no-deps -e .
 	scripts/build-speedups $(BIN)/python
@@ -62,4 +62,4 @@ llama-server: system-deps
 	scripts/build-llama-server >/dev/null
 
 clean:
-	rm -rf $(VENV) .venv-3.* .mypy_cache .ruff_cache .pytest_cache src/pion/resp/*.so src/pion/vstore/*.so
+	rm -rf $(VENV) .venv-3.* .mypy_cache .ruff_cache .pytest_cache src/pion/resp/*.so src/pion/vstore/*.so src/pion/codecs/*.so
