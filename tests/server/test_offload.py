@@ -230,7 +230,7 @@ def test_one_command_at_a_time_and_one_parsed_ahead(tmp_path: Path, small_offloa
 
 
 def test_streamed_reply_waits_for_a_client_behind(tmp_path: Path, small_offload: None) -> None:
-    """Each decoded piece is sent before the next is computed, and the next waits
+    """Pieces are computed two at a time and sent in order; no further piece starts
     while the client is behind on reading (the reply high-water mark)."""
 
     async def body() -> None:
@@ -244,13 +244,15 @@ def test_streamed_reply_waits_for_a_client_behind(tmp_path: Path, small_offload:
         manual.run_all()
         t.keep = True
         conn.data_received(encode("V.FETCH", "s", 0, "RANGE", 0, 200) + encode("PING"))
-        # 200 x 64 x 4 = 51,200 bytes in 8 KiB pieces: one computed at a time.
+        # 200 x 64 x 4 = 51,200 bytes in 8 KiB pieces, STREAM_DEPTH (2) computed at once.
+        assert len(manual.queue) == 2
+        manual.run_one()  # piece 1 sent (8 KiB, under the 10,000-byte mark): piece 3 starts
+        assert len(manual.queue) == 2
+        manual.run_one()  # piece 2 takes the socket over the mark: nothing new starts
         assert len(manual.queue) == 1
-        manual.run_one()  # piece 1 sent (8 KiB, under the 10,000-byte mark): next
-        assert len(manual.queue) == 1
-        manual.run_one()  # piece 2 takes the socket over the mark: the next waits
+        manual.run_one()  # piece 3 was computing already: it is sent too
         assert manual.queue == []
-        assert conn._held_piece is not None
+        assert conn._busy is not None  # the rest waits for the client to read
         while conn._busy is not None:
             t.drain()
             await asyncio.sleep(0)

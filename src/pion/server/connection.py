@@ -47,11 +47,10 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
-from functools import partial
+from collections.abc import Sequence
 from typing import Any, cast
 
-from pion.commands.deferred import Deferred, Offload, Piece
+from pion.commands.deferred import Deferred, Offload
 from pion.commands.state import ClientState, CommandTable, Context, ServerState
 from pion.errors import ProtocolError
 from pion.resp.decoder import SCRATCH_BYTES, RequestDecoder
@@ -60,6 +59,7 @@ from pion.server.clientmem import ClientMemory
 from pion.server.dispatch import complete, execute
 from pion.server.offload import Offloader, piece_bytes, stream_parts
 from pion.server.replies import ReplySink
+from pion.server.streaming import StreamSender
 
 __all__ = ["Connection"]
 
@@ -117,11 +117,8 @@ class Connection(asyncio.BufferedProtocol):
         self._next: list[bytes] | None = None
         self._next_error: ProtocolError | None = None
         self._next_bytes = 0
-        # A streamed reply in progress: what is left of it, the bytes each of its bulks
-        # still owes, and a piece held back until the client reads (high-water mark).
-        self._parts: Iterator[bytes | tuple[int, Callable[[], Piece]]] | None = None
-        self._owed: list[int] = []
-        self._held_piece: tuple[int, Callable[[], Piece]] | None = None
+        # The streamed reply being sent, while one is.
+        self._streamer: StreamSender | None = None
         self.client = ClientState(id=client_id, created=time.time())
         self._ctx = Context(state=state, client=self.client, table=table)
 
@@ -305,9 +302,16 @@ class Connection(asyncio.BufferedProtocol):
         if isinstance(deferred, Offload):
             offload.submit(deferred.work, lambda result: self._finished(deferred, result))
             return
-        self._parts = stream_parts(deferred, self.client.proto)
-        self._owed = [0 if item is None else item.nbytes for item in deferred.items]
-        self._continue_stream()
+        self._streamer = StreamSender(
+            deferred,
+            self.client.proto,
+            offload,
+            send=self._send,
+            behind=self._behind,
+            alive=lambda: not self._closed,
+            done=self._streamed,
+        )
+        self._streamer.pump()
 
     def _finished(self, offload: Offload[Any], result: object) -> None:
         """An offloaded command's work is done: finish it (its state change happens
@@ -318,68 +322,26 @@ class Connection(asyncio.BufferedProtocol):
             self._send(out, nbytes)
         self._done()
 
-    def _continue_stream(self) -> None:
-        """Send the framing up to the next piece, then compute that piece on a worker
-        thread, unless the client is behind (then it waits for ``_resume``)."""
-        parts = self._parts
-        offload = self._offload
-        if parts is None or offload is None:
-            return
-        framing: Chunks = []
-        nbytes = 0
-        while not self._closed:
-            part = self._held_piece or next(parts, None)
-            self._held_piece = None
-            if part is None:
-                break
-            if isinstance(part, bytes):
-                framing.append(part)
-                nbytes += len(part)
-                continue
-            if framing:
-                self._send(framing, nbytes)
-                framing, nbytes = [], 0
-            if self._unsent() > self._high_water or self._writing_paused:
-                if not self._writing_paused:
-                    self._backlogged = True
-                self._held_piece = part
-                return
-            index, compute = part
-            offload.submit(partial(piece_bytes, compute), partial(self._piece_done, index))
-            return
-        if framing and not self._closed:
-            self._send(framing, nbytes)
-        if any(self._owed) and not self._closed:
-            self._stream_broken(f"pieces short by {self._owed}")
-        self._parts = None
+    def _behind(self) -> bool:
+        """The client is behind on reading: no further piece of a stream starts."""
+        if self._writing_paused:
+            return True
+        if self._unsent() > self._high_water:
+            self._backlogged = True  # the sink holds them: its write() resumes us
+            return True
+        return False
+
+    def _streamed(self, error: str | None, exc: BaseException | None) -> None:
+        """The streamed reply is sent, or its client gone, or (``error``) it broke
+        after its framing went out: then the reply cannot be completed, so the
+        connection is dropped (a Pion bug; logged once)."""
+        if error is not None:
+            self._state.counters.internal_errors += 1
+            name = self._busy_argv[0].decode("utf-8", "replace")[:64] if self._busy_argv else "?"
+            log.error("internal error streaming the reply of %s: %s", name, error, exc_info=exc)
+            self.abort()
+        self._streamer = None
         self._done()
-
-    def _piece_done(self, index: int, result: memoryview | BaseException) -> None:
-        if self._closed:
-            self._parts = None
-            self._done()
-            return
-        if isinstance(result, BaseException):
-            self._stream_broken(repr(result), result)
-            self._parts = None
-            self._done()
-            return
-        self._owed[index] -= result.nbytes
-        if self._owed[index] < 0:
-            self._stream_broken(f"bulk {index} over-ran its size")
-            self._parts = None
-            self._done()
-            return
-        self._send([result], result.nbytes)
-        self._continue_stream()
-
-    def _stream_broken(self, what: str, exc: BaseException | None = None) -> None:
-        """A piece failed after the reply's framing went out: the reply cannot be
-        completed, so the connection is dropped (a Pion bug; logged once)."""
-        self._state.counters.internal_errors += 1
-        name = self._busy_argv[0].decode("utf-8", "replace")[:64] if self._busy_argv else "?"
-        log.error("internal error streaming the reply of %s: %s", name, what, exc_info=exc)
-        self.abort()
 
     def _done(self) -> None:
         """The deferred command's reply has been handed on: the next one may start."""
@@ -441,9 +403,9 @@ class Connection(asyncio.BufferedProtocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        if self._held_piece is not None:
+        if self._streamer is not None:
             self._update_reading()
-            self._continue_stream()
+            self._streamer.pump()
         elif self._busy is not None:
             self._update_reading()
         else:
