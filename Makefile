@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 1974
 DATA   ?= ./data
 
-.PHONY: serve test lint typecheck pytest compat bench install dev clean llama-server system-deps
+.PHONY: serve test lint typecheck pytest compat bench bench-quick install dev clean llama-server system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || { echo "run: sudo apt-get install -y python3-venv" >&2; exit 1; }
@@ -42,16 +42,27 @@ pytest: dev system-deps llama-server
 	PION_REQUIRE_SPEEDUPS=1 $(BIN)/python -m pytest -q
 
 ## Install what the tests need (Debian packages, llama-server, pinned Python deps),
-## then lint, type-check and run the whole test suite.
-test: lint typecheck pytest compat
+## then lint, type-check, run the whole test suite and the benchmarks at smoke sizes.
+test: lint typecheck pytest compat bench-quick
 
 ## The server core's tests on the other Python versions pyproject.toml declares.
 compat: system-deps
 	scripts/test-other-pythons
 
-## Benchmarks: tables on stdout, JSON under bench/results/.
-bench: dev
+## Benchmarks: tables on stdout, JSON under bench/results/, then BENCHMARKS.md and its
+## plots (docs/bench/) from those results.
+bench: dev system-deps llama-server
 	$(BIN)/python bench/run.py
+	$(BIN)/python bench/report.py
+
+## Every benchmark at smoke sizes and the report from them, in $(BENCH_QUICK): proves the
+## chain still works (part of `make test`) without replacing the committed figures.
+BENCH_QUICK ?= $(or $(TMPDIR),/tmp)/pion-bench-quick
+bench-quick: dev system-deps llama-server
+	rm -rf $(BENCH_QUICK)
+	PION_BENCH_RESULTS=$(BENCH_QUICK)/results $(BIN)/python bench/run.py --quick
+	$(BIN)/python bench/report.py --results $(BENCH_QUICK)/results \
+		--out $(BENCH_QUICK)/BENCHMARKS.md --plots $(BENCH_QUICK)/plots
 
 ## Debian packages for the tests (installed as root, else the exact command is printed).
 system-deps:

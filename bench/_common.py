@@ -2,7 +2,7 @@
 things, print a table and write ``bench/results/<name>.json``.
 
 Every figure a benchmark reports is a ratio against a baseline measured in the same
-run on the same machine (DESIGN section 12), so the helpers here start both sides.
+run on the same machine (README.md, "Benchmarks"), so the helpers here start both sides.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from typing import Any
 
 import psutil
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# Where results go: bench/results, or $PION_BENCH_RESULTS (the quick run in `make test`
+# writes there, so a smoke run never overwrites the committed full-size results).
+RESULTS = Path(os.environ.get("PION_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
 # Development scaffolding (a real llama-server, tiny GGUF models) is not installed with
 # the package; it lives in scripts/pion_testing.
 _SCRIPTS = str(Path(__file__).resolve().parents[1] / "scripts")
@@ -149,6 +151,8 @@ def write_results(name: str, payload: dict[str, Any]) -> Path:
         },
         **payload,
     }
+    # Every script takes --quick for smoke sizes; the report marks such results.
+    payload.setdefault("quick", "--quick" in sys.argv)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path

@@ -6,7 +6,7 @@ and on the same rows with 8 of 1024 channels x50, both over the whole row and ov
 
 Speed: best of ``--repeat`` runs of encode and of decode on one fp32 ``[rows, 1024]``
 array (default 4096 rows, one layer of the V-store benchmark), with a plain copy of the
-same fp32 array as the same-run baseline (DESIGN section 12), so ``x copy`` reads as
+same fp32 array as the same-run baseline (README.md, "Benchmarks"), so ``x copy`` reads as
 "this codec costs N memory copies".
 
     python bench/codecs_quality.py [--rows 4096] [--repeat 7] [--json out.json]

@@ -8,18 +8,23 @@ width 512) with a ~8k-token Pi-shaped prefix, the first user message differing p
   (b)  slot hot        second session in the same proxy: in-process hit
   (c)  restored        restarted server, new proxy: restore from disk, verified by the
                        real request itself (the default fast path)
-  (c') restored+probe  as (c) with ``--verify probe``: the seed's two probes first
+  (c') restored+probe  as (c) with ``--verify probe``: pi-prefix-cache's two probes first
 
 TTFT is measured by the client from sending the request to the first streamed content
 delta, so everything the proxy does (fingerprint, /slots, restore, probes) is inside it.
-Every figure is reported as a ratio to (a) measured in the same run (DESIGN section 12);
+Every figure is reported as a ratio to (a) measured in the same run (README.md, "Benchmarks");
 the target is (c) <= 0.1 x (a). Results: a table on stdout and
 ``bench/results/llama_prefix.json``.
 
-Run: ``PYTHONPATH=src .venv/bin/python bench/llama_prefix.py [--reps 3]``.
+Run: ``PYTHONPATH=src .venv/bin/python bench/llama_prefix.py [--reps 3]`` (``--quick``:
+a 2-layer model, a ~1.5k-token prefix, one rep: a smoke run for CI).
 """
 
 from __future__ import annotations
+
+import _common  # first: it puts scripts/ on sys.path for pion_testing; where results go
+
+# isort: split
 
 import argparse
 import json
@@ -38,14 +43,13 @@ from pion_testing.testmodel import ModelSpec, make_model
 from rich.console import Console
 from rich.table import Table
 
-import _common  # noqa: F401  (puts scripts/ on sys.path for pion_testing)
 from pion.llama.client import LlamaClient
 from pion.llama.config import WarmerConfig
 from pion.llama.paths import cache_dir
 from pion.llama.proxy import PrefixProxy, running_proxy
 from pion.llama.samples import pi_chat_body
 
-RESULTS = Path(__file__).resolve().parent / "results" / "llama_prefix.json"
+RESULTS = _common.RESULTS / "llama_prefix.json"
 SCENARIOS = ("a", "a'", "b", "c", "c'")
 LABELS = {
     "a": "(a) cold, no pion",
@@ -93,7 +97,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="llama-server -t")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--quick", action="store_true", help="smoke sizes (2x128 model, 1 rep)")
     args = parser.parse_args()
+    if args.quick:
+        args.layers, args.width, args.tokens, args.reps = 2, 128, 1500, 1
 
     binary = ensure_llama_server()
     spec = ModelSpec(
@@ -198,11 +205,14 @@ def main() -> None:
     args.out.write_text(
         json.dumps(
             {
+                "benchmark": "llama_prefix",
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "model": {"layers": spec.layers, "width": spec.width, "file": model.name},
                 "prefix_tokens": prefix_tokens,
                 "reps": args.reps,
                 "threads": args.threads,
                 "machine": platform.platform(),
+                "quick": args.quick,
                 "scenarios": rows,
                 "target_c_over_a": 0.1,
                 "target_met": target_met,

@@ -36,6 +36,9 @@ from pion.server.dispatch import dispatch
 from pion.server.run import build_state
 from pion.vstore.views import COMPILED as MEMBERSHIP_COMPILED
 
+# Where the MEMBERSHIP latency distributions are sampled (BENCHMARKS.md plots the CDF).
+CDF_QUANTILES = (1, 5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 98, 99, 99.5, 99.9)
+
 
 def _latencies(
     fns: dict[str, Callable[[], object]], calls: int, warmup: int
@@ -155,6 +158,9 @@ def membership(calls: int) -> dict[str, float]:
         # The loopback floor of this machine: a round trip that does no work.
         "pion_ping_p50_us": float(np.percentile(pion_ping, 50)),
         "redis_ping_p50_us": float(np.percentile(base_ping, 50)),
+        "cdf_quantiles": list(CDF_QUANTILES),
+        "cdf_pion_us": [float(x) for x in np.percentile(lat, CDF_QUANTILES)],
+        "cdf_redis_us": [float(x) for x in np.percentile(base, CDF_QUANTILES)],
     }
 
 

@@ -26,9 +26,11 @@ BENCHES = [
     "tier",
     "fidelity",
     "llama_prefix",
+    "llama_store",
     "client_memory",
     "attend",
     "keyspace",
+    "export_fetch",
 ]
 
 

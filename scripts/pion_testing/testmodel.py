@@ -11,7 +11,7 @@ Does not own: building llama-server or starting it (:mod:`pion_testing.paths`,
 :mod:`pion_testing.launcher`). Generated models go to temporary or cache directories and are
 never committed (``*.gguf`` is ignored).
 
-The chat template renders the tool list *before* the system message (as the seed's
+The chat template renders the tool list *before* the system message (as pi-prefix-cache's
 "tools-first" ``--chat-template-file`` does), so tools are part of the reusable prefix.
 """
 

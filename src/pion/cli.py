@@ -45,6 +45,16 @@ def _maxmemory_clients(ctx: click.Context, param: click.Parameter, value: str | 
     return _memory(ctx, param, value)
 
 
+def _export_max_bytes(ctx: click.Context, param: click.Parameter, value: str | None) -> int:
+    if value is None:
+        return _DEFAULTS.export_max_bytes
+    return _memory(ctx, param, value)
+
+
+# Pion's environment variable for the export directory.
+EXPORT_DIR_ENV = "PION_EXPORT_DIR"
+
+
 def _optional_memory(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
     return None if value is None else _memory(ctx, param, value)
 
@@ -125,6 +135,25 @@ def _server_options(fn: Any) -> Any:
             help="When the write-ahead log is fsynced.",
         ),
         click.option("--no-wal", is_flag=True, help="Disable the write-ahead log."),
+        click.option(
+            "--export-dir",
+            "export_dir",
+            default=None,
+            envvar=EXPORT_DIR_ENV,
+            type=click.Path(file_okay=False, path_type=Path),
+            help=f"Directory of V.EXPORT files (or ${EXPORT_DIR_ENV}); relative to --dir. "
+            "[default: pion-export]",
+        ),
+        click.option(
+            "--export-max-bytes",
+            "export_max_bytes",
+            default=None,
+            callback=_export_max_bytes,
+            help="Bytes all V.EXPORT files may use together (default 4gb).",
+        ),
+        click.option(
+            "--no-export", is_flag=True, help="Refuse V.EXPORT (same-machine clients fetch by TCP)."
+        ),
         click.option(
             "--save-interval",
             default=_DEFAULTS.save_interval,
@@ -344,6 +373,9 @@ def _build_config(opts: dict[str, Any]) -> ServerConfig:
         tls_key=opts["tls_key"],
         tls_ca=opts["tls_ca"],
         metrics_port=opts["metrics_port"],
+        export_enabled=not opts["no_export"],
+        export_dir=opts["export_dir"],
+        export_max_bytes=opts["export_max_bytes"],
         tier=_tier_config(opts),
     )
 

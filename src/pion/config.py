@@ -2,7 +2,7 @@
 
 Every limit the server enforces is a named field here with its provenance, so a test
 or an operator can see and change it, and so it is checked before anything is
-allocated (STYLE rule 4).
+allocated.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pion.codecs.base import MAX_DIM
 from pion.resp.limits import MB, ProtocolLimits
 
 __all__ = [
+    "DEFAULT_EXPORT_DIR",
     "AppendFsync",
     "ProtocolLimits",
     "ServerConfig",
@@ -25,6 +26,10 @@ __all__ = [
 
 AppendFsync = Literal["always", "everysec", "no"]
 TierWrite = Literal["sync", "async"]
+
+# Pion's default export directory name ("./pion-export"); ours lives in the data
+# directory unless --export-dir (or $PION_EXPORT_DIR) says otherwise.
+DEFAULT_EXPORT_DIR = Path("pion-export")
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,20 @@ class ServerConfig:
     protocol: ProtocolLimits = field(default_factory=ProtocolLimits)
     vstore: VStoreLimits = field(default_factory=VStoreLimits)
     tier: TierConfig | None = None  # None: no shared second tier
+    # V.EXPORT (docs/protocol.md, "Same-machine fetch: V.EXPORT"). The directory of the
+    # files handed to loopback clients: None = "pion-export" in the data directory; a
+    # relative path is taken under the data directory, an absolute one as it is (e.g.
+    # on a tmpfs). Pion's $PION_EXPORT_DIR sets it from the environment.
+    export_enabled: bool = True
+    export_dir: Path | None = None
+    # Bytes all export files may use together; the least recently served go first.
+    # 4 GiB: one file as large as the largest fetch reply (MAX_REPLY_BYTES) fits.
+    export_max_bytes: int = 4 << 30
+
+    @property
+    def export_directory(self) -> Path:
+        """Where V.EXPORT writes (see ``export_dir``), as an absolute path."""
+        return (self.dir / (self.export_dir or DEFAULT_EXPORT_DIR)).absolute()
 
     @property
     def auth_required(self) -> bool:

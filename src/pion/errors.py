@@ -25,7 +25,8 @@ Tree::
                                          copy there is incomplete)
 
 Clients match a few messages by text (``blob size``, ``session lives on worker N``,
-``already``/``exists``); those texts are part of the wire contract (DESIGN section 3).
+``already``/``exists``); those texts are part of the wire contract (docs/protocol.md,
+"Wire conventions").
 """
 
 from __future__ import annotations

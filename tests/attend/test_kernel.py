@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attend_reference import reference, reference_blocks
 from pion.attend.kernel import Attention, attend, merge, select_blocks
+from support.attend import reference, reference_blocks
 
 RNG = np.random.default_rng(11)
 # fp32 against float64 on unit-normal data: errors are ~1e-7; 2e-5 leaves room for

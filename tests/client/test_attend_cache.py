@@ -10,9 +10,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from attend_reference import reference
 from pion.client import AsyncPionPromptCache, PionColdMiss, PionPromptCache
 from pion.server.run import ServerThread
+from support.attend import reference
 
 RNG = np.random.default_rng(13)
 H, N, D = 4, 64, 16

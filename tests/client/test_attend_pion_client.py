@@ -14,8 +14,8 @@ import pytest
 import redis
 from pion_vllm_mlx.prompt_cache import PionPromptCache as PionsClient
 
-from attend_reference import reference, reference_blocks
 from pion.server.run import ServerThread
+from support.attend import reference, reference_blocks
 
 RNG = np.random.default_rng(21)
 H_KV, H_Q, N, D = 2, 8, 96, 32

@@ -17,7 +17,8 @@ from pion.errors import CodecError, PionError
 ODD_DIMS = (1, 7, 33, 100, 129, 1000)
 DIMS = (*ODD_DIMS, 32, 128, 1024, MAX_DIM)
 
-# DESIGN section 5, "bound for tests" column: rel. MSE on N(0, 1) rows at dim 1024.
+# docs/protocol.md ("Storage formats"), "bound for tests" column: rel. MSE on N(0, 1)
+# rows at dim 1024.
 GAUSSIAN_BOUND = {
     "fp16": 1e-7,
     "fp8": 1.2e-3,
@@ -36,7 +37,7 @@ GAUSSIAN_BOUND = {
 #          the outlier over its 128-group by design, so the ordinary channels of such a
 #          group see an error relative to the group norm: turbo2 is then worse than
 #          storing zeros there (rest > 1). That is why K, which has such channels, wants
-#          int8/fp8/fp16 (DESIGN section 5).
+#          int8/fp8/fp16 (docs/protocol.md, "Storage formats").
 OUTLIER_BOUND = {  # name: (total, rest)
     "fp16": (1e-7, 1e-7),  # (4.3e-8, 4.3e-8)
     "fp8": (5e-5, 1e-3),  # (2.9e-5, 6.0e-4)
@@ -47,7 +48,7 @@ OUTLIER_BOUND = {  # name: (total, rest)
     "turbo2": (0.16, 2.8),  # (0.103, 1.85)
 }
 
-# DESIGN section 5: bytes per element at dim 1024.
+# docs/protocol.md, "Storage formats": bytes per element at dim 1024.
 BYTES_PER_ELEMENT_1024 = {
     "fp16": 2.0,
     "fp8": 1.0625,

@@ -14,7 +14,7 @@ E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 
 
 def reference(x: np.ndarray) -> bytes:
-    """DESIGN section 5, written plainly with the ml_dtypes cast."""
+    """docs/protocol.md, "Storage formats", written plainly with the ml_dtypes cast."""
     n, dim = x.shape
     nb = -(-dim // 32)
     padded = np.zeros((n, nb * 32), np.float32)

@@ -1,4 +1,5 @@
-"""turbo4/3/2 (src/pion/codecs/turbo.py) against a plain fp64 reference of DESIGN section 5."""
+"""turbo4/3/2 (src/pion/codecs/turbo.py) against a plain fp64 reference of the format
+in docs/protocol.md ("Storage formats")."""
 
 from __future__ import annotations
 

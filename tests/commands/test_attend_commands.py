@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import redis
 
-from attend_reference import reference, reference_blocks
 from pion.server.run import ServerThread
+from support.attend import reference, reference_blocks
 
 RNG = np.random.default_rng(5)
 ATOL = 2e-5

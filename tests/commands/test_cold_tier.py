@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import redis
 
-from attend_reference import reference
 from pion.codecs import get_codec
 from pion.server.run import ServerThread
+from support.attend import reference
 
 RNG = np.random.default_rng(9)
 H, D, N = 2, 16, 40

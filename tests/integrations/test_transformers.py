@@ -2,7 +2,7 @@
 download) prefills a prefix, the bridge stores it in our server in every storage
 format, restores it, and generation continues from the restored cache. fp16 must give
 the fresh prefill's tokens exactly; the others must stay within the documented bounds
-(docs/client.md, "Fidelity"), which are set with margin over what DESIGN section 10
+(docs/client.md, "Fidelity"), which are set with margin over what docs/client.md
 and bench/fidelity.py measure."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pion.integrations.transformers import (
 from pion.server.run import ServerThread
 
 # (min next-token logit cosine, min greedy agreement over NEW_TOKENS) after a restore,
-# against a fresh prefill. Measured on these models (and in DESIGN section 10) at
+# against a fresh prefill. Measured on these models (and in docs/client.md) at
 # cosine 1 - 1e-6 (int8) ... 1 - 5.5e-3 (turbo2); bounds leave >= 3.5x margin.
 BOUNDS: dict[str, tuple[float, float]] = {
     "fp16": (0.99999, 1.0),

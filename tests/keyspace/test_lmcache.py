@@ -30,8 +30,8 @@ import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
-from keyspace_support import RawClient
 from pion.server.run import ServerThread
+from support.keyspace import RawClient
 
 PASSWORD = "lmcache-secret"
 CHUNK = 4 << 20

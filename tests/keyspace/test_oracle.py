@@ -21,9 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from keyspace_support import Err, RawClient, RedisServer, Reply, scan_all
 from pion.config import ServerConfig
 from pion.server.run import ServerThread
+from support.keyspace import Err, RawClient, RedisServer, Reply, scan_all
 
 KEYS = [b"k0", b"k1", b"k2", b"k\x00\r\n", b"", b"{x}@y/z"]
 FIELDS = [b"f0", b"f1", b"\x00\xff", b""]

@@ -1,4 +1,6 @@
-"""Fixtures for the `pion llama` tests: a real llama-server and tiny generated models.
+"""Fixtures for the `pion llama` tests: a real llama-server and tiny generated models, and
+the stores slot files are shared through (an in-process pion-server, Debian's
+redis-server).
 
 The server binary comes from ``scripts/build-llama-server`` (a no-op once built; it builds
 when missing and the fixture fails loudly if it cannot: a run that skips these tests does
@@ -9,12 +11,15 @@ Each test gets its own server on a free port, ``-np 1``, a small context and its
 
 from __future__ import annotations
 
+import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pion_testing.launcher import LlamaServerProcess
+import redis
+from pion_testing.launcher import LlamaServerProcess, free_port
 from pion_testing.paths import ensure_llama_server
 from pion_testing.testmodel import ModelSpec, make_model
 
@@ -100,3 +105,46 @@ def make_config(tmp_path: Path, slot_dir: Path) -> Callable[..., WarmerConfig]:
         return WarmerConfig(base_url=server.url, **kwargs)
 
     return make
+
+
+@pytest.fixture
+def pion_store(server_factory: Callable[..., Any]) -> Any:
+    """A real pion-server (in-process, port 0, its own data dir): the store and receipt."""
+    return server_factory()
+
+
+def store_url(server: Any) -> str:
+    return f"redis://{server.host}:{server.port}"
+
+
+@pytest.fixture
+def redis_store(tmp_path: Path) -> Iterator[str]:
+    """A real redis-server (Debian's), no persistence: a plain Redis store (no KV.PREFIX).
+    Yields its URL."""
+    for _ in range(5):  # another process may take the free port before redis binds it
+        port = free_port()
+        args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        proc = subprocess.Popen(
+            [*args, "--appendonly", "no", "--dir", str(tmp_path)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=port, socket_timeout=2)
+        deadline = time.monotonic() + 20
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        client.close()
+        if proc.poll() is None and time.monotonic() < deadline:
+            try:
+                yield f"redis://127.0.0.1:{port}"
+            finally:
+                proc.terminate()
+                proc.wait(timeout=20)
+            return
+        proc.kill()
+        proc.wait(timeout=20)
+    raise RuntimeError("redis-server did not start")

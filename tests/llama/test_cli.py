@@ -22,7 +22,7 @@ pytestmark = pytest.mark.llama
 
 
 def env_for(llama_server: LlamaServerProcess, slot_dir: Path, log: Path) -> dict[str, str]:
-    """Configure through the seed's env vars, as a Pi setup would."""
+    """Configure through pi-prefix-cache's env vars, as a Pi setup would."""
     return {
         "PI_PREFIX_CACHE_BASE_URL": llama_server.url + "/v1",
         "PI_PREFIX_CACHE_PERSIST": "1",

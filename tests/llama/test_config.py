@@ -56,3 +56,53 @@ def test_base_url_forms() -> None:
     assert normalize_base_url("h:1") == "http://h:1"
     with pytest.raises(ValueError):
         WarmerConfig(verify="sometimes")  # type: ignore[arg-type]
+
+
+def test_slots_and_store_from_env_and_flags() -> None:
+    env = {
+        "PI_PREFIX_CACHE_SLOTS": "0,2",
+        "PI_PREFIX_CACHE_STORE": "redis://:pw@store:1974",
+        "PI_PREFIX_CACHE_STORE_TIMEOUT": "0.5",
+        "PI_PREFIX_CACHE_STORE_TTL": "60",
+        "PI_PREFIX_CACHE_STORE_USERNAME": "llama",
+        "PION_PASSWORD": "fallback",
+    }
+    c = WarmerConfig.from_env(env)
+    assert c.slots == (0, 2) and not c.all_slots and c.multi_slot
+    store = c.store_config()
+    assert store is not None and store.url == "redis://:pw@store:1974"
+    assert (store.timeout, store.ttl, store.username, store.password) == (
+        0.5,
+        60,
+        "llama",
+        "fallback",
+    )
+    assert WarmerConfig.from_env({"PI_PREFIX_CACHE_SLOTS": "all"}).all_slots
+    # Invalid values fall back, as the seed's numeric env vars do.
+    bad = WarmerConfig.from_env(
+        {"PI_PREFIX_CACHE_SLOTS": "0,0", "PI_PREFIX_CACHE_STORE_TIMEOUT": "-1"}
+    )
+    assert not bad.multi_slot and bad.store_timeout == WarmerConfig().store_timeout
+    assert bad.store_config() is None
+    flags = WarmerConfig.from_env(env, slots=(1,), all_slots=False, store_password="flag")
+    assert flags.slots == (1,) and flags.store_password == "flag"
+
+
+def test_invalid_slot_and_store_settings_are_refused() -> None:
+    for kwargs in (
+        {"slots": (0, 0)},
+        {"slots": (-1,)},
+        {"store_timeout": 0.0},
+        {"store_ttl": -1},
+    ):
+        with pytest.raises(ValueError):
+            WarmerConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_cli_refuses_a_bad_slots_flag() -> None:
+    from click.testing import CliRunner
+
+    from pion.llama.cli import llama_group
+
+    result = CliRunner().invoke(llama_group, ["proxy", "--slots", "0,x"])
+    assert result.exit_code == 2 and "--slots wants 'all' or slot ids" in result.output

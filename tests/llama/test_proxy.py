@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pion_testing.launcher import LlamaServerProcess, free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -18,8 +20,11 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from pion.llama.config import WarmerConfig
-from pion.llama.proxy import STATUS_PATH, PrefixProxy, running_proxy, serve_in_thread
+from pion.llama.outcome import Outcome
+from pion.llama.prefix import WarmRequest
+from pion.llama.proxy import STATUS_PATH, PrefixProxy, pin_slot, running_proxy, serve_in_thread
 from pion.llama.samples import pi_chat_body
+from pion.llama.warmer import PrefixWarmer
 from support import count, log_lines, wait_log
 
 from .conftest import StartServer
@@ -128,6 +133,61 @@ def test_other_paths_and_methods_pass_through(recorder: tuple[Recorder, str, str
         ("GET", "/v1/models?a=b"),
         ("DELETE", "/anything?"),
     ]
+
+
+def test_pin_slot_inserts_only_id_slot() -> None:
+    assert pin_slot(b'{"a":1}', 2) == b'{"id_slot":2,"a":1}'
+    assert pin_slot(b'  {\n "a": 1}\n', 0) == b'  {"id_slot":0,\n "a": 1}\n'
+    assert pin_slot(b"{ }", 1) == b'{"id_slot":1 }'
+    for bad in (b"[1]", b"", b"  ", b'"x"'):
+        with pytest.raises(ValueError):
+            pin_slot(bad, 0)
+
+
+_objects = st.dictionaries(
+    st.text(max_size=8).filter(lambda k: k != "id_slot"),
+    st.none() | st.integers() | st.text(max_size=8) | st.lists(st.integers(), max_size=3),
+    max_size=6,
+)
+
+
+@given(_objects, st.integers(0, 4095), st.integers(0, 3), st.booleans())
+def test_pin_slot_keeps_the_object(
+    obj: dict[str, Any], slot: int, indent: int, ascii_: bool
+) -> None:
+    raw = json.dumps(obj, indent=indent or None, ensure_ascii=ascii_).encode()
+    pinned = pin_slot(raw, slot)
+    assert json.loads(pinned) == {"id_slot": slot, **obj}
+    assert pinned.replace(b'"id_slot":%d' % slot, b"", 1).replace(b"{,", b"{", 1) == raw
+
+
+class HitWarmer(PrefixWarmer):
+    """A unit stand-in: every warmable request is a hit in slot 2 (no llama-server)."""
+
+    def ensure(self, request: WarmRequest, slot: int | None = None) -> Outcome:
+        return Outcome("hit", "f" * 64, 2, 1000)
+
+
+@pytest.mark.parametrize("multi", [True, False])
+def test_multi_slot_proxy_pins_the_request_to_its_slot(tmp_path: Path, multi: bool) -> None:
+    rec = Recorder()
+    with serve_in_thread(rec.app) as up:
+        config = WarmerConfig(
+            base_url=up, log_path=tmp_path / "pc.log", slots=(0, 1, 2) if multi else ()
+        )
+        with running_proxy(PrefixProxy(config, HitWarmer(config))) as proxy_url:
+            sent = json.dumps(pi_chat_body(), indent=1).encode()
+            resp = httpx.post(proxy_url + "/v1/chat/completions", content=sent)
+            pinned_by_client = json.dumps({**pi_chat_body(), "id_slot": 0}).encode()
+            httpx.post(proxy_url + "/v1/chat/completions", content=pinned_by_client)
+            bom = b"\xef\xbb\xbf" + sent  # valid JSON to json.loads, but not "{" first
+            with_bom = httpx.post(proxy_url + "/v1/chat/completions", content=bom)
+    assert resp.status_code == 200 and resp.content == JSON_BYTES
+    assert with_bom.status_code == 200
+    (_, _, got, _), (_, _, got_pinned, _), (_, _, got_bom, _) = rec.chat_requests()
+    assert got_bom == bom
+    assert got == (pin_slot(sent, 2) if multi else sent)
+    assert got_pinned == pinned_by_client  # a client's own id_slot is never touched
 
 
 # -- against the real llama-server ---------------------------------------------------------

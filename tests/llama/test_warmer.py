@@ -264,9 +264,18 @@ def test_changed_model_file_or_tools_give_new_fingerprint(
         first = session(warmer, server.url, body)
         fewer_tools = pi_chat_body(max_tokens=2, tools=pi_tools()[:2])
         tools_changed = session(warmer, server.url, fewer_tools)
+        # A touched file is the same model (as on another machine with another mtime)...
         st = model.stat()
         os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        touched = warmer.ensure(warm_request(body, config))
+        # ...a replaced one (other weights at the end of the file) is not.
+        data = bytearray(model.read_bytes())
+        data[-1] ^= 0x01
+        replacement = tmp_path / "replacement.gguf"
+        replacement.write_bytes(bytes(data))
+        os.replace(replacement, model)
         model_changed = session(warmer, server.url, body)
+    assert touched.fingerprint == first.fingerprint
     assert len({first.fingerprint, tools_changed.fingerprint, model_changed.fingerprint}) == 3
     assert tools_changed.kind == "cold" and model_changed.kind == "cold"
     server.restart()
@@ -379,6 +388,9 @@ def test_recurrent_model_disables_restore_once(
     lines = log_lines(config.log_path)
     assert count(lines, "HYBRID: a fresh restore fails the identical-prompt gate") == 1
     assert count(lines, "--ctx-checkpoints") == 1
+    # The fast path says so when llama-server accepted a restore that saved nothing.
+    accepted = "RESTORE accepted by llama-server (n_restored="
+    assert count(lines, accepted) == (1 if verify == "fast" else 0)
     server.restart()
     with PrefixWarmer(config) as warmer:
         later = session(warmer, server.url, body)

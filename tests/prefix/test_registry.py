@@ -82,7 +82,7 @@ def test_receipt_estimate_from_rows(client: redis.Redis) -> None:
 
 
 def test_receipt_bytes_served_are_fetch_payload_bytes(client: redis.Redis) -> None:
-    """The seed's definition: V.FETCH payload bytes delivered (RANGE, id lists, BATCH,
+    """Pion's definition: V.FETCH payload bytes delivered (RANGE, id lists, BATCH,
     NATIVE), whichever session they come from; errors and nil replies deliver none."""
     client.execute_command("KV.PREFIX.REGISTER", "f", 8, "fp16")
     store_rows(client, "f", 10)

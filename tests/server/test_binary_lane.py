@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import redis
 
-from attend_reference import reference
 from pion.config import ProtocolLimits
 from pion.server.binary import MAX_PREAUTH_BODY
 from pion.server.binary_wire import (
@@ -29,6 +28,7 @@ from pion.server.binary_wire import (
     STATUS_OK,
 )
 from pion.server.run import ServerThread
+from support.attend import reference
 
 RNG = np.random.default_rng(3)
 H_KV, H_Q, N, D = 2, 8, 50, 16

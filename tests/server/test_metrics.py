@@ -16,7 +16,6 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
-from multiworker import Server, info_fields, sample, scrape, stats, wait_until
 from pion.commands import COMMAND_TABLE
 from pion.commands.state import ClientState, Context, ServerState
 from pion.config import ServerConfig
@@ -24,6 +23,7 @@ from pion.errors import PionError
 from pion.prefix import Receipt
 from pion.server.metrics import LATENCY_COMMANDS, WorkerMetrics, merge
 from support import make_store
+from support.workers import Server, info_fields, sample, scrape, stats, wait_until
 
 ROWS = np.ones((6, 16), np.float32)
 HASHES = np.arange(8, dtype="<u8")

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import redis
 
-from multiworker import Certs, Server, make_certs, scrape, stats
 from pion.client import PionPromptCache
 from pion.config import ServerConfig
 from pion.errors import PionError
@@ -25,6 +24,7 @@ from pion.server.binary_wire import HEADER, MAGIC, OP_AUTH, OP_PING, STATUS_OK
 from pion.server.run import ServerThread
 from pion.server.tls import server_context
 from pion.wire import affinity_port
+from support.workers import Certs, Server, make_certs, scrape, stats
 
 
 @pytest.fixture(scope="module")

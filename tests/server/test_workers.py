@@ -23,10 +23,10 @@ import pytest
 import redis
 from pion_vllm_mlx.prompt_cache import PionPromptCache as PionClient
 
-from multiworker import Server, gone, info_fields, stats, wait_until
 from pion.client import PionPromptCache
 from pion.client.errors import PionWrongWorker
 from pion.wire import affinity_port
+from support.workers import Server, gone, info_fields, stats, wait_until
 
 ROWS = np.arange(6 * 8, dtype=np.float32).reshape(6, 8) / 7
 

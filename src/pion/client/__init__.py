@@ -1,7 +1,7 @@
 """The Python client of a Pion server: push and pull per-layer K/V as numpy arrays.
 
 :class:`PionPromptCache` (sync) and :class:`AsyncPionPromptCache` (asyncio) speak the
-wire of DESIGN section 4 over redis-py, with one set of methods written once in
+wire of docs/protocol.md over redis-py, with one set of methods written once in
 :mod:`pion.client.base`; :mod:`pion.client.errors` holds the exceptions they raise;
 :mod:`pion.client.hashing` the block-hash schemes routers use. Engine bridges
 (``transformers``) live in :mod:`pion.integrations`.

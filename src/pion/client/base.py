@@ -51,6 +51,7 @@ from redis.retry import Retry
 
 from pion.client import plans
 from pion.client.errors import PionWrongWorker, error_from_redis
+from pion.client.export import ExportLane, is_loopback_host
 from pion.client.plans import Arrays, Plan, Warmed
 from pion.client.wire import Command, make_namespace
 from pion.wire import affinity_port
@@ -234,7 +235,8 @@ class BasePromptCache(ABC, Generic[C]):
     ``[N, H*D]``.
 
     Counters: ``cold_rehydrates_observed`` (``-COLDMISS`` replies answered with a
-    WARM), ``redirects_followed``.
+    WARM), ``redirects_followed``, ``export_lane.used`` / ``.fallbacks`` (fetches
+    served from an export file, or that fell back to the socket).
     """
 
     def __init__(
@@ -249,6 +251,7 @@ class BasePromptCache(ABC, Generic[C]):
         follow_redirects: bool = True,
         redis_options: Mapping[str, Any] | None = None,
         ssl: bool | Mapping[str, Any] = False,
+        export: bool | None = None,
     ) -> None:
         """``host``/``port``: the server (Pion's default port 1974). ``password`` (and
         ``username``): AUTH on every new connection. ``vquant``: the storage format
@@ -259,13 +262,19 @@ class BasePromptCache(ABC, Generic[C]):
         ``ssl``: connect over TLS (every port, affinity ports too): True verifies the
         server against the system's CAs; a mapping gives redis-py's ``ssl_*`` options
         without the prefix, e.g. ``{"ca_certs": "ca.pem", "certfile": "client.pem",
-        "keyfile": "client.key"}``."""
+        "keyfile": "client.key"}``. ``export``: let ``fetch`` map the prefix from a file
+        the server writes (``V.EXPORT``) instead of reading it through the socket; None
+        (the default) does so when ``host`` is a loopback address or ``localhost``, and
+        the lane turns itself off where the server refuses it (see
+        :mod:`pion.client.export`)."""
         self.host = host
         self.port = port
         self.vquant = vquant
         self.follow_redirects = follow_redirects
         self.cold_rehydrates_observed = 0
         self.redirects_followed = 0
+        # The export lane's state and counters (used, fallbacks, reason it is off).
+        self.export_lane = ExportLane(is_loopback_host(host) if export is None else export)
         self._options = connection_options(
             password,
             username,
@@ -427,9 +436,11 @@ class BasePromptCache(ABC, Generic[C]):
     ) -> PlanFactory[tuple[Arrays, Arrays]]:
         """``(keys, values)``: per layer (all, or ``layers``), rows ``0 .. n-1`` as fp32
         ``[n, H*D]``; ``n`` = every stored row when ``n_tokens`` is None. Rows never
-        written read as zeros. Arrays may be read-only views of the reply."""
+        written read as zeros. Arrays may be read-only views of the reply. From a
+        server on this machine all layers come through an export file where that gives
+        the same values (fp16 layers), see ``export``."""
         picked = None if layers is None else list(layers)
-        return lambda: plans.fetch(ns, n_tokens, picked)
+        return lambda: plans.fetch(ns, n_tokens, picked, self.export_lane)
 
     # -- attention tier (Stage 2) -------------------------------------------------------
 

@@ -5,8 +5,8 @@ An error reply is ``-<CODE> <message>``; the class is chosen by ``CODE`` (the fi
 word), never by the message text. The single documented exception is the multi-worker
 redirect: Pion answers ``-ERR session lives on worker N ...`` (and
 ``-ERR KV.PREFIX.<CMD> session lives on worker N``) with the generic code ``ERR``, and
-DESIGN section 3 makes that text part of the wire contract, so it alone is recognised
-by its text.
+docs/protocol.md ("Wire conventions") makes that text part of the wire contract, so
+it alone is recognised by its text.
 
 Tree::
 
@@ -115,7 +115,7 @@ _BY_CODE: dict[str, type[PionResponseError]] = {
 # A Redis error code is an upper-case word; an error line without one (some servers
 # send bare text) is treated as the generic ERR.
 _CODE = re.compile(r"[A-Z][A-Z0-9_]*")
-# The one message text clients match (DESIGN section 3).
+# The one message text clients match (docs/protocol.md, "Wire conventions").
 _REDIRECT = re.compile(r"session lives on worker (\d+)")
 
 

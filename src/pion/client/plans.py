@@ -9,13 +9,14 @@ owner's port) and the shells :mod:`.cache` and :mod:`.aio` only move batches ove
 connection, so the logic here, the ``-COLDMISS`` retry included, exists once and is
 testable without a socket.
 
-Round trips per operation: one each, except ``fetch`` without ``n_tokens`` and
-``store`` of fp16 arrays (two: V.INFO first, then the data), and ``attend_query``
-after a ``-COLDMISS`` (three: query, WARM, query).
+Round trips per operation: one each, except ``fetch`` without ``n_tokens`` or through
+the export lane and ``store`` of fp16 arrays (two: V.INFO first, then the data or
+V.EXPORT), and ``attend_query`` after a ``-COLDMISS`` (three: query, WARM, query).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any, NamedTuple, TypeAlias, TypeVar
 
@@ -23,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pion.client.errors import PionColdMiss, PionProtocolError, PionWrongWorker
+from pion.client.export import ExportLane, read_export
 from pion.client.wire import (
     Command,
     Rows,
@@ -45,6 +47,7 @@ from pion.client.wire import (
     session_ids,
     text,
 )
+from pion.export.format import FormatError
 
 __all__ = ["Arrays", "Plan", "Warmed"]
 
@@ -237,15 +240,40 @@ def _data_commands(
 
 
 def fetch(
-    ns: str, n_tokens: int | None, layers: Iterable[int] | None
+    ns: str,
+    n_tokens: int | None,
+    layers: Iterable[int] | None,
+    lane: ExportLane | None = None,
 ) -> Plan[tuple[Arrays, Arrays]]:
     """Rows ``0 .. n-1`` of every layer (or of ``layers``) of both halves, fp32.
 
     With ``n_tokens`` the layouts (V.INFO, for each layer's dim) and the data go in one
-    round trip; without it V.INFO first says how many rows are stored."""
+    round trip; without it V.INFO first says how many rows are stored. With an enabled
+    export ``lane`` (a server on this machine) and all layers, V.INFO goes first and,
+    where the file gives exactly the rows the socket would, V.EXPORT follows and the
+    file is read (see :mod:`pion.client.export`); else the data come as without it."""
     sids = session_ids(ns)
     infos: list[Command] = [("V.INFO", sid) for sid in sids]
     picked = None if layers is None else [int_arg(i, "layer") for i in layers]
+    if n_tokens is not None and int_arg(n_tokens, "n_tokens") < 1:
+        raise ValueError("n_tokens must be >= 1 (or None for every stored row)")
+    if lane is not None and picked is None and lane.suitable(ns):
+        layouts = [parse_session_layout(r) for r in check_all((yield infos))]
+        if not any(lay.tokens for lay in layouts):
+            return [], []  # nothing stored yet (BATCH would refuse the sessions)
+        if n_tokens is None:
+            n = max(lay.max_tokens for lay in layouts)
+            count = max(lay.num_layers for lay in layouts)
+        else:
+            # As many layers as BATCH without a count answers (a SCHEMA's N).
+            n = int(n_tokens)
+            count = max(max(lay.declared_layers, lay.num_layers) for lay in layouts)
+        exported = yield from _via_export(ns, n, count, layouts, lane)
+        if exported is not None:
+            return exported
+        tail = count if n_tokens is None else None
+        data = check_all((yield _data_commands(sids, n, None, tail)))
+        return _decode_batches(data, sids, n, layouts)
     if n_tokens is None:
         layouts = [parse_session_layout(r) for r in check_all((yield infos))]
         n = max(lay.max_tokens for lay in layouts)
@@ -255,8 +283,6 @@ def fetch(
         data = check_all((yield _data_commands(sids, n, picked, count)))
     else:
         n = int_arg(n_tokens, "n_tokens")
-        if n < 1:
-            raise ValueError("n_tokens must be >= 1 (or None for every stored row)")
         replies = yield [*infos, *_data_commands(sids, n, picked, None)]
         layouts = [parse_session_layout(r) for r in check_all(replies[:2])]
         if picked is None and not any(lay.tokens for lay in layouts):
@@ -272,6 +298,13 @@ def fetch(
             for s in range(2)
         )
         return k, v
+    return _decode_batches(data, sids, n, layouts)
+
+
+def _decode_batches(
+    data: Sequence[object], sids: Sequence[str], n: int, layouts: Sequence[SessionLayout]
+) -> tuple[Arrays, Arrays]:
+    """The two V.FETCH BATCH replies (keys, values) as fp32 rows per layer."""
     sides = []
     for reply, sid in zip(data, sids, strict=True):
         if not isinstance(reply, list):
@@ -287,6 +320,64 @@ def fetch(
         for s in range(2)
     )
     return k, v
+
+
+def _export_dim(layouts: Sequence[SessionLayout], count: int) -> tuple[int | None, bool]:
+    """``(dim, ok)``: the one kv_dim of layers ``0 .. count-1`` of both halves when the
+    export file gives exactly what V.FETCH would (every layer fp16 and holding rows);
+    ``(None, False)`` when the layout can never be served so (another format, several
+    dims), ``(None, True)`` when only rows are missing."""
+    layers = [(lay, i) for lay in layouts for i in range(count)]
+    dims = {lay.dim(i) for lay, i in layers}
+    if len(dims) != 1 or any(lay.fmt(i) != "fp16" for lay, i in layers):
+        return None, False
+    if any(lay.tokens.get(i, 0) == 0 for lay, i in layers):
+        return None, True
+    return dims.pop(), True
+
+
+# A file may vanish between V.EXPORT's reply and the open (a write made it stale):
+# ask again this many times before concluding this process cannot see the server's
+# files (another mount namespace).
+_EXPORT_TRIES = 2
+
+
+def _via_export(
+    ns: str, n: int, count: int, layouts: Sequence[SessionLayout], lane: ExportLane
+) -> Plan[tuple[Arrays, Arrays] | None]:
+    """The rows through an export file, or None to fetch them through the socket."""
+    dim, suitable = _export_dim(layouts, count)
+    if dim is None:
+        if not suitable:
+            lane.mark_unsuitable(ns)
+        return None
+    sids = session_ids(ns)
+    for _ in range(_EXPORT_TRIES):
+        (reply,) = yield [("V.EXPORT", sids[0], sids[1], 0, n, count, 1, dim)]
+        if isinstance(reply, PionWrongWorker):
+            raise reply
+        if isinstance(reply, BaseException):
+            lane.refused(str(reply))
+            return None
+        try:
+            arrays = read_export(os.fsdecode(_path_bytes(reply)), count, n, dim)
+        except FileNotFoundError:
+            continue
+        except (OSError, FormatError) as exc:
+            lane.fallbacks += 1
+            lane.turn_off(f"cannot read the export file: {exc}")
+            return None
+        lane.used += 1
+        return arrays
+    lane.fallbacks += 1
+    lane.turn_off("the server's export files are not visible to this process")
+    return None
+
+
+def _path_bytes(reply: object) -> bytes:
+    if isinstance(reply, bytes | bytearray | memoryview):
+        return bytes(reply)
+    raise PionProtocolError(f"V.EXPORT: expected a bulk path, got {type(reply).__name__}")
 
 
 # -- attention tier ------------------------------------------------------------------

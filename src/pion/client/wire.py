@@ -1,5 +1,5 @@
 """Pure functions between numpy/Python values and Pion's wire: argument lists to send
-and parsers for the replies (DESIGN section 4). No sockets here; :mod:`.plans` strings
+and parsers for the replies (docs/protocol.md). No sockets here; :mod:`.plans` strings
 these together into operations and :mod:`.cache` / :mod:`.aio` do the I/O.
 
 Conventions this module owns:
@@ -249,6 +249,9 @@ class SessionLayout:
     dims: Mapping[int, int]  # heterogeneous sessions only: layer -> kv_dim
     fmts: Mapping[int, str]  # heterogeneous sessions only: layer -> format
     tokens: Mapping[int, int]  # layer -> rows held (tpl), layers holding rows only
+    # V.INFO's num_layers: what V.FETCH BATCH without a layer count answers (a SCHEMA
+    # session's N, a uniform session's highest layer + 1); 0 when not reported.
+    declared_layers: int = 0
 
     def dim(self, layer: int) -> int:
         return self.dims.get(layer, self.default_dim)
@@ -287,7 +290,11 @@ def parse_session_layout(reply: object) -> SessionLayout:
     default_dim = fields.get("value_dim", 0)
     if not isinstance(default_dim, int):
         raise PionProtocolError("V.INFO: value_dim is not an integer")
-    return SessionLayout(default_dim, str(fields.get("v_format", "")), dims, fmts, tokens)
+    declared = fields.get("num_layers", 0)
+    if not isinstance(declared, int):
+        raise PionProtocolError("V.INFO: num_layers is not an integer")
+    fmt = str(fields.get("v_format", ""))
+    return SessionLayout(default_dim, fmt, dims, fmts, tokens, declared)
 
 
 # -- attention tier ------------------------------------------------------------------

@@ -22,10 +22,11 @@ Sign vectors (frozen; part of the on-disk format). ``s1``, ``s2`` are drawn once
 (the seed is the paper's arXiv number); row 0 gives s1, row 1 gives s2, bit 1 meaning
 -1. Because numpy does not promise that stream forever, the bits are written below as
 hex constants (bit j of the integer is position j) and those constants are the
-definition; tests/codecs/test_turbo.py checks they still match the seed.
+definition; tests/codecs/test_turbo.py checks they still match it.
 
-Centroids: DESIGN section 5's positive halves ``c_0 < ... < c_{K-1}`` (``K = 2**(b-1)``),
-mirrored for negative values. A coordinate's b-bit code is ``sign << (b-1) | mag``:
+Centroids: the positive halves listed in docs/protocol.md ("Storage formats"),
+``c_0 < ... < c_{K-1}`` (``K = 2**(b-1)``), mirrored for negative values. A
+coordinate's b-bit code is ``sign << (b-1) | mag``:
 ``sign = 1`` iff ``y_j < 0``; ``mag`` = the number of midpoints ``(c_k + c_{k+1}) / 2``
 strictly below ``|y_j|`` (so an exact tie goes to the smaller magnitude). The code
 decodes to ``(-1)**sign * c_mag``.
@@ -94,7 +95,8 @@ _S1_BITS = 0xDC6A0FB00947153911846B361CF6317D
 _S2_BITS = 0x0333986169B6E4F4FE38194EB9DA8699
 
 # Positive halves of the Lloyd-Max levels for N(0, 1/128) (N(0,1) levels / sqrt(128)),
-# DESIGN section 5. Not the narrower 4-bit table (outer level 0.1739) of some forks.
+# docs/protocol.md ("Storage formats"). Not the narrower 4-bit table (outer level
+# 0.1739) of some forks.
 CENTROIDS: Mapping[int, tuple[float, ...]] = MappingProxyType(
     {
         2: (0.040020, 0.133503),

@@ -15,6 +15,7 @@ from types import MappingProxyType
 
 from pion.commands import (
     attend,
+    export,
     generic,
     hashes,
     keys,
@@ -34,6 +35,7 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     generic.COMMANDS,
     vstore.COMMANDS,
     rollback.COMMANDS,
+    export.COMMANDS,
     prefix.COMMANDS,
     persist.COMMANDS,
     attend.COMMANDS,

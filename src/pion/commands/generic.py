@@ -1,4 +1,4 @@
-"""Connection and server commands (DESIGN section 4.1): PING, ECHO, HELLO, AUTH,
+"""Connection and server commands (docs/protocol.md): PING, ECHO, HELLO, AUTH,
 SELECT, CLIENT, INFO, COMMAND, CONFIG, DBSIZE, TIME, QUIT, SHUTDOWN.
 
 These are what redis-py, redis-cli and redis-benchmark send around the real work, so

@@ -1,5 +1,5 @@
 """Persistence commands: KV.PREFIX.SAVE (a snapshot) and KV.PREFIX.COMMIT (a
-durability barrier), DESIGN sections 4.3 and 6.
+durability barrier), docs/protocol.md; docs/persistence.md.
 
 SAVE is not flagged ``write``: it changes no data, and while the log is failing
 (``-MISCONF``) a successful SAVE is exactly what makes writes possible again.
@@ -20,7 +20,7 @@ __all__ = ["COMMANDS", "check_save_path"]
 _OK = Simple("OK")
 _SAVE = "KV.PREFIX.SAVE"
 _COMMIT = "KV.PREFIX.COMMIT"
-# A path is a name inside the data directory, not a way out of it (DESIGN section 9).
+# A path is a name inside the data directory, not a way out of it (docs/deployment.md).
 _MAX_PATH = 1024
 
 
@@ -29,7 +29,7 @@ def _relative_error(reason: str) -> PionError:
 
 
 def check_save_path(raw: bytes) -> str:
-    """The relative path SAVE may write, or the error of DESIGN section 4.3."""
+    """The relative path SAVE may write, or the error of docs/protocol.md."""
     if not raw:
         raise _relative_error("empty path")
     if len(raw) > _MAX_PATH:

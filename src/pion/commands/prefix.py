@@ -1,4 +1,4 @@
-"""KV.PREFIX.* registry commands and the value receipt PION.STATS (DESIGN 4.3, 4.4).
+"""KV.PREFIX.* registry commands and the value receipt PION.STATS (docs/protocol.md).
 
 Every handler parses and range-checks all of its arguments before it touches the
 registry, so a bad option records nothing. Error texts are part of the wire contract:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 from pion.attend import AttentionTables, SsmStore
 from pion.commands.deferred import Deferred
 from pion.config import ServerConfig
+from pion.export.cache import ExportCache
 from pion.keyspace import Keyspace
 from pion.prefix.receipt import Receipt
 from pion.prefix.registry import PrefixRegistry
@@ -119,6 +120,8 @@ class ServerState:
     kill_client: Callable[[int], bool] | None = None
     # Installed by the server: bytes all clients' query and reply buffers hold now.
     client_memory: Callable[[], int] | None = None
+    # V.EXPORT's files (None: --no-export, or a state built without them).
+    exports: ExportCache | None = None
     # The shared second tier (--tier), started after recovery; None without one.
     tier: Tier | None = None
     # The plain keyspace (strings, hashes, sorted sets), beside the V-store.

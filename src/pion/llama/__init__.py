@@ -1,15 +1,26 @@
-"""`pion llama`: keep an agent's stable prefix warm in llama.cpp's llama-server and on disk.
+"""`pion llama`: keep agents' stable prefixes warm in llama.cpp's llama-server, on disk and
+in a store shared by several machines.
 
-The pi-prefix-cache behaviour (seed 003, DESIGN section 11) in Python. Reading order:
+The pi-prefix-cache behaviour in Python (docs/llama.md). Reading order:
 
 - :mod:`~pion.llama.config`      WarmerConfig, ``PI_PREFIX_CACHE_*`` env vars
 - :mod:`~pion.llama.prefix`      the stable prefix of a chat request (boundary markers)
-- :mod:`~pion.llama.fingerprint` SHA-256 fingerprint, slot file names
+- :mod:`~pion.llama.fingerprint` SHA-256 fingerprint, slot file names, model identity
 - :mod:`~pion.llama.client`      httpx client for llama-server's HTTP API
 - :mod:`~pion.llama.timings`     ``timings`` from JSON or SSE responses (sans-IO)
 - :mod:`~pion.llama.index`       ``index.json`` and slot-file cleanup
 - :mod:`~pion.llama.serverinfo`  what /props says; the (build, model) key
-- :mod:`~pion.llama.warmer`      the state machine: hit / restore + verify / cold + save
+- :mod:`~pion.llama.slotfile`    the cache layout a slot file was written with
+- :mod:`~pion.llama.compat`      will a file load into the running server (before restore)
+- :mod:`~pion.llama.slots`       one prefix per slot: LRU routing
+- :mod:`~pion.llama.manifest`    the shared store's key layout and manifest
+- :mod:`~pion.llama.store`       the store: chunked push, verified pull, the receipt
+- :mod:`~pion.llama.background`  store work no request waits for
+- :mod:`~pion.llama.context`     state the warmer's steps share
+- :mod:`~pion.llama.restore`     restore from disk or store, then verify
+- :mod:`~pion.llama.coldbuild`   cold warm-up, save, push; saving an evicted prefix
+- :mod:`~pion.llama.warmer`      the state machine: route / hit / restore / cold
+- :mod:`~pion.llama.status`      ``/pion/status`` data
 - :mod:`~pion.llama.proxy`       the OpenAI-compatible reverse proxy
 - :mod:`~pion.llama.cli`         ``pion llama proxy|warm|status|gc``
 - :mod:`~pion.llama.paths`       the cache root and the default log file
@@ -24,7 +35,7 @@ A harness that is not Pi uses the warmer directly::
     ...  # send the real request, then optionally:
     warmer.observe(outcome, Timings.from_json(response_json))
 
-This package never imports ``pion.server`` (DESIGN section 1).
+This package never imports ``pion.server``: the store is reached over RESP like any client.
 """
 
 from __future__ import annotations
@@ -35,6 +46,9 @@ from pion.llama.fingerprint import FingerprintInputs, file_name, fingerprint
 from pion.llama.index import IndexEntry, SlotIndex
 from pion.llama.outcome import Outcome
 from pion.llama.prefix import PrefixSkip, WarmRequest, split_prefix, warm_request_from_chat
+from pion.llama.slotfile import SlotLayout, read_layout
+from pion.llama.slots import parse_slots
+from pion.llama.store import SlotStore, StoreConfig, StoreCorrupt, StoreError
 from pion.llama.timings import Timings, TimingsScanner
 from pion.llama.warmer import PrefixWarmer
 
@@ -48,12 +62,19 @@ __all__ = [
     "PrefixSkip",
     "PrefixWarmer",
     "SlotIndex",
+    "SlotLayout",
+    "SlotStore",
+    "StoreConfig",
+    "StoreCorrupt",
+    "StoreError",
     "Timings",
     "TimingsScanner",
     "WarmRequest",
     "WarmerConfig",
     "file_name",
     "fingerprint",
+    "parse_slots",
+    "read_layout",
     "split_prefix",
     "warm_request_from_chat",
 ]

@@ -1,6 +1,6 @@
 """`pion llama ...`: the command-line face of :mod:`pion.llama` (a click group).
 
-Thin by design (STYLE rule 12): each command parses flags, builds a
+Thin by design: each command parses flags, builds a
 :class:`~pion.llama.config.WarmerConfig` (flags win over ``PI_PREFIX_CACHE_*`` env vars) and
 calls library code.
 
@@ -32,6 +32,7 @@ from pion.llama.config import WarmerConfig
 from pion.llama.index import SlotIndex
 from pion.llama.prefix import WarmRequest, split_prefix
 from pion.llama.proxy import STATUS_PATH, serve
+from pion.llama.slots import parse_slots
 from pion.llama.warmer import PrefixWarmer
 
 __all__ = ["llama_group", "main"]
@@ -61,6 +62,31 @@ def _warmer_options(func: F) -> F:
         click.option("--max-bytes", type=int, help="bytes of slot files kept [..._MAX_BYTES]"),
         click.option("--harness", help="harness id in the fingerprint [..._HARNESS]"),
         click.option("--api-key", help="llama-server --api-key for warm-ups [..._API_KEY]"),
+        click.option(
+            "--slots",
+            "slots_spec",
+            help="several prefixes, one per slot: ids like 0,1,2 or 'all' [..._SLOTS]",
+        ),
+        click.option(
+            "--store",
+            help="redis://HOST:PORT (rediss:// for TLS) of pion-server: shared slot files "
+            "and the receipt [..._STORE]",
+        ),
+        click.option(
+            "--store-password", help="store AUTH password [..._STORE_PASSWORD, PION_PASSWORD]"
+        ),
+        click.option("--store-username", help="store AUTH user [..._STORE_USERNAME]"),
+        click.option(
+            "--store-tls-ca",
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            help="CA bundle for a rediss:// store [..._STORE_TLS_CA]",
+        ),
+        click.option(
+            "--store-timeout", type=float, help="seconds per store operation [..._STORE_TIMEOUT]"
+        ),
+        click.option(
+            "--store-ttl", type=int, help="seconds slot files live in the store [..._STORE_TTL]"
+        ),
     ]
     for option in reversed(options):
         func = option(func)
@@ -68,7 +94,23 @@ def _warmer_options(func: F) -> F:
 
 
 def _config(**flags: Any) -> WarmerConfig:
+    slots: tuple[int, ...] | None = None
+    all_slots: bool | None = None
+    if flags.get("slots_spec") is not None:
+        try:
+            parsed = parse_slots(flags["slots_spec"])
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--slots") from None
+        slots, all_slots = (parsed or ()), parsed is None
     return WarmerConfig.from_env(
+        slots=slots,
+        all_slots=all_slots,
+        store=flags.get("store"),
+        store_password=flags.get("store_password"),
+        store_username=flags.get("store_username"),
+        store_tls_ca=flags.get("store_tls_ca"),
+        store_timeout=flags.get("store_timeout"),
+        store_ttl=flags.get("store_ttl"),
         base_url=flags.get("upstream"),
         slot=flags.get("slot"),
         persist=flags.get("persist"),
@@ -130,6 +172,8 @@ def warm(
     warmer = PrefixWarmer(config)
     try:
         outcome = warmer.ensure(request)
+        # A boot script exits right after: let the push to the store finish first.
+        warmer.flush(timeout=config.store_deadline)
     finally:
         warmer.close()
     click.echo(f"{outcome.summary()}  fingerprint={outcome.fingerprint[:16]}")
@@ -210,15 +254,42 @@ def _print_status(data: dict[str, Any]) -> None:
             console.print(f"[yellow]restores disabled for {key}: {why.get('reason')}[/yellow]")
     proxy = data.get("proxy")
     if proxy:
-        console.print(f"proxy: counts {proxy.get('counts')}, verify {proxy.get('verify')}")
-        for slot, s in proxy.get("slots", {}).items():
-            console.print(
-                f"  slot {slot}: {s['fingerprint'][:16]} {s['tokens']} tok from {s['source']}"
-            )
-        for outcome in proxy.get("outcomes", [])[-10:]:
-            console.print(f"  {outcome['summary']}")
+        _print_proxy(console, proxy)
     if "proxy_error" in data:
         console.print(f"[red]proxy: {data['proxy_error']}[/red]")
+
+
+def _print_proxy(console: Console, proxy: dict[str, Any]) -> None:
+    console.print(
+        f"proxy: counts {proxy.get('counts')}, events {proxy.get('events')}, "
+        f"verify {proxy.get('verify')}"
+    )
+    table = Table(title="which prefix is in which slot (proxy)")
+    for col in ("slot", "fingerprint", "prefix", "tokens", "from", "on disk", "last used"):
+        table.add_column(col, overflow="fold")
+    lru = proxy.get("lru") or []
+    for slot, s in proxy.get("slots", {}).items():
+        if not s:
+            table.add_row(slot, "-", "(free)", "", "", "", "")
+            continue
+        rank = f" (LRU #{lru.index(int(slot)) + 1})" if int(slot) in lru else ""
+        last = s.get("last_used")
+        table.add_row(
+            slot,
+            str(s.get("fingerprint", ""))[:16],
+            str(s.get("label", "")),
+            str(s.get("tokens", "-")),
+            str(s.get("source", "warming" if not s.get("warm") else "")),
+            "yes" if s.get("saved") else "no",
+            (_age(last) + " ago" if isinstance(last, int | float) else "-") + rank,
+        )
+    console.print(table)
+    store = proxy.get("store")
+    if store:
+        state = "up" if store.get("usable") else "[red]skipped after a failure[/red]"
+        console.print(f"store {store.get('url')}: {state}, {store.get('counts')}")
+    for outcome in proxy.get("outcomes", [])[-10:]:
+        console.print(f"  {outcome['summary']}")
 
 
 @llama_group.command()

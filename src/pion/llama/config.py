@@ -1,8 +1,8 @@
 """Configuration of the prefix warmer and proxy: defaults, ``PI_PREFIX_CACHE_*`` env vars, flags.
 
 Owns :class:`WarmerConfig` (frozen) and its construction from the environment. The env vars
-mirror the seed (pi-prefix-cache) so an existing Pi setup keeps working; every one also has
-a CLI flag, and a flag wins over its env var. As in the seed, a numeric env var that is
+mirror pi-prefix-cache's so an existing Pi setup keeps working; every one also has
+a CLI flag, and a flag wins over its env var. As in pi-prefix-cache, a numeric env var that is
 unset or invalid falls back to its default.
 
 =================================  ==========================================  ===========
@@ -10,6 +10,7 @@ env var                            meaning                                     d
 =================================  ==========================================  ===========
 PI_PREFIX_CACHE_BASE_URL           llama-server URL (a trailing /v1 is fine)   127.0.0.1:8080
 PI_PREFIX_CACHE_SLOT               slot that holds the prefix                  0
+PI_PREFIX_CACHE_SLOTS              several prefixes: slot ids ``0,1,2``|all    (one slot)
 PI_PREFIX_CACHE_PERSIST            1 = save/restore the prefix on disk         0
 PI_PREFIX_CACHE_SLOT_DIR           llama-server's --slot-save-path             (none)
 PI_PREFIX_CACHE_LOG                log file of ``[prefix-cache]`` lines        (see below)
@@ -21,6 +22,12 @@ PI_PREFIX_CACHE_MARKERS            ``|``-separated prefix boundary markers     P
 PI_PREFIX_CACHE_HARNESS            harness id for the fingerprint              request UA
 PI_PREFIX_CACHE_TIMEOUT            seconds for one warm-up request             600
 PI_PREFIX_CACHE_API_KEY            llama-server --api-key for warm-ups         (none)
+PI_PREFIX_CACHE_STORE              redis:// or rediss:// URL of the store      (none)
+PI_PREFIX_CACHE_STORE_PASSWORD     store AUTH password (else PION_PASSWORD)    (none)
+PI_PREFIX_CACHE_STORE_USERNAME     store AUTH user                             (none)
+PI_PREFIX_CACHE_STORE_TLS_CA       CA bundle for a rediss:// store             (system)
+PI_PREFIX_CACHE_STORE_TIMEOUT      seconds per store operation                 2
+PI_PREFIX_CACHE_STORE_TTL          seconds slot files live in the store        604800
 =================================  ==========================================  ===========
 
 The log defaults to ``$PION_CACHE/prefix-cache.log`` (``~/.cache/pion/prefix-cache.log``).
@@ -36,6 +43,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pion.llama.paths import default_log_path
+from pion.llama.slots import parse_slots
+from pion.llama.store import StoreConfig
 
 __all__ = [
     "DEFAULT_MARKERS",
@@ -47,7 +56,7 @@ __all__ = [
 
 ENV_PREFIX = "PI_PREFIX_CACHE_"
 
-# Pi's variable-section boundaries, earliest wins (seed, "How it works" step 1).
+# Pi's variable-section boundaries, earliest wins (pi-prefix-cache's rule).
 DEFAULT_MARKERS: tuple[str, ...] = (
     "\n<project_context>",
     "\n<cwd>",
@@ -60,7 +69,7 @@ GIB = 1024**3
 
 
 def normalize_base_url(url: str) -> str:
-    """The server root: no trailing slash, no trailing ``/v1`` (the seed's form has one)."""
+    """The server root: no trailing slash, no trailing ``/v1`` (pi-prefix-cache's form has one)."""
     url = url.strip().rstrip("/")
     if url.endswith("/v1"):
         url = url[: -len("/v1")]
@@ -90,13 +99,51 @@ class WarmerConfig:
     gate_ratio: float = 0.9
     # The divergent probe's user message (`--verify probe`); any non-empty text works.
     probe_message: str = "ping"
+    # Several stable prefixes, one per slot (`--slots 0,1,2`); `all_slots`: every slot the
+    # server has (`--slots all`). Neither: one prefix, in `slot`.
+    slots: tuple[int, ...] = ()
+    all_slots: bool = False
+    # The shared second tier of slot files (pion-server or any Redis keyspace).
+    store: str | None = None
+    store_password: str | None = None
+    store_username: str | None = None
+    store_tls_ca: Path | None = None
+    store_timeout: float = 2.0
+    store_ttl: int = 7 * 24 * 3600
+    # A pull that takes longer than this is abandoned (the prefix is built cold).
+    store_deadline: float = 120.0
+    store_prefix: str = "pion:llama:"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "base_url", normalize_base_url(self.base_url))
         if self.verify not in ("fast", "probe"):
             raise ValueError(f"verify must be fast or probe, not {self.verify!r}")
-        if self.slot < 0:
-            raise ValueError("slot must be >= 0")
+        if self.slot < 0 or any(s < 0 for s in self.slots):
+            raise ValueError("slot ids must be >= 0")
+        if len(set(self.slots)) != len(self.slots):
+            raise ValueError("slots must be distinct")
+        if self.store_timeout <= 0 or self.store_deadline <= 0 or self.store_ttl < 0:
+            raise ValueError("store timeout and deadline must be > 0, ttl >= 0")
+
+    @property
+    def multi_slot(self) -> bool:
+        """Several prefixes, one per slot, requests pinned with ``id_slot``."""
+        return bool(self.slots) or self.all_slots
+
+    def store_config(self) -> StoreConfig | None:
+        """How to reach the store, or None when there is none."""
+        if not self.store:
+            return None
+        return StoreConfig(
+            url=self.store,
+            password=self.store_password,
+            username=self.store_username,
+            tls_ca=self.store_tls_ca,
+            timeout=self.store_timeout,
+            deadline=self.store_deadline,
+            ttl=self.store_ttl,
+            prefix=self.store_prefix,
+        )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> WarmerConfig:
@@ -122,8 +169,24 @@ class WarmerConfig:
             except ValueError:
                 return fallback
 
+        slots: tuple[int, ...] | None = ()
+        if (spec := get("SLOTS")) is not None:
+            try:
+                slots = parse_slots(spec)
+            except ValueError:
+                slots = ()  # like the numeric env vars: invalid means unset
         values: dict[str, Any] = {
             "base_url": get("BASE_URL") or default.base_url,
+            "slots": slots or (),
+            "all_slots": slots is None,
+            "store": get("STORE"),
+            "store_password": get("STORE_PASSWORD") or env.get("PION_PASSWORD") or None,
+            "store_username": get("STORE_USERNAME"),
+            "store_tls_ca": Path(c) if (c := get("STORE_TLS_CA")) else None,
+            "store_timeout": t
+            if (t := flt("STORE_TIMEOUT", default.store_timeout)) > 0
+            else default.store_timeout,
+            "store_ttl": max(0, num("STORE_TTL", default.store_ttl)),
             "slot": max(0, num("SLOT", default.slot)),
             "persist": (get("PERSIST") or "0").lower() in ("1", "true", "yes", "on"),
             "slot_dir": Path(d) if (d := get("SLOT_DIR")) else None,

@@ -1,6 +1,6 @@
-"""The ``[prefix-cache]`` log: one line per event, in the seed's vocabulary.
+"""The ``[prefix-cache]`` log: one line per event, in pi-prefix-cache's vocabulary.
 
-Owns writing lines to the log file (the seed writes there, never to stdout: a harness's
+Owns writing lines to the log file (pi-prefix-cache writes there, never to stdout: a harness's
 fullscreen TUI would paint console output over its input area), keeping the last lines in
 memory for the status endpoint, and mirroring them to the ``pion.llama`` stdlib logger.
 Lines look like ``2026-10-09T14:03:00.123Z [prefix-cache] cache=MISS → warming slot=0 (cold)``.

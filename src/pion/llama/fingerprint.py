@@ -1,14 +1,21 @@
 """The prefix fingerprint and the slot file name derived from it.
 
 Owns one function, :func:`fingerprint`: SHA-256 over a canonical JSON document of everything
-that decides whether saved K/V can be reused (DESIGN section 11): model id, model file
-identity (size + mtime when the GGUF is readable here), server id (plus the server's build),
+that decides whether saved K/V can be reused: model id, model file identity (when the
+GGUF is readable here), server id (plus the server's build),
 harness id/version, our version, the rendering keys (tools, chat_template_kwargs, ...) and
 the prefix text. Changing any of them yields a new fingerprint and so a new file: stale K/V
 is never restored, it is simply not found.
 
 Canonical JSON (sorted keys, no whitespace, UTF-8) keeps the key unambiguous: no field can
-bleed into its neighbour, whatever characters a model name contains (STYLE rule 8).
+bleed into its neighbour, whatever characters a model name contains.
+
+The model file identity is the file's size and a SHA-256 over its first and last
+:data:`MODEL_SAMPLE_BYTES` (the GGUF header with every tensor's name, type and shape, and
+the first and last tensor data), never its mtime or path: two machines that downloaded the
+same GGUF must compute the same fingerprint, or slot files could not be shared through a
+store (docs/llama.md). The sample is read once per process and file (cached by path, size,
+mtime and inode), so the cost is one 8 MiB read, not a hash of a 20 GB model.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +33,7 @@ from pion.llama.prefix import WarmRequest
 
 __all__ = [
     "FILE_PREFIX",
+    "MODEL_SAMPLE_BYTES",
     "FingerprintInputs",
     "ModelFile",
     "file_name",
@@ -34,26 +43,53 @@ __all__ = [
 
 FILE_PREFIX = "pi-prefix-"
 # Schema of the hashed document; bump it to invalidate every file on an incompatible change.
-_SCHEMA = 1
+# 2: the model file is identified by content (size + sampled SHA-256), not by mtime.
+_SCHEMA = 2
+# Bytes hashed at each end of the model file: covers a GGUF's header and tensor table
+# (a few MB for large vocabularies) and the first and last tensor data.
+MODEL_SAMPLE_BYTES = 4 * 1024 * 1024
+
+_identity_cache: dict[tuple[str, int, int, int], ModelFile] = {}
+_identity_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
 class ModelFile:
-    """Identity of the GGUF file on disk: replacing it at the same path changes this."""
+    """Identity of the GGUF file's content: the same on every machine that has the file,
+    different when another model (or quantization) replaces it."""
 
     size: int
-    mtime_ns: int
+    sample_sha256: str
+
+
+def _sample_digest(path: Path, size: int) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        digest.update(f.read(MODEL_SAMPLE_BYTES))
+        if size > 2 * MODEL_SAMPLE_BYTES:
+            f.seek(size - MODEL_SAMPLE_BYTES)
+        digest.update(f.read(MODEL_SAMPLE_BYTES))
+    return digest.hexdigest()
 
 
 def model_file_identity(path: str | os.PathLike[str] | None) -> ModelFile | None:
-    """Size and mtime of the model file, or None when it is not readable from here."""
+    """Size and sampled SHA-256 of the model file, or None when it is not readable here."""
     if not path:
         return None
+    p = Path(path)
     try:
-        st = Path(path).stat()
+        st = p.stat()
+        key = (str(p), st.st_size, st.st_mtime_ns, st.st_ino)
+        with _identity_lock:
+            cached = _identity_cache.get(key)
+        if cached is not None:
+            return cached
+        ident = ModelFile(size=st.st_size, sample_sha256=_sample_digest(p, st.st_size))
     except OSError:
         return None
-    return ModelFile(size=st.st_size, mtime_ns=st.st_mtime_ns)
+    with _identity_lock:
+        _identity_cache[key] = ident
+    return ident
 
 
 @dataclass(frozen=True)
@@ -97,5 +133,5 @@ def fingerprint(inputs: FingerprintInputs) -> str:
 
 
 def file_name(fp: str) -> str:
-    """``pi-prefix-<first 16 hex digits>.bin``, the seed's slot file name."""
+    """``pi-prefix-<first 16 hex digits>.bin``, pi-prefix-cache's slot file name."""
     return f"{FILE_PREFIX}{fp[:16]}.bin"

@@ -9,7 +9,10 @@ code that deletes slot files. Format (JSON, version 1)::
         "pi-prefix-0123456789abcdef.bin": {
           "fingerprint": "<64 hex>", "tokens": 8123, "bytes": 1234567,
           "created": 1760000000.0, "last_used": 1760000100.0,
-          "model": "...", "server": "...", "harness": "..."
+          "model": "...", "server": "...", "harness": "...",
+          "prefill_ms": 812.5, "file_tokens": 8123, "n_ctx": 32768,
+          "model_identity": {"id": "...", "size": 123, "sample_sha256": "..."},
+          "layout": {...} | null, "origin": "local" | "store:<host>"
         }
       },
       "no_restore": {
@@ -17,7 +20,13 @@ code that deletes slot files. Format (JSON, version 1)::
       }
     }
 
-Rules (the seed's, DESIGN section 11):
+``tokens`` is the prefix's token count, ``file_tokens`` what the file holds (more when a
+slot was saved with a conversation after the prefix, on eviction), ``prefill_ms`` the cold
+prefill time measured when the prefix was built, and ``n_ctx``, ``model_identity`` and
+``layout`` what :mod:`pion.llama.compat` checks against the running server before a
+restore. Entries written before these fields existed read with them unknown (0, empty).
+
+Rules (pi-prefix-cache's, docs/llama.md):
 
 - A missing index is an empty one.
 - A corrupt index (not JSON, wrong shape, unknown version) disables deletion for the rest of
@@ -42,7 +51,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pion.llama.compat import FileFacts
 from pion.llama.fingerprint import FILE_PREFIX
+from pion.llama.slotfile import SlotLayout
 
 __all__ = ["INDEX_NAME", "INDEX_VERSION", "IndexEntry", "SlotIndex"]
 
@@ -62,6 +73,20 @@ class IndexEntry:
     model: str = ""
     server: str = ""
     harness: str = ""
+    prefill_ms: float = 0.0
+    file_tokens: int = 0
+    n_ctx: int = 0
+    model_identity: dict[str, Any] | None = None
+    layout: dict[str, Any] | None = None
+    origin: str = "local"
+
+    def facts(self) -> FileFacts:
+        """What :func:`pion.llama.compat.mismatch` compares (an unreadable layout: unknown)."""
+        layout = None
+        if self.layout is not None:
+            with contextlib.suppress(ValueError):
+                layout = SlotLayout.from_json(self.layout)
+        return FileFacts(self.server, self.model_identity, self.n_ctx, layout)
 
     @classmethod
     def from_json(cls, obj: Any) -> IndexEntry:
@@ -73,6 +98,18 @@ class IndexEntry:
             raise ValueError("entry lacks fingerprint/tokens/bytes")
         if not isinstance(created, int | float) or not isinstance(last, int | float):
             raise ValueError("entry lacks created/last_used")
+        prefill, file_tokens, n_ctx = (
+            obj.get("prefill_ms", 0.0),
+            obj.get("file_tokens", 0),
+            obj.get("n_ctx", 0),
+        )
+        ident, layout = obj.get("model_identity"), obj.get("layout")
+        if not isinstance(prefill, int | float) or not isinstance(file_tokens, int):
+            raise ValueError("entry prefill_ms/file_tokens are not numbers")
+        if not isinstance(n_ctx, int) or not isinstance(ident, dict | None):
+            raise ValueError("entry n_ctx/model_identity have the wrong type")
+        if not isinstance(layout, dict | None):
+            raise ValueError("entry layout is not an object")
         return cls(
             fingerprint=fp,
             tokens=tokens,
@@ -82,6 +119,12 @@ class IndexEntry:
             model=str(obj.get("model", "")),
             server=str(obj.get("server", "")),
             harness=str(obj.get("harness", "")),
+            prefill_ms=float(prefill),
+            file_tokens=file_tokens,
+            n_ctx=n_ctx,
+            model_identity=ident,
+            layout=layout,
+            origin=str(obj.get("origin", "local")),
         )
 
 

@@ -1,9 +1,10 @@
-"""What one :meth:`PrefixWarmer.ensure` call did, in the seed's words.
+"""What one :meth:`PrefixWarmer.ensure` call did, in pi-prefix-cache's words.
 
-Owns :class:`Outcome` and its one-line summary (the seed's TUI notification, which we log):
+Owns :class:`Outcome` and its one-line summary (pi-prefix-cache's TUI notification, which we log):
 
 - ``WARM — slot already hot``                         in-process hit, slot checked alive
-- ``WARM — restored 2335 tok from disk (1453 ms)``    restore (verified, or verifying)
+- ``WARM — restored 2335 tok from disk (1453 ms)``    restore (verified, or verifying);
+  ``from the store`` when the file was pulled from the shared store first
 - ``COLD — warmed 2335 tok, checkpoint saved``        cold warm-up (+ save when persisting)
 - ``disabled this session (fail-open): <error>``      anything failed; the request proceeds
 - ``skipped (<reason>)``                              no warmable prefix in the request
@@ -31,6 +32,8 @@ class Outcome:
     tokens: int = 0
     ms: float = 0.0
     file: str | None = None
+    # Where a restored file came from: "disk", or "store" (pulled first).
+    tier: str = "disk"
     saved: bool = False
     # Fast path: the restore is verified by the real request's own timings.
     pending_verify: bool = False
@@ -39,7 +42,7 @@ class Outcome:
 
     @property
     def source(self) -> str:
-        """The seed's ``source=`` word: hit, restore, warm-up, or none."""
+        """pi-prefix-cache's ``source=`` word: hit, restore, warm-up, or none."""
         return _SOURCES.get(self.kind, "none")
 
     def summary(self) -> str:
@@ -47,7 +50,8 @@ class Outcome:
             return "WARM — slot already hot"
         if self.kind == "restored":
             tail = ", verifying on the real request" if self.pending_verify else ""
-            return f"WARM — restored {self.tokens} tok from disk ({self.ms:.0f} ms{tail})"
+            where = "the store" if self.tier == "store" else "disk"
+            return f"WARM — restored {self.tokens} tok from {where} ({self.ms:.0f} ms{tail})"
         if self.kind == "cold":
             saved = "checkpoint saved" if self.saved else "not saved"
             return f"COLD — warmed {self.tokens} tok, {saved} ({self.ms:.0f} ms)"

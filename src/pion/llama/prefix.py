@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "LABEL_CHARS",
     "RENDER_KEYS",
     "PrefixSkip",
     "WarmRequest",
@@ -34,6 +35,8 @@ RENDER_KEYS: tuple[str, ...] = (
 )
 
 _PREFIX_ROLES = ("system", "developer")
+# Characters of a prefix shown in status output (which prefix is in which slot).
+LABEL_CHARS = 80
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,16 @@ class WarmRequest:
     model: str | None = None
     harness: str = ""
     parts: bool = False
+
+    def label(self) -> str:
+        """A human name for the prefix in status output: its first non-empty line, or its
+        beginning and end when longer than :data:`LABEL_CHARS` (prefixes of one harness
+        often share their first words and differ further on)."""
+        line = next((ln.strip() for ln in self.prefix.splitlines() if ln.strip()), "")
+        if len(line) <= LABEL_CHARS:
+            return line
+        half = (LABEL_CHARS - 1) // 2
+        return line[:half].rstrip() + "…" + line[-half:].lstrip()
 
     def system_message(self) -> dict[str, Any]:
         """The system/developer message holding only the prefix."""

@@ -1,6 +1,6 @@
 """`pion llama proxy`: an OpenAI-compatible reverse proxy that warms the prefix first.
 
-Owns the HTTP side of DESIGN section 11 (starlette app, run by uvicorn):
+Owns the HTTP side of `pion llama` (docs/llama.md; a starlette app, run by uvicorn):
 
 - ``POST /v1/chat/completions`` and ``/chat/completions``: extract the stable prefix
   (:mod:`pion.llama.prefix`), run :meth:`PrefixWarmer.ensure` in a worker thread (warm-ups
@@ -10,9 +10,13 @@ Owns the HTTP side of DESIGN section 11 (starlette app, run by uvicorn):
 - ``GET /pion/status``: the warmer's state as JSON (``pion llama status --proxy URL``).
 
 Invariants: the request body is forwarded byte for byte (the bytes read, not a re-encoded
-parse); the response body is streamed back chunk by chunk as it arrives, unchanged, while
-a sans-IO scanner reads ``timings`` from it (the JSON body or the final SSE event) for the
-observed-reuse log line and the fast-path verification. Hop-by-hop headers are not
+parse), with one exception: with several slots (``--slots``) a warmed chat request is
+pinned to its prefix's slot by inserting ``"id_slot":N,`` right after the body's opening
+brace (:func:`pin_slot`; everything else stays as sent, and a request that names its own
+``id_slot`` is left alone and not warmed); the response body is streamed back chunk by
+chunk as it arrives, unchanged, while a sans-IO scanner reads ``timings`` from it (the
+JSON body or the final SSE event) for the observed-reuse log line, the fast-path
+verification and the receipt. Hop-by-hop headers are not
 forwarded (RFC 9110 section 7.6.1). When the upstream is unreachable the client gets a 502
 in llama-server's error shape; the proxy itself never fails a request because of the
 warmer (fail-open).
@@ -37,6 +41,7 @@ from starlette.routing import Route
 from pion.llama.config import WarmerConfig
 from pion.llama.outcome import Outcome
 from pion.llama.prefix import PrefixSkip, warm_request_from_chat
+from pion.llama.status import redact_url
 from pion.llama.timings import TimingsScanner
 from pion.llama.warmer import PrefixWarmer
 
@@ -44,6 +49,7 @@ __all__ = [
     "CHAT_PATHS",
     "STATUS_PATH",
     "PrefixProxy",
+    "pin_slot",
     "running_proxy",
     "serve",
     "serve_in_thread",
@@ -72,6 +78,22 @@ _HOP_BY_HOP = frozenset(
 
 def _end_to_end(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in raw if k.lower() not in _HOP_BY_HOP]
+
+
+_JSON_SPACE = b" \t\r\n"
+
+
+def pin_slot(body: bytes, slot: int) -> bytes:
+    """``body`` (a JSON object without ``id_slot``) with ``"id_slot":slot`` as its first
+    member; every other byte unchanged. Raises ValueError when ``body`` does not start
+    with an object."""
+    start = len(body) - len(body.lstrip(_JSON_SPACE))
+    if body[start : start + 1] != b"{":
+        raise ValueError("body is not a JSON object")
+    rest = body[start + 1 :]
+    member = b'"id_slot":%d' % slot
+    separator = b"" if rest.lstrip(_JSON_SPACE).startswith(b"}") else b","
+    return body[: start + 1] + member + separator + rest
 
 
 class PrefixProxy:
@@ -120,6 +142,9 @@ class PrefixProxy:
         if not isinstance(parsed, dict):
             self.warmer.skipped("body is not a JSON object")
             return None
+        if self.config.multi_slot and "id_slot" in parsed:
+            self.warmer.skipped("the request pins id_slot itself")
+            return None
         found = warm_request_from_chat(parsed, self.config.markers, harness=user_agent)
         if isinstance(found, PrefixSkip):
             self.warmer.skipped(found.reason)
@@ -134,6 +159,17 @@ class PrefixProxy:
         outcome: Outcome | None = None
         if request.method == "POST" and request.url.path in CHAT_PATHS:
             outcome = await self._ensure(body, request.headers.get("user-agent", ""))
+            if (
+                self.config.multi_slot
+                and outcome is not None
+                and outcome.kind in ("hit", "restored", "cold")
+            ):
+                try:
+                    body = pin_slot(body, outcome.slot)
+                except ValueError:
+                    # JSON that does not start with "{" as bytes (a BOM, UTF-16): forward
+                    # it as sent; llama-server then picks the slot by prompt similarity.
+                    self.warmer.log(f"request not pinned to slot {outcome.slot}: {body[:4]!r}")
         url = self.upstream + request.url.path
         if request.url.query:
             url += "?" + request.url.query
@@ -198,10 +234,18 @@ def _uvicorn_options(host: str, port: int) -> dict[str, Any]:
 def serve(config: WarmerConfig, host: str = "127.0.0.1", port: int = 8089) -> None:
     """Run the proxy in the foreground until interrupted."""
     proxy = PrefixProxy(config)
+    slots = (
+        "slots all"
+        if config.all_slots
+        else f"slots {','.join(map(str, config.slots))}"
+        if config.slots
+        else f"slot {config.slot}"
+    )
+    store = proxy.warmer.store
     proxy.warmer.log(
         f"proxy listening on http://{host}:{port} → {config.base_url} "
-        f"(slot {config.slot}, persist {'on' if proxy.warmer.index else 'off'}, "
-        f"verify {config.verify})"
+        f"({slots}, persist {'on' if proxy.warmer.index else 'off'}, "
+        f"store {redact_url(store.config.url) if store else 'off'}, verify {config.verify})"
     )
     uvicorn.run(proxy.app, **_uvicorn_options(host, port))
 

@@ -1,6 +1,6 @@
 """Reading llama-server's ``timings`` out of a response, JSON or SSE, without touching it.
 
-llama-server resets a slot's counters after every request (DESIGN section 11), so polling
+llama-server resets a slot's counters after every request (docs/llama.md), so polling
 ``/slots`` afterwards reads zeros; the only reliable record of how much of a request came
 from cache is the ``timings`` object in the response itself: ``cache_n`` (tokens reused),
 ``prompt_n`` (tokens processed), ``prompt_ms``. In a non-streamed answer it is a top-level

@@ -9,9 +9,10 @@ Crediting a ``KV.PREFIX.LOOKUP`` hit (docs/protocol.md, "Value receipt"):
 
 A time above 0 is counted as *measured*. Otherwise the hit is credited with an
 estimate of ``tokens x 555 us`` (Pion's constant: ~1.8k tokens/s of cold prefill).
-``kvprefix_bytes_served`` is what the seed defines: the payload bytes every V.FETCH
-delivered (RANGE, id lists, BATCH, NATIVE), counted as the reply is built, whichever
-session it read; a LOOKUP credits no bytes (the rows have not moved yet).
+``kvprefix_bytes_served`` is what Pion's receipt defines (docs/protocol.md, "Value
+receipt"): the payload bytes every V.FETCH delivered (RANGE, id lists, BATCH,
+NATIVE), counted as the reply is built, whichever session it read; a LOOKUP credits
+no bytes (the rows have not moved yet).
 
 The semantic/moe/vector fields belong to Pion subsystems we do not implement; they
 stay 0 so a dashboard built for Pion still parses our reply.

@@ -123,6 +123,9 @@ class PionServer:
             except Exception:
                 log.exception("closing the write-ahead log failed")
         self.offload.close()
+        if self.state.exports is not None:
+            # The files are a cache of the V-store: none outlives the server.
+            self.state.exports.close()
         self._stopped.set()
 
     async def _drain(self) -> None:

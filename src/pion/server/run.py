@@ -24,6 +24,7 @@ from pion.commands import COMMAND_TABLE
 from pion.commands.state import CommandTable, ServerState
 from pion.config import ServerConfig
 from pion.errors import PionError
+from pion.export.cache import ExportCache
 from pion.keyspace import SWEEP_INTERVAL_S, SWEEP_MAX_KEYS
 from pion.persistence import Persistence, RecoveryAborted
 from pion.persistence.keyspace_durable import KeyspaceDurable
@@ -68,6 +69,10 @@ def build_state(config: ServerConfig) -> ServerState:
         maxmemory=config.maxmemory,
     )
     state = ServerState(config=config, vstore=vstore, receipt=Receipt(worker_id=config.worker_id))
+    if config.export_enabled:
+        exports = ExportCache(config.export_directory, config.export_max_bytes)
+        vstore.change_listeners.append(exports.invalidate)
+        state.exports = exports
     persistence = Persistence(
         config, vstore, SsmDurable(state.ssm), KeyspaceDurable(state.keyspace)
     )

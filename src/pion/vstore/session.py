@@ -57,6 +57,7 @@ class Session:
         "clock",
         "default_dim",
         "default_fmt",
+        "generation",
         "group",
         "layers",
         "ropes",
@@ -80,6 +81,9 @@ class Session:
             for index, ((fmt, dim), rope) in enumerate(zip(m.schema, ropes, strict=True)):
                 self.layers[index] = Layer(get_codec(fmt, rope), dim)
         self.clock = 0  # the store's logical LRU clock at the last read or write
+        # The store's change counter at this session's last change of rows (see
+        # VStore.generation): equal numbers mean identical rows.
+        self.generation = 0
         self.blocks: BlockTable | None = None
         # Rollback snapshots (V.SNAPSHOT): snap_id -> (layer, length) of every layer.
         self.snapshots: dict[int, tuple[tuple[int, int], ...]] = {}

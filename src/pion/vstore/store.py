@@ -25,6 +25,11 @@ Definitions (also what ``V.INFO`` and ``KV.PREFIX.INFO`` report):
 - ``total_fetches``: one per layer read requested (a RANGE or id-list fetch counts 1, a
   BATCH fetch counts its layers); ``evictions``: sessions evicted (a namespace counts
   its halves). Both count from process start.
+- ``generation(sid)``: a store-wide counter stamped on a session whenever its rows
+  change (store, restore, create); a dropped or evicted sid has none, and a re-created
+  one gets a new number. Whoever keeps something derived from a session's rows (the
+  ``V.EXPORT`` files) compares numbers to know it is still current, and
+  ``change_listeners`` hear of each change at once.
 
 Eviction. The unit is the namespace: a ``<ns>_pk``/``<ns>_pv`` sid
 takes its other half with it (``views.namespace_of``); a namespace's age is that of its
@@ -132,6 +137,12 @@ class VStore:
         self.evictions = 0
         # The last rollback snapshot id issued (V.SNAPSHOT); ids only ever grow.
         self.last_snap_id = 0
+        # Counts every change of any session's rows (see generation()); never reused.
+        self._generation = 0
+        # Called with a sid after its rows changed or it was dropped (the V.EXPORT
+        # file cache removes stale files at once). A listener must not raise, nor call
+        # back into the store.
+        self.change_listeners: list[Callable[[bytes], None]] = []
 
     # -- limits and enumeration ------------------------------------------------------
 
@@ -188,6 +199,12 @@ class VStore:
         self._touch(s)
         layer0 = s.layers.get(0)
         return layer0.tpl if layer0 is not None else 0
+
+    def generation(self, sid: bytes) -> int:
+        """A number that changes whenever ``sid``'s rows may have changed (a store, a
+        restore, a re-create after a drop or an eviction): equal numbers mean the rows
+        are the same. Numbers are unique over the store's lifetime, across sessions."""
+        return self._get(sid).generation
 
     def layer_layout(self, sid: bytes, layer: int) -> tuple[int, Codec]:
         """The (dim, codec) a store into ``layer`` uses; raises if it cannot take rows."""
@@ -663,6 +680,7 @@ class VStore:
         self._sessions[m.sid] = s
         self._lru.add(s.group)
         self._touch(s)
+        self._changed(s)
         return s
 
     def _apply_store(self, s: Session, layer: int, start: int, data: npt.NDArray[np.uint8]) -> None:
@@ -674,6 +692,7 @@ class VStore:
         self.total_tokens += tpl
         self._lru.grew(s.group, held * lay.row_bytes)
         self._touch(s)
+        self._changed(s)
 
     def _apply_rollback(
         self, s: Session, m: TakeSnapshot | RestoreSnapshot | ReleaseSnapshot
@@ -691,6 +710,7 @@ class VStore:
             self.total_tokens -= tokens
             self.vstore_bytes -= nbytes
             self._lru.shrank(s.group, nbytes)
+            self._changed(s)
         else:
             s.snapshots.pop(m.snap_id, None)
         self._touch(s)
@@ -702,3 +722,13 @@ class VStore:
         self.total_tokens -= s.rows
         self._lru.remove(s.group, nbytes)
         heapq.heappush(self._free_slots, s.slot)
+        self._notify(sid)
+
+    def _changed(self, s: Session) -> None:
+        self._generation += 1
+        s.generation = self._generation
+        self._notify(s.sid)
+
+    def _notify(self, sid: bytes) -> None:
+        for listener in self.change_listeners:
+            listener(sid)

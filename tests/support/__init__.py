@@ -1,4 +1,8 @@
-"""Helpers shared by the test packages (on pytest's ``pythonpath``: ``import support``).
+"""Helpers shared by the test packages: the one support package, on pytest's
+``pythonpath`` (``from support import ...``). Beside the helpers below, its modules
+``support.attend`` (a float64 attention reference), ``support.keyspace`` (a raw RESP
+client and a redis-server oracle) and ``support.workers`` (pion-server processes with
+workers, TLS and metrics).
 
 - V-store: :func:`make_store`, :func:`rows`, :func:`durable_state` (everything durable
   about a store, comparable with ``==``), :func:`check_layers` (the sparse-run
@@ -10,10 +14,12 @@
   ``pion-server`` whose RSS and log a test reads), :func:`encode_command`,
   :func:`read_reply_line`, :func:`store_fetchable`.
 - `pion llama`: chat requests and ``[prefix-cache]`` log reading.
+- Network: :func:`non_loopback_address` (to connect from a peer that is not loopback).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -440,3 +446,20 @@ def fetch_prefix(r: redis.Redis, ns: str, rows_per_layer: int = 600) -> list[Any
 
 def tier_info(r: redis.Redis) -> dict[str, Any]:
     return dict(r.info("tier"))
+
+
+# -- network -------------------------------------------------------------------------
+
+
+def non_loopback_address() -> str:
+    """This machine's address on its first non-loopback interface."""
+    candidates = []
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # a UDP connect only picks a route
+        candidates.append(probe.getsockname()[0])
+    with contextlib.suppress(OSError):
+        candidates += socket.gethostbyname_ex(socket.gethostname())[2]
+    for addr in candidates:
+        if not addr.startswith("127.") and addr != "0.0.0.0":
+            return addr
+    raise RuntimeError("this test needs a non-loopback IPv4 address on the machine")

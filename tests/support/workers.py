@@ -1,5 +1,5 @@
 """Test helpers for real `pion-server` processes with workers, TLS and metrics
-(on pytest's ``pythonpath``: ``import multiworker``).
+(``from support.workers import ...``).
 
 - :class:`Server`: a `pion-server` subprocess (``-w N`` or not) with its ready and
   metrics ports, worker processes and affinity-port clients.

@@ -1,7 +1,6 @@
-"""Helpers for the keyspace tests (on pytest's ``pythonpath``: ``import
-keyspace_support``): a raw RESP client that returns every reply's exact bytes (the
-oracle test compares them), a real redis-server on a free port, and small wire
-utilities."""
+"""Helpers for the keyspace tests (``from support.keyspace import ...``): a raw RESP
+client that returns every reply's exact bytes (the oracle test compares them), a real
+redis-server on a free port, and small wire utilities."""
 
 from __future__ import annotations
 

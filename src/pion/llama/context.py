@@ -1,0 +1,148 @@
+"""The state one :class:`~pion.llama.warmer.PrefixWarmer` shares with its restore and
+cold-build steps (:mod:`pion.llama.restore`, :mod:`pion.llama.coldbuild`).
+
+Owns :class:`WarmerContext` (configuration, the llama-server client, the log, the two tiers
+of slot files, and the mutable state: what each slot holds, which (build, model) pairs are
+suspected of not restoring, what cache layout the running server writes) and
+:class:`SlotState`. Mutations of one slot's state happen under that slot's lock, held by
+the warmer; the shared sets and counters are guarded by :attr:`WarmerContext.guard`.
+
+The running server's cache layout (its K/V types and streams, :mod:`pion.llama.slotfile`)
+is not in ``/props``: it is read from a slot file the server wrote, either one the warmer
+saved anyway or, when none is known yet and a restore needs the check, a probe: a
+one-token prompt in the slot about to be restored into, saved and read back
+(:meth:`WarmerContext.server_layout`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+from pion.llama.background import Background
+from pion.llama.client import LlamaClient, LlamaServerError
+from pion.llama.compat import ServerFacts
+from pion.llama.config import WarmerConfig
+from pion.llama.eventlog import EventLog
+from pion.llama.index import SlotIndex
+from pion.llama.prefix import WarmRequest
+from pion.llama.serverinfo import ServerInfo
+from pion.llama.slotfile import SlotLayout, read_layout
+from pion.llama.store import SlotStore
+
+__all__ = ["PROBE_FILE", "Pending", "SlotState", "Target", "WarmerContext"]
+
+# The probe's slot file; not a pi-prefix-*.bin name, so the index never lists it.
+PROBE_FILE = "pion-layout-probe-slot{slot}.bin"
+_PROBE_PROMPT = "probe"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One ensure call: the prefix, the slot it goes to, its fingerprint, the server, and
+    when the call started (outcomes report the time spent)."""
+
+    request: WarmRequest
+    slot: int
+    fingerprint: str
+    info: ServerInfo
+    t0: float
+
+
+@dataclass
+class Pending:
+    """A restore the real request has yet to verify (fast path)."""
+
+    file: str
+    own_file: bool
+    restore_key: str
+    n_restored: int
+    restore_ms: float
+
+
+@dataclass
+class SlotState:
+    """What one slot was last seen to hold."""
+
+    fingerprint: str
+    tokens: int  # the prefix's tokens
+    source: str  # hit, restore, warm-up
+    since: float
+    label: str = ""
+    prefill_ms: float = 0.0  # the prefix's measured cold prefill
+    saved: bool = False  # a file of this prefix is on the local disk
+    file: str | None = None
+    model: str = ""  # for the index entry of a save on eviction
+    harness: str = ""
+    pending: Pending | None = None
+
+
+@dataclass
+class WarmerContext:
+    """Everything the warmer's steps share."""
+
+    config: WarmerConfig
+    client: LlamaClient
+    log: EventLog
+    index: SlotIndex | None
+    store: SlotStore | None
+    background: Background | None
+    guard: threading.Lock = field(default_factory=threading.Lock)
+    slots: dict[int, SlotState] = field(default_factory=dict)
+    # (build, model) pairs whose own file failed verification: the next cold build checks
+    # a round trip (hybrid detection).
+    suspect: set[str] = field(default_factory=set)
+    said_no_restore: set[str] = field(default_factory=set)
+    # Fingerprints whose stored copy failed to verify here: a rebuild replaces it.
+    refused_store: set[str] = field(default_factory=set)
+    layouts: dict[ServerInfo, SlotLayout] = field(default_factory=dict)
+    counts: Counter[str] = field(default_factory=Counter)
+
+    def count(self, name: str, n: int = 1) -> None:
+        with self.guard:
+            self.counts[name] += n
+
+    def learn_layout(self, info: ServerInfo, layout: SlotLayout | None) -> None:
+        """Record the layout of a file this server just wrote."""
+        if layout is not None:
+            with self.guard:
+                self.layouts[info] = layout
+
+    def server_layout(self, info: ServerInfo, slot: int, *, probe: bool) -> SlotLayout | None:
+        """The running server's cache layout: known, or (``probe``) learned by saving a
+        one-token prompt from ``slot``. That erases the slot: call it only right before
+        the slot is restored into or rebuilt. None when it cannot be learned."""
+        with self.guard:
+            known = self.layouts.get(info)
+        if known is not None or not probe or self.index is None:
+            return known
+        name = PROBE_FILE.format(slot=slot)
+        path = self.index.slot_dir / name
+        try:
+            self.client.slot_erase(slot)
+            self.client.complete(
+                {"prompt": _PROBE_PROMPT, "n_predict": 0, "id_slot": slot, "cache_prompt": True}
+            )
+            self.client.slot_save(slot, name)
+            layout = read_layout(path)
+        except LlamaServerError as exc:
+            self.log(f"cache layout probe failed ({exc.short()}): cache type not compared")
+            return None
+        finally:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            with contextlib.suppress(Exception):
+                self.client.slot_erase(slot)
+        self.log(
+            f"cache layout of this llama-server: {layout.cache_types()}, "
+            f"{layout.n_stream} stream(s), {layout.n_layer} layers"
+            if layout
+            else "cache layout of this llama-server: not a plain K/V cache (not compared)"
+        )
+        self.learn_layout(info, layout)
+        return layout
+
+    def facts(self, info: ServerInfo, layout: SlotLayout | None) -> ServerFacts:
+        return ServerFacts(info.build, info.model_identity(), info.n_ctx, layout)

@@ -1,0 +1,108 @@
+"""The warmer's state as JSON-ready data: ``GET /pion/status`` and ``pion llama status``.
+
+Owns :func:`warmer_status` (which prefix is in which slot, least recently used first,
+the last outcomes, counters, the files of the slot dir, the store and its counters, the
+log tail) and :func:`redact_url` (a store URL without its password, for logs and status).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from pion.llama.context import WarmerContext
+from pion.llama.slots import SlotTable
+
+__all__ = ["redact_url", "warmer_status"]
+
+
+def redact_url(url: str) -> str:
+    """``redis://user:secret@host:1974`` → ``redis://user:***@host:1974``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _slots(ctx: WarmerContext, table: SlotTable | None) -> dict[str, Any]:
+    with ctx.guard:
+        states = dict(ctx.slots)
+    out: dict[str, Any] = {}
+    for slot in table.slots if table is not None else sorted(states):
+        state, claim = states.get(slot), table.holder(slot) if table is not None else None
+        if state is None and claim is None:
+            out[str(slot)] = None
+            continue
+        entry: dict[str, Any] = {
+            "fingerprint": claim.fingerprint if claim else state.fingerprint if state else "",
+            "label": claim.label if claim else state.label if state else "",
+            "last_used": claim.last_used if claim else None,
+            "warm": state is not None,
+        }
+        if state is not None:
+            entry.update(
+                tokens=state.tokens,
+                source=state.source,
+                since=state.since,
+                saved=state.saved,
+                file=state.file,
+                prefill_ms=state.prefill_ms,
+                verifying=state.pending is not None,
+            )
+        out[str(slot)] = entry
+    return out
+
+
+def _files(ctx: WarmerContext) -> tuple[dict[str, Any], dict[str, Any]]:
+    if ctx.index is None:
+        return {}, {}
+    try:
+        index = ctx.index.load()
+    except OSError as exc:
+        return {"error": str(exc)}, {}
+    return {k: vars(v) for k, v in index.files.items()}, dict(index.no_restore)
+
+
+def warmer_status(
+    ctx: WarmerContext,
+    table: SlotTable | None,
+    outcomes: list[dict[str, Any]],
+    counts: dict[str, int],
+) -> dict[str, Any]:
+    """Everything ``/pion/status`` shows."""
+    cfg = ctx.config
+    files, no_restore = _files(ctx)
+    with ctx.guard:
+        events = dict(ctx.counts)
+    store: dict[str, Any] | None = None
+    if ctx.store is not None:
+        store = {
+            "url": redact_url(ctx.store.config.url),
+            "usable": ctx.store.usable(),
+            "counts": dict(ctx.store.counts),
+            "dropped_jobs": ctx.background.dropped if ctx.background else 0,
+        }
+    return {
+        "upstream": cfg.base_url,
+        "slot": cfg.slot,
+        "multi_slot": cfg.multi_slot,
+        "persist": ctx.index is not None,
+        "slot_dir": str(cfg.slot_dir) if cfg.slot_dir else None,
+        "verify": cfg.verify,
+        "log": str(cfg.log_path) if cfg.log_path else None,
+        "slots": _slots(ctx, table),
+        "lru": table.lru_order() if table is not None else [],
+        "counts": counts,
+        "events": events,
+        "outcomes": outcomes,
+        "files": files,
+        "no_restore": no_restore,
+        "store": store,
+        "log_tail": ctx.log.recent()[-30:],
+    }
