@@ -161,6 +161,7 @@ def membership(calls: int) -> dict[str, float]:
         "cdf_quantiles": list(CDF_QUANTILES),
         "cdf_pion_us": [float(x) for x in np.percentile(lat, CDF_QUANTILES)],
         "cdf_redis_us": [float(x) for x in np.percentile(base, CDF_QUANTILES)],
+        "cdf_redis_set_us": [float(x) for x in np.percentile(base_set, CDF_QUANTILES)],
     }
 
 
