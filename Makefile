@@ -12,9 +12,10 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 # Stamp files: reinstall only when the pins change.
-$(VENV)/.installed: requirements.txt pyproject.toml | $(BIN)/python
+$(VENV)/.installed: requirements.txt pyproject.toml src/pion/resp/_speedups.c src/pion/vstore/_speedups.c src/pion/codecs/_speedups.c | $(BIN)/python
 	$(BIN)/pip install -q -r requirements.txt
 	$(BIN)/pip install -q --no-deps -e .
+	scripts/build-speedups $(BIN)/python
 	touch $@
 
 $(VENV)/.dev-installed: requirements-dev.txt requirements-model.txt $(VENV)/.installed
@@ -36,8 +37,10 @@ lint: dev
 typecheck: dev
 	$(BIN)/mypy --strict src/pion
 
+# The compiled twins are built by `install`; PION_REQUIRE_SPEEDUPS makes a
+# silent fall-back to pure Python a test failure.
 pytest: dev system-deps llama-server
-	$(BIN)/python -m pytest -q
+	PION_REQUIRE_SPEEDUPS=1 $(BIN)/python -m pytest -q
 
 ## Install what the tests need (Debian packages, llama-server, pinned Python deps),
 ## then lint, type-check, run the whole test suite and the benchmarks at smoke sizes.
@@ -71,4 +74,4 @@ llama-server: system-deps
 	scripts/build-llama-server >/dev/null
 
 clean:
-	rm -rf $(VENV) .venv-3.* .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-3.* .mypy_cache .ruff_cache .pytest_cache src/pion/resp/*.so src/pion/vstore/*.so src/pion/codecs/*.so

@@ -11,9 +11,18 @@ extra row, ``fp16/F16``, is the production path of Pion's clients: ``FMT F16`` i
 Memory: each format gets a fresh ``pion-server``; after the load we read its peak RSS
 (the kernel's VmHWM) and ``vstore_bytes`` (INFO memory). ``peak/vstore`` includes the
 interpreter (its idle RSS is shown); ``(peak-idle)/vstore`` is what the store costs.
+``bound`` is the documented in-flight bound of a pipelined store
+(``pion.commands.vstore.store_in_flight_bound``: two commands' blobs, twice one
+command's stored rows, one slice's encode temporaries, the receive buffers), and
+``within`` says whether ``peak - idle <= 1.3 x vstore_bytes + bound``.
 
-Issue 2 targets: fp16 fetch and store >= 1.0x redis, other formats >= 0.5x, peak RSS
-within 1.3x of vstore_bytes after the load.
+Server CPU: seconds of CPU (user + system) each server spent on one store and one
+fetch, from psutil: on a machine whose cores the client shares (and others load),
+the wall-time ratio follows this closely, so it is reported beside it.
+
+Issue 13 targets: fp16 (fp32 in, fp32 out) store and fetch >= 1.0x redis; every other
+format store >= 0.8x and fetch >= 1.0x; peak RSS within 1.3x of vstore_bytes plus the
+in-flight bound.
 
     python bench/vstore_throughput.py            # 16 x 4096 x 1024, every format
     python bench/vstore_throughput.py --quick    # CI-sized
@@ -32,7 +41,9 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import print_table, start_pion, start_redis, timed, write_results
+from _common import Process, print_table, start_pion, start_redis, timed, write_results
+from pion.codecs import get_codec
+from pion.commands.vstore import store_in_flight_bound
 
 FORMATS = ("fp16", "fp8", "int8", "mlx4g32", "turbo4", "turbo3", "turbo2")
 MB = 1e6
@@ -42,8 +53,20 @@ def _client(port: int) -> redis.Redis:
     return redis.Redis(host="127.0.0.1", port=port, socket_timeout=600)
 
 
-def redis_baseline(port: int, blobs: Sequence[bytes], repeat: int) -> dict[str, float]:
-    r = _client(port)
+def _cpu(proc: Process) -> float:
+    times = proc.ps.cpu_times()
+    return float(times.user + times.system)
+
+
+def _cpu_of(proc: Process, fn: Any) -> float:
+    """Server CPU seconds one call of ``fn`` cost."""
+    before = _cpu(proc)
+    fn()
+    return _cpu(proc) - before
+
+
+def redis_baseline(proc: Process, blobs: Sequence[bytes], repeat: int) -> dict[str, float]:
+    r = _client(proc.port)
 
     def store() -> None:
         pipe = r.pipeline(transaction=False)
@@ -61,6 +84,8 @@ def redis_baseline(port: int, blobs: Sequence[bytes], repeat: int) -> dict[str, 
 
     store()
     result = {"store_s": timed(store, repeat), "fetch_s": timed(fetch, repeat)}
+    result["store_cpu_s"] = _cpu_of(proc, store)
+    result["fetch_cpu_s"] = _cpu_of(proc, fetch)
     r.close()
     return result
 
@@ -101,13 +126,19 @@ def pion_run(
         peak = server.peak_rss()
         vstore_bytes = int(c.info("memory")["vstore_bytes"])
         fetch_s = timed(fetch, repeat)
+        store_cpu_s = _cpu_of(server, store)
+        fetch_cpu_s = _cpu_of(server, fetch)
         c.close()
+        stored_per_command = tokens * get_codec(fmt).row_bytes(dim)
         return {
             "store_s": store_s,
             "fetch_s": fetch_s,
+            "store_cpu_s": store_cpu_s,
+            "fetch_cpu_s": fetch_cpu_s,
             "vstore_bytes": vstore_bytes,
             "rss_idle": idle,
             "rss_peak_after_load": peak,
+            "in_flight_bound": store_in_flight_bound(len(blobs[0]), stored_per_command),
         }
     finally:
         server.stop()
@@ -143,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if fmt == "fp16":
                 variants.append(("fp16/F16", [d.astype("<f2").tobytes() for d in data], True))
             for name, blobs, f16 in variants:
-                base = redis_baseline(baseline.port, blobs32, args.repeat)
+                base = redis_baseline(baseline, blobs32, args.repeat)
                 run = pion_run(fmt, blobs, f16=f16, **opts)
                 runs.append({"format": name, "redis": base, **run})
     finally:
@@ -160,7 +191,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         run["fetch_x_redis"] = base["fetch_s"] / run["fetch_s"]
         vb = max(run["vstore_bytes"], 1)
         run["peak_over_vstore"] = run["rss_peak_after_load"] / vb
-        run["store_cost_over_vstore"] = (run["rss_peak_after_load"] - run["rss_idle"]) / vb
+        cost = run["rss_peak_after_load"] - run["rss_idle"]
+        run["store_cost_over_vstore"] = cost / vb
+        run["peak_within_bound"] = cost <= 1.3 * run["vstore_bytes"] + run["in_flight_bound"]
         table.append(
             [
                 run["format"],
@@ -175,6 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run["rss_peak_after_load"] / MB,
                 run["peak_over_vstore"],
                 run["store_cost_over_vstore"],
+                run["in_flight_bound"] / MB,
+                "yes" if run["peak_within_bound"] else "NO",
+                f"{run['store_cpu_s']:.2f}/{base['store_cpu_s']:.2f}",
+                f"{run['fetch_cpu_s']:.2f}/{base['fetch_cpu_s']:.2f}",
             ]
         )
     print(
@@ -195,6 +232,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "peak RSS",
             "peak/vstore",
             "(peak-idle)/vstore",
+            "bound MB",
+            "within",
+            "store CPU s pion/redis",
+            "fetch CPU s pion/redis",
         ],
         table,
     )

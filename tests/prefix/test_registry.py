@@ -365,6 +365,8 @@ ERRORS = [
     (("KV.PREFIX.MEMBERSHIP", "n", 2, b"x" * 8), "hash_blob length mismatch"),
     (("KV.PREFIX.MEMBERSHIP", "n", -1, b""), "hash_count out of range (0..1048576)"),
     (("KV.PREFIX.LOOKUP", "x" * 201), "ns_key length must be 1..200"),
+    (("KV.PREFIX.LOOKUP", ""), "ns_key length must be 1..200"),
+    (("KV.PREFIX.LOOKUP", "", "TOKENS", 1), "ns_key length must be 1..200"),
     (("KV.PREFIX.DROP", ""), "ns_key length must be 1..200"),
 ]
 

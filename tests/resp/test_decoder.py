@@ -1,8 +1,12 @@
-"""The request decoder: whole, byte by byte, garbage, limits, and against hiredis."""
+"""The request decoder: whole, byte by byte, garbage, limits, and against hiredis;
+large bulks received in place. Every test runs with the pure-Python batch scanner and,
+when it is built, with the compiled one."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from typing import Any
 
 import hiredis
 import pytest
@@ -11,7 +15,25 @@ from hypothesis import strategies as st
 
 from pion.config import ProtocolLimits
 from pion.errors import ProtocolError
-from pion.resp.decoder import RequestDecoder, split_inline
+from pion.resp import decoder as decoder_module
+from pion.resp import scan as scan_module
+from pion.resp.decoder import DIRECT_BULK_MIN, RequestDecoder, split_inline
+
+_IMPLS: list[str] = ["python"] + (["compiled"] if scan_module.COMPILED else [])
+
+
+@pytest.fixture(autouse=True, scope="module", params=_IMPLS)
+def implementation(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The scanner and in-place buffer the decoder uses (module-scoped, so hypothesis
+    tests run under it too)."""
+    saved = decoder_module.scan, decoder_module.BulkWriter
+    if request.param == "python":
+        decoder_module.scan = scan_module.py_scan
+        decoder_module.BulkWriter = scan_module.PyBulkWriter  # type: ignore[misc]
+    try:
+        yield request.param
+    finally:
+        decoder_module.scan, decoder_module.BulkWriter = saved  # type: ignore[misc]
 
 
 def encode(args: list[bytes]) -> bytes:
@@ -285,3 +307,135 @@ def test_held_counts_the_buffer_and_a_partial_command() -> None:
     dec.clear()
     assert dec.held == 0
     assert dec.buffered == 0
+
+
+# -- large bulks received in place ---------------------------------------------------
+
+
+def receive(dec: RequestDecoder, wire: bytes, chunk: int) -> list[list[bytes]]:
+    """Drive the decoder as an asyncio.BufferedProtocol's transport does: ask for a
+    buffer, write at most ``chunk`` bytes into it, report them, run the commands."""
+    scratch = memoryview(bytearray(chunk))
+    got: list[list[bytes]] = []
+    i = 0
+    while i < len(wire):
+        target = dec.get_buffer(scratch)
+        n = min(len(target), chunk, len(wire) - i)
+        assert n > 0
+        target[:n] = wire[i : i + n]
+        del target
+        dec.buffer_updated(scratch, n)
+        i += n
+        got.extend(drain(dec))
+    return got
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.lists(st.binary(max_size=20), min_size=1, max_size=3),
+            st.integers(DIRECT_BULK_MIN, DIRECT_BULK_MIN + 70_000).map(
+                lambda n: [b"V.STOREBATCH", b"s", bytes([n % 251]) * n]
+            ),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    st.sampled_from([1000, 4096, 65536, 262144]),
+)
+def test_large_bulks_received_in_place(cmds: list[list[bytes]], chunk: int) -> None:
+    """Any mix of small commands and large bulks, through get_buffer/buffer_updated
+    with any read size, gives the same commands as feeding them whole."""
+    wire = b"".join(encode(c) for c in cmds)
+    dec = RequestDecoder()
+    assert receive(dec, wire, chunk) == cmds
+    assert dec.buffered == 0
+    assert dec.held == 0
+
+
+def test_in_place_buffer_is_the_argument() -> None:
+    """Once a large bulk's header is read, the reads go into a buffer of its exact
+    size, except its last bytes, which come through the scratch buffer."""
+    payload = bytes(range(256)) * 1024  # 256 KiB
+    wire = encode([b"SET", b"k", payload])
+    dec = RequestDecoder()
+    scratch = memoryview(bytearray(65536))
+    head = len(wire) - len(payload) - 2
+    first = dec.get_buffer(scratch)
+    assert first.obj is scratch.obj
+    first[: head + 100] = wire[: head + 100]
+    dec.buffer_updated(scratch, head + 100)
+    assert dec.get() is None
+    assert dec.held >= len(payload)  # charged in full as soon as the header is read
+    target = dec.get_buffer(scratch)
+    assert target.obj is not scratch.obj
+    assert len(target) == len(payload) - 100 - 64
+    target[:] = wire[head + 100 : head + len(payload) - 64]
+    n = len(target)
+    del target
+    dec.buffer_updated(scratch, n)
+    assert dec.get() is None
+    last = dec.get_buffer(scratch)
+    assert last.obj is scratch.obj
+    rest = wire[head + len(payload) - 64 :] + encode([b"PING"])
+    last[: len(rest)] = rest
+    dec.buffer_updated(scratch, len(rest))
+    assert drain(dec) == [[b"SET", b"k", payload], [b"PING"]]
+    assert dec.held == 0
+
+
+def test_in_place_bulk_must_end_with_crlf() -> None:
+    payload = b"x" * DIRECT_BULK_MIN
+    dec = RequestDecoder()
+    dec.feed(b"*2\r\n$4\r\nECHO\r\n$%d\r\nxx" % len(payload))
+    assert dec.get() is None
+    dec.feed(payload[2:])
+    assert dec.get() is None
+    dec.feed(b"\r")
+    assert dec.get() is None
+    dec.feed(b"X")
+    with pytest.raises(ProtocolError, match="not terminated by CRLF"):
+        dec.get()
+
+
+def test_in_place_bulk_dropped_with_the_connection() -> None:
+    dec = RequestDecoder()
+    dec.feed(b"*2\r\n$4\r\nECHO\r\n$10000000\r\nabc")
+    assert dec.get() is None
+    assert dec.held >= 10_000_000
+    dec.clear()
+    assert dec.held == 0
+    dec.feed(encode([b"PING"]))
+    assert dec.get() == [b"PING"]
+
+
+def test_batch_waiting_is_counted_as_held() -> None:
+    """Commands parsed ahead (the batch path) are still the client's query buffer."""
+    wire = b"".join(encode([b"ECHO", b"%d" % i]) for i in range(50))
+    dec = RequestDecoder()
+    dec.feed(wire)
+    assert dec.get() == [b"ECHO", b"0"]
+    assert dec.held > 0
+    assert dec.buffered > 0
+    assert len(drain(dec)) == 49
+    assert dec.buffered == 0
+
+
+def test_unauthenticated_batch_respects_the_budget() -> None:
+    """Before AUTH the batch path is bounded by the unauthenticated limits: the
+    command over them reaches the exact parser, which refuses it in Redis's words."""
+    dec = RequestDecoder(ProtocolLimits(max_unauth_array_len=2))
+    dec.authenticated = False
+    dec.feed(encode([b"AUTH", b"pw"]) + encode([b"PING"]) + encode([b"A", b"B", b"C"]))
+    assert dec.get() == [b"AUTH", b"pw"]
+    assert dec.get() == [b"PING"]
+    with pytest.raises(ProtocolError, match="unauthenticated multibulk length"):
+        dec.get()
+
+
+def test_mixed_inline_and_batches(implementation: Any) -> None:
+    wire = encode([b"A"]) * 3 + b"PING\r\n" + encode([b"B"]) * 3 + b"*0\r\n" + encode([b"C"])
+    dec = RequestDecoder()
+    dec.feed(wire)
+    assert drain(dec) == [[b"A"]] * 3 + [[b"PING"]] + [[b"B"]] * 3 + [[b"C"]]

@@ -1,6 +1,7 @@
-"""Large bulks (256 KB and up) are collected as chunks and joined once: every way of
-cutting the wire into feeds gives the same commands, what follows a large bulk in the
-same feed is kept, and a payload not followed by CRLF is still refused."""
+"""Large bulks (DIRECT_BULK_MIN and up) are received in place, into a buffer of their
+size: every way of cutting the wire into feeds gives the same commands, what follows a
+large bulk in the same feed is kept, a fed buffer may be reused by the caller, and a
+payload not followed by CRLF is still refused."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import random
 import pytest
 
 from pion.errors import ProtocolError
-from pion.resp.decoder import _LARGE_BULK, RequestDecoder
+from pion.resp.decoder import DIRECT_BULK_MIN, RequestDecoder
 
 
 def encode(args: list[bytes]) -> bytes:
@@ -25,13 +26,13 @@ def drain(dec: RequestDecoder) -> list[list[bytes]]:
 
 def commands() -> list[list[bytes]]:
     rng = random.Random(5)
-    big = rng.randbytes(_LARGE_BULK + 7)
-    huge = rng.randbytes(3 * _LARGE_BULK)
+    big = rng.randbytes(DIRECT_BULK_MIN + 7)
+    huge = rng.randbytes(3 * DIRECT_BULK_MIN)
     return [
         [b"SET", b"k", big],
         [b"PING"],
         [b"MSET", b"a", huge, b"b", big, b"c", b"x"],
-        [b"SET", b"edge", rng.randbytes(_LARGE_BULK)],  # exactly the threshold
+        [b"SET", b"edge", rng.randbytes(DIRECT_BULK_MIN)],  # exactly the threshold
         [b"GET", b"k"],
     ]
 
@@ -76,7 +77,7 @@ def test_a_fed_buffer_may_be_reused_by_the_caller() -> None:
 
 
 def test_missing_crlf_after_a_large_bulk_is_refused() -> None:
-    payload = b"x" * (_LARGE_BULK + 1)
+    payload = b"x" * (DIRECT_BULK_MIN + 1)
     wire = b"*2\r\n$3\r\nSET\r\n$%d\r\n" % len(payload) + payload + b"XX"
     dec = RequestDecoder()
     dec.feed(wire[:1000])

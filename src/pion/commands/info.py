@@ -174,6 +174,7 @@ def _stats(ctx: Context) -> list[str]:
         f"evicted_clients:{c.evicted_clients}",
         f"total_protocol_errors:{c.protocol_errors}",
         f"total_internal_errors:{c.internal_errors}",
+        f"offloaded_commands:{c.offloaded_commands}",
         f"vstore_total_fetches:{vs.total_fetches}",
         f"vstore_evictions:{vs.evictions}",
         f"sdpa_warm:{tables.warm_count}",

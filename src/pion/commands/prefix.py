@@ -34,6 +34,8 @@ MAX_HASH_COUNT = 1_048_576
 MAX_PREFILL_MS = 86_400_000  # one day
 MAX_TOKENS = 2**31 - 1
 _UNKNOWN = Simple("UNKNOWN")
+_HIT = Simple("HIT")
+_MISS = Simple("MISS")
 _BLOCKS_HEADER = struct.Struct("<II")
 
 
@@ -44,13 +46,14 @@ def _ns(cur: Args, cmd: str) -> bytes:
     return ns
 
 
-def _hash_blob(cur: Args, cmd: str, count_error: str) -> np.ndarray:
-    """``<count> <blob>`` of little-endian u64; both checked before any allocation."""
+def _hash_blob(cur: Args, cmd: str, count_error: str) -> bytes:
+    """``<count> <blob>`` of little-endian u64: the blob, both checked before any
+    allocation."""
     count = cur.integer("hash_count", 0, MAX_HASH_COUNT, f"{cmd}: {count_error}")
     blob = cur.arg("hash_blob")
     if len(blob) != count * 8:
         raise PionError(f"{cmd}: hash_blob length mismatch ({len(blob)} != {count * 8})")
-    return np.frombuffer(blob, dtype="<u8")
+    return blob
 
 
 def _prefill_ms(cur: Args, cmd: str) -> int:
@@ -87,7 +90,7 @@ def _register(ctx: Context, args: Sequence[bytes]) -> Reply:
                 f"{cmd}: BLOCKS block_size out of range (1..{MAX_BLOCK_SIZE})",
             )
             hashes = _hash_blob(cur, cmd, f"BLOCKS hash_count out of range (0..{MAX_HASH_COUNT})")
-            blocks = (bs, hashes)
+            blocks = (bs, np.frombuffer(hashes, dtype="<u8"))
         elif opt == "PREFILL_MS":
             if cur.done():
                 raise PionError(f"{cmd}: PREFILL_MS requires a value")
@@ -102,26 +105,32 @@ def _register(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 def _lookup(ctx: Context, args: Sequence[bytes]) -> Reply:
     cmd = "KV.PREFIX.LOOKUP"
-    cur = Args(args, cmd)
-    ns = _ns(cur, cmd)
     tokens: int | None = None
     prefill_ms: int | None = None
-    while not cur.done():
-        opt = cur.keyword()
-        if cur.done():
-            raise PionError(f"{cmd}: {opt or 'option'} requires a value")
-        if opt == "TOKENS":
-            tokens = cur.integer(
-                "TOKENS", 0, MAX_TOKENS, f"{cmd}: TOKENS out of range (0..{MAX_TOKENS})"
-            )
-        elif opt == "PREFILL_MS":
-            prefill_ms = _prefill_ms(cur, cmd)
-        else:
-            raise PionError(f"{cmd}: unknown option '{opt or '?'}'")
+    if len(args) == 1:
+        # The form routers probe with, many times a second: no cursor, and nothing is
+        # allocated beyond the reply, which is a constant.
+        ns = args[0]
+        if not 1 <= len(ns) <= MAX_NS_LEN:
+            raise PionError(f"{cmd}: ns_key length must be 1..{MAX_NS_LEN}")
+    else:
+        cur = Args(args, cmd)
+        ns = _ns(cur, cmd)
+        while not cur.done():
+            opt = cur.keyword()
+            if cur.done():
+                raise PionError(f"{cmd}: {opt or 'option'} requires a value")
+            if opt == "TOKENS":
+                tokens = cur.integer(
+                    "TOKENS", 0, MAX_TOKENS, f"{cmd}: TOKENS out of range (0..{MAX_TOKENS})"
+                )
+            elif opt == "PREFILL_MS":
+                prefill_ms = _prefill_ms(cur, cmd)
+            else:
+                raise PionError(f"{cmd}: unknown option '{opt or '?'}'")
     if ctx.state.tier is not None:
         ctx.state.tier.before_lookup(ns)
-    hit = ctx.state.registry.lookup(ns, tokens, prefill_ms)
-    return Simple("HIT" if hit else "MISS")
+    return _HIT if ctx.state.registry.lookup(ns, tokens, prefill_ms) else _MISS
 
 
 def _drop(ctx: Context, args: Sequence[bytes]) -> Reply:
@@ -165,9 +174,9 @@ def _membership(ctx: Context, args: Sequence[bytes]) -> Reply:
     table = ctx.state.registry.block_table(ns)
     if table is None:
         return _UNKNOWN
-    if len(probes) == 0:
+    if not probes:
         return b""
-    return np.packbits(table.contains(probes), bitorder="little").tobytes()
+    return table.member_bits(probes)
 
 
 def _info(ctx: Context, args: Sequence[bytes]) -> Reply:

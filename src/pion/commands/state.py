@@ -8,7 +8,9 @@ half-updated.
 A handler is a plain synchronous function ``handler(ctx, args) -> Reply``. ``args`` are
 the command's arguments *without* its name. A handler validates everything before it
 changes any state, and reports failures by raising a :class:`pion.errors.PionError`;
-the dispatcher turns those into RESP errors.
+the dispatcher turns those into RESP errors. A handler whose payload is large may
+return a :data:`~pion.commands.deferred.Deferred` instead of a reply, to have the
+number conversion run off the event loop (``deferred.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from pion.attend import AttentionTables, SsmStore
+from pion.commands.deferred import Deferred
 from pion.config import ServerConfig
 from pion.export.cache import ExportCache
 from pion.keyspace import Keyspace
@@ -84,6 +87,8 @@ class ServerCounters:
     protocol_errors: int = 0
     internal_errors: int = 0
     evicted_clients: int = 0  # disconnected by the maxmemory-clients bound
+    # Commands whose number conversion ran on a worker thread (pion.commands.deferred).
+    offloaded_commands: int = 0
 
     def reset(self) -> None:
         self.total_connections_received = 0
@@ -92,6 +97,7 @@ class ServerCounters:
         self.protocol_errors = 0
         self.internal_errors = 0
         self.evicted_clients = 0
+        self.offloaded_commands = 0
 
 
 @dataclass
@@ -200,4 +206,4 @@ class Context:
     table: CommandTable
 
 
-Handler = Callable[[Context, Sequence[bytes]], Reply]
+Handler = Callable[[Context, Sequence[bytes]], Reply | Deferred]

@@ -11,6 +11,13 @@ Error texts follow Pion where clients or people match them (``blob size``,
 ``session not found``, ``invalid value_dim``, the ``V.CREATE SCHEMA: ...`` family).
 Fetch replies are memoryviews of numpy arrays: the encoder writes them out as they are.
 
+Large payloads (:data:`OFFLOAD_MIN_BYTES` and up) convert off the event loop
+(``pion.commands.deferred``): a ``V.STOREBATCH`` is checked here, quantized on a worker
+thread, then checked again and stored on the loop (the hint is used only if the layer
+still has the codec it was quantized for; a failed quantization is redone here, so its
+error is exactly the synchronous one). A fetch that decodes is checked, counted and
+leased here, and streamed: decoded piece by piece while the previous piece is sent.
+
 Where Pion is silent or lax, we choose (and the tests pin):
 - ``V.CREATE`` without ``VQUANT`` stores ``int8``, as Pion does; an unknown format, an
   unknown option or a malformed spec is an error, never a silent default.
@@ -34,18 +41,29 @@ Where Pion is silent or lax, we choose (and the tests pin):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
 
-from pion.codecs import ALL_FORMAT_NAMES, FORMAT_NAMES, SCHEMA_ONLY_FORMATS
+from pion.codecs import ALL_FORMAT_NAMES, FORMAT_NAMES, SCHEMA_ONLY_FORMATS, Codec
 from pion.commands.args import Args, parse_int
+from pion.commands.deferred import Deferred, LazyBulk, Offload, Stream
 from pion.commands.state import Command, Context
 from pion.commands.workers import redirect_session
 from pion.errors import PionError
+from pion.resp.decoder import SCRATCH_BYTES
 from pion.resp.reply import Reply, Simple
+from pion.vstore import ENCODE_CHUNK_BYTES, Encoded, Pieces, encode_for
 
-__all__ = ["COMMANDS", "DEFAULT_FORMAT", "format_name"]
+__all__ = [
+    "COMMANDS",
+    "DEFAULT_FORMAT",
+    "ENCODE_TEMPORARIES",
+    "OFFLOAD_MIN_BYTES",
+    "format_name",
+    "store_in_flight_bound",
+]
 
 # Pion's V.CREATE default when VQUANT is absent (VFMT_INT8): same request, same format.
 DEFAULT_FORMAT = "int8"
@@ -55,6 +73,30 @@ _NATIVE_ERROR = "FMT NATIVE requires the RANGE or BATCH form"
 # One layer spec's text (``fmt=...,dim=...,rope=...`` is under 60 bytes): a bound on
 # what a spec may make the parser split and show back.
 MAX_SPEC_LEN = 256
+# Payloads (a store's blob, a fetch's reply) from this size convert on a worker thread
+# (module docstring). Handing work to a thread and back costs ~0.1 ms; converting
+# 1 MiB costs 1-7 ms depending on the format, so from here the overlap pays.
+OFFLOAD_MIN_BYTES = 1 << 20
+# What quantizing one slice of a store (ENCODE_CHUNK_BYTES of input) allocates beyond its
+# output, as a multiple of the slice: at most 4.6x for any format (fp8; turbo ~3.3x,
+# int8 ~3.4x, fp16 none), measured with tracemalloc by tests/commands/test_vstore_memory.py.
+ENCODE_TEMPORARIES = 5
+
+
+def store_in_flight_bound(blob_bytes: int, stored_bytes: int) -> int:
+    """The memory one client's pipelined ``V.STOREBATCH`` commands of ``blob_bytes``
+    each (``stored_bytes`` once encoded) can make the server hold beyond what the store
+    keeps, whatever the pipeline's depth: the command being encoded and the next one,
+    received ahead (two blobs); the encoded rows and their copy into the layer; one
+    slice's encode temporaries; the partial command after those and the receive buffer
+    (``pion.server.connection``). docs/protocol.md states it; bench/vstore_throughput.py
+    measures peak RSS against it."""
+    return (
+        2 * blob_bytes
+        + 2 * stored_bytes
+        + ENCODE_TEMPORARIES * ENCODE_CHUNK_BYTES
+        + 2 * SCRATCH_BYTES
+    )
 
 
 def _show(raw: bytes) -> str:
@@ -209,8 +251,33 @@ def _parse_spec(index: int, raw: bytes, default_dim: int, max_dim: int) -> tuple
 # -- V.STOREBATCH --------------------------------------------------------------------
 
 
-def v_storebatch(ctx: Context, argv: Sequence[bytes]) -> Reply:
+def v_storebatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
     """``V.STOREBATCH sid layer start count blob [FMT F16]`` -> ``+OK``"""
+    sid, layer, start, rows, codec = _storebatch_args(ctx, argv)
+    verbatim = rows.dtype == np.dtype("<f2") and codec.name == "fp16"
+    if rows.nbytes >= OFFLOAD_MIN_BYTES and not verbatim:
+        return Offload(
+            work=partial(encode_for, codec, rows, layer, start),
+            finish=partial(_storebatch_finish, ctx, argv),
+        )
+    ctx.state.vstore.store(sid, layer, start, rows)
+    return Simple("OK")
+
+
+def _storebatch_finish(
+    ctx: Context, argv: Sequence[bytes], encoded: Encoded | BaseException
+) -> Reply:
+    """On the loop, after the rows were quantized off it: check everything again
+    (other clients ran meanwhile) and store; the hint is used if still valid."""
+    sid, layer, start, rows, _ = _storebatch_args(ctx, argv)
+    hint = None if isinstance(encoded, BaseException) else encoded
+    ctx.state.vstore.store(sid, layer, start, rows, encoded=hint)
+    return Simple("OK")
+
+
+def _storebatch_args(
+    ctx: Context, argv: Sequence[bytes]
+) -> tuple[bytes, int, int, npt.NDArray[np.float32] | npt.NDArray[np.float16], Codec]:
     max_rows = ctx.state.config.vstore.max_rows
     a = Args(argv, "V.STOREBATCH")
     sid = a.arg("session_id")
@@ -230,7 +297,7 @@ def v_storebatch(ctx: Context, argv: Sequence[bytes]) -> Reply:
     vs = ctx.state.vstore
     redirect_session(ctx, sid, "V.STOREBATCH")
     _from_tier(ctx, sid, required=True)
-    dim, _ = vs.layer_layout(sid, layer)  # session not found / layer out of range
+    dim, codec = vs.layer_layout(sid, layer)  # session not found / layer out of range
     if start < 0 or count < 1:
         raise PionError("V.STOREBATCH: invalid start/count (start >= 0, count >= 1)")
     if start + count > max_rows:
@@ -243,14 +310,13 @@ def v_storebatch(ctx: Context, argv: Sequence[bytes]) -> Reply:
             f"(count={count} x dim={dim} x {elem} bytes)"
         )
     rows = np.frombuffer(blob, dtype="<f2" if f16 else "<f4").reshape(count, dim)
-    vs.store(sid, layer, start, rows)
-    return Simple("OK")
+    return sid, layer, start, rows, codec
 
 
 # -- V.FETCH -------------------------------------------------------------------------
 
 
-def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply:
+def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
     """``V.FETCH sid layer RANGE start end [FMT NATIVE]`` | ``V.FETCH sid BATCH start end
     [num_layers] [FMT NATIVE]`` | ``V.FETCH sid layer id [id...]``"""
     limits = ctx.state.config.vstore
@@ -271,10 +337,10 @@ def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply:
         if num_layers is not None and not 1 <= num_layers <= limits.max_layers:
             raise PionError(f"V.FETCH BATCH: num_layers out of range (1..{limits.max_layers})")
         _from_tier(ctx, sid, required=True)
-        layers = vs.fetch_batch(sid, start, end, num_layers, native=native)
+        layers = vs.fetch_batch_pieces(sid, start, end, num_layers, native=native)
         if layers is None:
             raise PionError("V.FETCH BATCH: session has no stored layers")
-        return [None if rows is None else _bulk(ctx, rows) for rows in layers]
+        return _rows_reply(ctx, layers, array=True)
     layer = a.integer("layer_id")
     if a.peek_keyword() == "RANGE":
         a.arg()
@@ -284,8 +350,8 @@ def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply:
         if start < 0 or end <= start:
             raise PionError("invalid RANGE: end must exceed start (>=0)")
         _from_tier(ctx, sid, required=True)
-        rows = vs.fetch_range(sid, layer, start, end, native=native)
-        return None if rows is None else _bulk(ctx, rows)
+        rows = vs.fetch_range_pieces(sid, layer, start, end, native=native)
+        return None if rows is None else _rows_reply(ctx, [rows], array=False)
     raw_ids = a.rest()
     if len(raw_ids) > limits.max_fetch_ids:
         raise PionError(f"V.FETCH: too many ids ({len(raw_ids)} > {limits.max_fetch_ids})")
@@ -295,6 +361,24 @@ def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply:
     _from_tier(ctx, sid, required=True)
     found = vs.fetch_ids(sid, layer, ids)
     return None if found is None else _bulk(ctx, found)
+
+
+def _rows_reply(ctx: Context, items: list[Pieces | None], *, array: bool) -> Reply | Deferred:
+    """Fetched rows as a reply: streamed (decoded off the loop, piece by piece) when
+    they are large and need decoding, else computed here."""
+    total = sum(item.nbytes for item in items if item is not None)
+    if total >= OFFLOAD_MIN_BYTES and any(item.converts for item in items if item is not None):
+        ctx.state.receipt.credit_bytes(total)
+        bulks = [None if item is None else LazyBulk(item.nbytes, item.parts) for item in items]
+        return Stream(bulks, array)
+    values: list[Reply] = [None if item is None else _bulk(ctx, _join(item)) for item in items]
+    return values if array else values[0]
+
+
+def _join(item: Pieces) -> npt.NDArray[np.generic]:
+    """A read's pieces computed here, as one array (the common case is one piece)."""
+    parts = [part() for part in item.parts]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _fetch_options(a: Args) -> bool:

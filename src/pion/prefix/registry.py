@@ -30,6 +30,11 @@ from pion.wire import namespace_for, namespace_sids
 
 __all__ = ["PrefixRegistry", "k_sid", "v_sid"]
 
+# Namespaces whose session ids are kept built (LOOKUP's hot path then concatenates
+# nothing): a bound, so a client probing random names cannot grow it; past it the
+# cache starts over.
+_SID_CACHE_SIZE = 4096
+
 
 def k_sid(ns: bytes) -> bytes:
     return namespace_sids(ns)[0]
@@ -44,11 +49,22 @@ class PrefixRegistry:
         self.vstore = vstore
         self.receipt = receipt
         self._prefill_ms: dict[bytes, int] = {}
+        self._sids: dict[bytes, tuple[bytes, bytes]] = {}
         # Set by a worker of a multi-worker server; None on a single-process server.
         self.directory: Directory | None = None
 
+    def sids(self, ns: bytes) -> tuple[bytes, bytes]:
+        """``namespace_sids(ns)``, built once per namespace (bounded cache)."""
+        pair = self._sids.get(ns)
+        if pair is None:
+            if len(self._sids) >= _SID_CACHE_SIZE:
+                self._sids.clear()
+            pair = self._sids[ns] = namespace_sids(ns)
+        return pair
+
     def is_registered(self, ns: bytes) -> bool:
-        return k_sid(ns) in self.vstore and v_sid(ns) in self.vstore
+        k, v = self.sids(ns)
+        return k in self.vstore and v in self.vstore
 
     def holds_any(self, ns: bytes) -> bool:
         return k_sid(ns) in self.vstore or v_sid(ns) in self.vstore
@@ -87,8 +103,9 @@ class PrefixRegistry:
                 return True
             self.receipt.credit_miss()
             return False
-        own_tokens, _ = vs.usage(k_sid(ns))
-        vs.touch(v_sid(ns))
+        k, v = self.sids(ns)
+        own_tokens = vs.hit(k)
+        vs.touch(v)
         if tokens is not None:
             credit_tokens, credit_ms = tokens, prefill_ms or 0
         else:
@@ -132,7 +149,7 @@ class PrefixRegistry:
         return held
 
     def block_table(self, ns: bytes) -> BlockTable | None:
-        sid = k_sid(ns)
+        sid = self.sids(ns)[0]
         if sid not in self.vstore:
             return None
         return self.vstore.blocks(sid)

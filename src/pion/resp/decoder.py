@@ -9,12 +9,25 @@ waited for (as Redis's processMultibulkBuffer does). ``hiredis.Reader`` cannot r
 a header before buffering its payload, which is why this decoder is our own; it is
 checked against hiredis in a differential test.
 
-Large bulks (``_LARGE_BULK`` and up: LMCache's chunks, V.STOREBATCH blobs) do not grow
-the receive buffer: once their header is read, the chunks the transport hands us are
-kept in a list as they are and joined once, exactly, when the payload is complete. A
-bytearray grown chunk by chunk would copy a multi-megabyte payload two or three times
-(reallocations, then the copy out); this way it is copied once, as Redis does with its
-pre-sized query buffer for big arguments.
+Two paths, one grammar. At a frame boundary, :func:`pion.resp.scan.scan` (compiled
+when a C compiler was present at install, else its pure-Python twin) parses a batch of
+complete, well-formed, small commands in one call, and :meth:`RequestDecoder.get`
+hands them out one by one; it stops at anything else (a partial frame, an inline
+command, any header that is not canonical or is over a bound), and the exact parser
+below takes over there, checking each header as it arrives and raising
+``ProtocolError`` in Redis's words. The scanner accepts a subset of what the exact
+parser accepts, and the bounds it is given are the decoder's own (the unauthenticated
+ones before AUTH), so it can neither admit nor buffer anything the exact parser would
+refuse. This is what makes small pipelined commands cost about what hiredis costs.
+
+Large bulks (:data:`DIRECT_BULK_MIN` and up) are received in place: once the exact
+parser has read their header, the payload's remaining bytes go straight into a buffer
+of exactly their size (:meth:`RequestDecoder.get_buffer`, for an
+``asyncio.BufferedProtocol``), which becomes the argument; nothing is grown, joined or
+copied out of a receive buffer. The last :data:`_DIRECT_TAIL` bytes of such a payload
+arrive through the caller's scratch buffer instead, so that no view the transport was
+handed is alive when the argument is taken (a transport holds the buffer it filled until
+``buffer_updated`` returns).
 
 Lengths are read as Redis's string2ll reads them: digits only, no ``+``, no spaces and
 no leading zeros (``$04`` and ``*01`` are protocol errors, as in Redis).
@@ -35,18 +48,30 @@ from __future__ import annotations
 
 from pion.errors import ProtocolError
 from pion.resp.limits import ProtocolLimits
+from pion.resp.scan import BulkWriter, scan
 
-__all__ = ["RequestDecoder", "split_inline"]
+__all__ = ["DIRECT_BULK_MIN", "SCRATCH_BYTES", "RequestDecoder", "split_inline"]
 
 _CRLF = b"\r\n"
 # A header line holds at most "*" + 20 digits; Redis refuses longer ones as too big.
 _MAX_HEADER_LINE = 32
 # Compact the buffer once this much has been consumed and it is over half dead.
 _COMPACT_AT = 64 * 1024
-# Bulks at least this big are collected as a list of chunks (see the module docstring);
-# Redis's PROTO_MBULK_BIG_ARG is 32 KB, ours is larger because below it the bytearray
-# path costs less than the bookkeeping.
-_LARGE_BULK = 256 * 1024
+# Bulks at least this big are received in place (module docstring). Redis's
+# PROTO_MBULK_BIG_ARG, the size from which it reads an argument into a buffer of its
+# own, is 32 KB; below 64 KiB the copy out of the receive buffer costs less than a
+# buffer of its own.
+DIRECT_BULK_MIN = 64 * 1024
+# The last bytes of an in-place payload come through the scratch buffer (module
+# docstring); any small number works, it only has to be at least 1.
+_DIRECT_TAIL = 64
+# The scratch buffer a caller of get_buffer should offer (one per event loop is
+# enough: it is copied out at once): asyncio's own read size for stream transports
+# (max_size of _SelectorSocketTransport), 256 KiB.
+SCRATCH_BYTES = 256 * 1024
+# Commands the scanner parses per call. Below ~700 live lists a batch never triggers a
+# young-generation garbage collection; 256 keeps the per-call overhead negligible.
+_SCAN_BATCH = 256
 
 
 def _parse_len(line: bytes | bytearray | memoryview) -> int | None:
@@ -68,12 +93,15 @@ class RequestDecoder:
         "_args_bytes",
         "_buf",
         "_bulk_len",
+        "_crlf_due",
         "_declared",
-        "_large",
-        "_large_have",
+        "_direct",
         "_limits",
         "_pos",
+        "_ready",
+        "_ready_bytes",
         "_remaining",
+        "_to_direct",
         "authenticated",
     )
 
@@ -87,37 +115,65 @@ class RequestDecoder:
         self._remaining = 0
         self._bulk_len = -1  # -1: waiting for the next "$<n>" header
         self._declared = 0  # bytes promised so far by this command's bulk headers
+        # A large bulk being received in place, and whether its CRLF is still due.
+        self._direct: BulkWriter | None = None
+        self._crlf_due = False
+        # Whether the buffer get_buffer() handed out last was the in-place bulk's.
+        self._to_direct = False
+        # Commands the scanner parsed and get() has not handed out yet, last first,
+        # and the wire bytes they came from (for ``held``).
+        self._ready: list[list[bytes]] = []
+        self._ready_bytes = 0
         # False while the connection owes a password: the max_unauth_* limits apply.
         self.authenticated = True
-        # A large bulk being collected: its chunks (payload, CRLF and whatever follows
-        # them) and how many bytes they hold; None otherwise.
-        self._large: list[bytes] | None = None
-        self._large_have = 0
 
     @property
     def buffered(self) -> int:
-        """Bytes held but not yet consumed."""
-        return len(self._buf) - self._pos + self._large_have
+        """Bytes received and not yet handed out as part of a command."""
+        direct = self._direct.filled if self._direct is not None else 0
+        return len(self._buf) - self._pos + direct + (self._ready_bytes if self._ready else 0)
 
     @property
     def held(self) -> int:
-        """Bytes of memory this decoder holds for its client: the receive buffer and
-        the arguments of a command still being read (the client's query buffer)."""
-        return len(self._buf) + self._args_bytes + self._large_have
+        """Bytes of memory this decoder holds for its client: the receive buffer, the
+        arguments of a command still being read (an in-place bulk at its full size)
+        and the parsed commands not yet handed out (the client's query buffer)."""
+        ready = self._ready_bytes if self._ready else 0
+        return len(self._buf) + self._args_bytes + ready
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
-        if self._large is not None:
-            # Kept as they are (a bytes object is immutable, so keeping it is safe).
-            chunk = data if isinstance(data, bytes) else bytes(data)
-            self._large.append(chunk)
-            self._large_have += len(chunk)
+        """Take received bytes (copied; the caller may reuse ``data``)."""
+        direct = self._direct
+        if direct is not None and direct.filled < len(direct):
+            view = memoryview(data).cast("B")
+            take = min(len(view), len(direct) - direct.filled)
+            with direct.view() as target:
+                target[direct.filled : direct.filled + take] = view[:take]
+            direct.advance(take)
+            data = view[take:]
+        self._buf += data
+
+    def get_buffer(self, scratch: memoryview) -> memoryview:
+        """Where the next received bytes should be written (``asyncio.BufferedProtocol``):
+        the rest of a large bulk being received in place, else ``scratch``, a buffer
+        the caller owns (it may be shared; :meth:`buffer_updated` copies out of it)."""
+        direct = self._direct
+        if direct is not None and direct.filled < len(direct) - _DIRECT_TAIL:
+            self._to_direct = True
+            with direct.view() as whole:
+                return whole[direct.filled : len(direct) - _DIRECT_TAIL]
+        self._to_direct = False
+        return scratch
+
+    def buffer_updated(self, scratch: memoryview, nbytes: int) -> None:
+        """``nbytes`` were written into the buffer :meth:`get_buffer` returned last."""
+        if self._to_direct and self._direct is not None:
+            self._direct.advance(nbytes)
         else:
-            self._buf += data
+            self.feed(scratch[:nbytes])
 
     def clear(self) -> None:
         """Drop everything held (the connection is gone)."""
-        self._large = None
-        self._large_have = 0
         self._buf = bytearray()
         self._pos = 0
         self._args = None
@@ -125,6 +181,10 @@ class RequestDecoder:
         self._remaining = 0
         self._bulk_len = -1
         self._declared = 0
+        self._direct = None
+        self._crlf_due = False
+        self._ready = []
+        self._ready_bytes = 0
 
     def _too_many(self, count: int) -> str | None:
         """The error for a ``*<count>`` header, or None if it is allowed."""
@@ -148,6 +208,12 @@ class RequestDecoder:
 
     def get(self) -> list[bytes] | None:
         """The next complete command, or None when more bytes are needed."""
+        ready = self._ready
+        if ready:
+            return ready.pop()
+        return self._parse()
+
+    def _parse(self) -> list[bytes] | None:
         while True:
             if self._args is not None:
                 cmd = self._continue_multibulk()
@@ -161,6 +227,9 @@ class RequestDecoder:
                 self._compact()
                 return None
             if self._buf[self._pos] == 0x2A:  # '*'
+                batch = self._scan()
+                if batch is not None:
+                    return batch
                 if not self._start_multibulk():
                     self._compact()
                     return None
@@ -173,6 +242,28 @@ class RequestDecoder:
                 return inline
 
     # -- multibulk --------------------------------------------------------------
+
+    def _scan(self) -> list[bytes] | None:
+        """Run the batch fast path at a frame boundary: the first command it parsed
+        (the rest wait in ``_ready``), or None when it parsed none."""
+        limits = self._limits
+        max_args = limits.max_array_len
+        max_bulk = min(limits.max_bulk_len, DIRECT_BULK_MIN - 1)
+        if not self.authenticated:
+            max_args = min(max_args, limits.max_unauth_array_len)
+            max_bulk = min(max_bulk, limits.max_unauth_bulk_len)
+        start = self._pos
+        cmds, self._pos = scan(
+            self._buf, start, max_args, max_bulk, limits.max_query_buffer, _SCAN_BATCH
+        )
+        if not cmds:
+            return None
+        if len(cmds) > 1:
+            cmds.reverse()
+            self._ready = cmds
+            self._ready_bytes = self._pos - start
+            return cmds.pop()
+        return cmds[0]
 
     def _start_multibulk(self) -> bool:
         buf, pos = self._buf, self._pos
@@ -207,7 +298,7 @@ class RequestDecoder:
         args = self._args
         if args is None:  # pragma: no cover - the caller checks
             return None
-        if self._large is not None and not self._finish_large(args):
+        if (self._direct is not None or self._crlf_due) and not self._finish_direct(args):
             return None
         buf = self._buf
         size = len(buf)
@@ -245,12 +336,12 @@ class RequestDecoder:
                     pos = end + 2
                 stop = pos + n
                 if size < stop + 2:
-                    if n >= _LARGE_BULK:
-                        # Collect the rest of this payload as chunks (module docstring).
-                        with memoryview(buf) as view:
-                            self._large = [bytes(view[pos:size])]
-                        self._large_have = size - pos
+                    if n >= DIRECT_BULK_MIN and size - pos < n:
+                        # Receive the rest in place (module docstring).
+                        self._start_direct(pos, size, n)
                         pos = size
+                        n = -1
+                        remaining -= 1
                     return None
                 if buf[stop] != 0x0D or buf[stop + 1] != 0x0A:
                     raise ProtocolError("bulk payload not terminated by CRLF")
@@ -273,38 +364,33 @@ class RequestDecoder:
         self._args_bytes = 0
         return args
 
-    def _finish_large(self, args: list[bytes]) -> bool:
-        """Complete the large bulk being collected, if its bytes (and CRLF) are all
-        here: append it to ``args`` with one copy, put what follows back into the
-        buffer. False while more bytes are needed."""
-        n = self._bulk_len
-        chunks = self._large
-        if chunks is None or self._large_have < n + 2:
-            return False
-        pieces: list[bytes] = []
-        left = n
-        i = 0
-        while left:
-            chunk = chunks[i]
-            if len(chunk) <= left:
-                pieces.append(chunk)
-                left -= len(chunk)
-                i += 1
-            else:
-                pieces.append(chunk[:left])
-                chunks[i] = chunk[left:]
-                left = 0
-        rest = b"".join(chunks[i:])
-        if rest[:2] != _CRLF:
-            raise ProtocolError("bulk payload not terminated by CRLF")
-        args.append(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+    def _start_direct(self, pos: int, size: int, n: int) -> None:
+        """Move the payload bytes already here into a buffer of the bulk's size; the
+        rest will be received into it (``get_buffer``) or copied in (``feed``)."""
+        direct = BulkWriter(n)
+        with direct.view() as target, memoryview(self._buf) as source:
+            target[: size - pos] = source[pos:size]
+        direct.advance(size - pos)
+        self._direct = direct
         self._args_bytes += n
-        self._large = None
-        self._large_have = 0
-        self._buf = bytearray(rest[2:])
-        self._pos = 0
-        self._bulk_len = -1
-        self._remaining -= 1
+
+    def _finish_direct(self, args: list[bytes]) -> bool:
+        """Complete the in-place bulk if all of it is here, then its CRLF; False while
+        more bytes are needed. The bulk was counted in ``_remaining`` already."""
+        direct = self._direct
+        if direct is not None:
+            if direct.filled < len(direct):
+                return False
+            args.append(direct.take())
+            self._direct = None
+            self._crlf_due = True
+        pos = self._pos
+        if len(self._buf) - pos < 2:
+            return False
+        if self._buf[pos] != 0x0D or self._buf[pos + 1] != 0x0A:
+            raise ProtocolError("bulk payload not terminated by CRLF")
+        self._pos = pos + 2
+        self._crlf_due = False
         return True
 
     # -- inline -----------------------------------------------------------------

@@ -24,6 +24,10 @@ _NULL3 = b"_\r\n"
 _NULL_ARRAY2 = b"*-1\r\n"
 # Small integers are the most common reply after +OK; cache their encodings.
 _INT_CACHE = [b":%d\r\n" % i for i in range(256)]
+# Simple strings are few and fixed (OK, PONG, HIT, MISS, ...): their encodings are
+# cached, up to a bound (a handler that made up simple strings could not grow it).
+_SIMPLE_CACHE: dict[str, bytes] = {"OK": _OK}
+_SIMPLE_CACHE_SIZE = 256
 
 
 def encode_error(line: str) -> bytes:
@@ -35,7 +39,14 @@ def encode_error(line: str) -> bytes:
 
 def encode_reply(value: Reply, proto: int, out: Chunks) -> None:
     """Append the encoding of ``value`` to ``out``."""
-    if value is None:
+    if type(value) is Simple:  # the reply of most small commands: first, and cached
+        encoded = _SIMPLE_CACHE.get(value)
+        if encoded is None:
+            encoded = b"+" + value.encode() + _CRLF
+            if len(_SIMPLE_CACHE) < _SIMPLE_CACHE_SIZE:
+                _SIMPLE_CACHE[value] = encoded
+        out.append(encoded)
+    elif value is None:
         out.append(_NULL3 if proto == 3 else _NULL2)
     elif isinstance(value, bool):
         if proto == 3:

@@ -1,6 +1,8 @@
 """The asyncio shell around the command table: listeners, the connection registry
 and graceful shutdown. Replies go through one :class:`~pion.server.replies.ReplySink`,
-which owns group commit.
+which owns group commit; large commands' number conversions run on one
+:class:`~pion.server.offload.Offloader`; reads land in one scratch buffer the
+connections share (the loop runs one read at a time).
 
 Like mini-redis's ``server.rs``, :class:`PionServer` takes already-bound sockets, so
 tests bind port 0 and the multi-worker supervisor can hand each worker its own.
@@ -16,8 +18,10 @@ from collections.abc import Iterable
 
 from pion.commands import COMMAND_TABLE
 from pion.commands.state import CommandTable, ServerState
+from pion.resp.decoder import SCRATCH_BYTES
 from pion.server.clientmem import ClientMemory
 from pion.server.connection import Connection
+from pion.server.offload import Offloader
 from pion.server.replies import ReplySink
 from pion.server.tls import HANDSHAKE_TIMEOUT_S, server_context
 
@@ -34,6 +38,8 @@ class PionServer:
         self.state = state
         self.table = table
         self.sink = ReplySink(state.persistence)
+        self.offload = Offloader()
+        self._scratch = memoryview(bytearray(SCRATCH_BYTES))
         # One TLS context for every listener of this server (None: plain TCP).
         self.ssl = server_context(state.config)
         self.connections: dict[int, Connection] = {}
@@ -69,6 +75,8 @@ class PionServer:
             next(self._ids),
             self.connections,
             memory=self.client_memory,
+            offload=self.offload,
+            scratch=self._scratch,
         )
 
     async def wait_stopped(self) -> None:
@@ -95,6 +103,8 @@ class PionServer:
         save = self._save_on_shutdown if save is None else save
         for srv in self._servers:
             srv.close()
+        # Offloaded commands finish (their writes reach the log) before it is closed.
+        await self.offload.drain(_DRAIN_TIMEOUT_S)
         self.sink.commit()
         await self._drain()
         for conn in list(self.connections.values()):
@@ -112,6 +122,7 @@ class PionServer:
                 persistence.close()
             except Exception:
                 log.exception("closing the write-ahead log failed")
+        self.offload.close()
         if self.state.exports is not None:
             # The files are a cache of the V-store: none outlives the server.
             self.state.exports.close()

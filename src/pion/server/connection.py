@@ -6,6 +6,19 @@ on the event loop thread, and their chunks are handed to the sink (which writes 
 queues them behind a group commit). Small replies are gathered into one write; a reply
 that makes the batch large is handed over at once.
 
+Bytes arrive through ``asyncio.BufferedProtocol``: a read goes into a scratch buffer
+the server shares between its connections (the decoder copies it out at once), or,
+while a large bulk is being received, straight into the argument it becomes.
+
+A command whose handler defers its number conversion (``pion.commands.deferred``)
+is the only one of its client in progress until its reply has been handed on: no
+later command of that client starts meanwhile, so a pipeline's writes apply in order
+and its replies leave in order. While it runs on a worker thread the socket is still
+read, up to one complete next command (receiving layer i+1 while layer i is being
+quantized); a streamed reply is sent piece by piece while the next piece is decoded,
+and its next piece waits while the client is behind on reading (the high-water mark
+below). Without a worker pool (``offload=None``) deferred commands run inline.
+
 What a connection may make the server hold is bounded, and checked after every
 command, not once per read:
 
@@ -15,6 +28,8 @@ command, not once per read:
   never reads costs one high-water mark plus one reply, not its pipeline's depth;
 - once its socket is closing (the peer hung up, or we closed it), no further command
   of its is run: nobody would read the reply;
+- while one of its commands runs off the loop, the next command it sent (parsed
+  ahead, at most one) and the one running are counted as its query buffer;
 - before it authenticates to a server with a password, the decoder's unauthenticated
   limits apply (10 arguments, 16 KB bulks);
 - all connections together report to :class:`ClientMemory` (``maxmemory-clients``);
@@ -32,15 +47,19 @@ import asyncio
 import logging
 import socket
 import time
-from typing import cast
+from collections.abc import Sequence
+from typing import Any, cast
 
+from pion.commands.deferred import Deferred, Offload
 from pion.commands.state import ClientState, CommandTable, Context, ServerState
 from pion.errors import ProtocolError
-from pion.resp.decoder import RequestDecoder
+from pion.resp.decoder import SCRATCH_BYTES, RequestDecoder
 from pion.resp.encoder import Chunks, encode_error
 from pion.server.clientmem import ClientMemory
-from pion.server.dispatch import execute
+from pion.server.dispatch import complete, execute
+from pion.server.offload import Offloader, piece_bytes, stream_parts
 from pion.server.replies import ReplySink
+from pion.server.streaming import StreamSender
 
 __all__ = ["Connection"]
 
@@ -57,7 +76,7 @@ _REFUSAL_LOG_EVERY_S = 10.0
 _last_refusal_log = 0.0
 
 
-class Connection(asyncio.Protocol):
+class Connection(asyncio.BufferedProtocol):
     def __init__(
         self,
         state: ServerState,
@@ -67,11 +86,15 @@ class Connection(asyncio.Protocol):
         registry: dict[int, Connection],
         *,
         memory: ClientMemory,
+        offload: Offloader | None = None,
+        scratch: memoryview | None = None,
     ) -> None:
         self._state = state
         self._sink = sink
         self._registry = registry
         self._memory = memory
+        self._offload = offload
+        self._scratch = scratch if scratch is not None else memoryview(bytearray(SCRATCH_BYTES))
         self._decoder = RequestDecoder(state.config.protocol)
         self._decoder.authenticated = not state.config.auth_required
         self._high_water = state.config.protocol.reply_high_water
@@ -85,6 +108,17 @@ class Connection(asyncio.Protocol):
         self._registered = False
         # Reply bytes handed to the sink and not yet written to the transport.
         self._held = 0
+        # The deferred command in progress (module docstring), its arguments and their
+        # size; then the next command, parsed ahead while it runs (or the protocol
+        # error in its place), and that command's size.
+        self._busy: Deferred | None = None
+        self._busy_argv: Sequence[bytes] = ()
+        self._busy_bytes = 0
+        self._next: list[bytes] | None = None
+        self._next_error: ProtocolError | None = None
+        self._next_bytes = 0
+        # The streamed reply being sent, while one is.
+        self._streamer: StreamSender | None = None
         self.client = ClientState(id=client_id, created=time.time())
         self._ctx = Context(state=state, client=self.client, table=table)
 
@@ -125,27 +159,58 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self._decoder.clear()
+        self._next = None
+        self._next_error = None
         if self._registered:
             self._registered = False
             self._memory.forget(self)
             self._state.clients.pop(self.client.id, None)
             self._registry.pop(self.client.id, None)
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._decoder.get_buffer(self._scratch)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._closed:
+            return
+        self._decoder.buffer_updated(self._scratch, nbytes)
+        self._received()
+
     def data_received(self, data: bytes) -> None:
+        """The plain-Protocol path (tests drive the connection through it)."""
         if self._closed:
             return
         self._decoder.feed(data)
-        self._process()
+        self._received()
 
     def pause_writing(self) -> None:
         self._writing_paused = True
-        self._pause_reading()
+        self._update_reading()
 
     def resume_writing(self) -> None:
         self._writing_paused = False
         self._resume()
 
     # -- processing -------------------------------------------------------------
+
+    def _received(self) -> None:
+        if self._busy is None:
+            self._process()
+            return
+        self._parse_ahead()
+        self._update_reading()
+        self._report()
+
+    def _parse_ahead(self) -> None:
+        """A deferred command runs: parse its successor (one), so that the socket is
+        read until that command is here and no further (``_update_reading``)."""
+        if self._next is None and self._next_error is None and not self._closed:
+            try:
+                self._next = self._decoder.get()
+            except ProtocolError as exc:
+                self._next_error = exc
+            if self._next is not None:
+                self._next_bytes = sum(len(arg) for arg in self._next)
 
     def _process(self) -> None:
         transport = self._transport
@@ -157,20 +222,41 @@ class Connection(asyncio.Protocol):
         out_bytes = 0
         close_after = False
         proto_error: ProtocolError | None = None
-        while not (self._closed or self._writing_paused or self._backlogged):
+        # Unsent bytes change only when this loop sends: read once, and after a send.
+        unsent = self._unsent()
+        while not (
+            self._closed or self._writing_paused or self._backlogged or self._busy is not None
+        ):
             if transport.is_closing():
                 # The peer hung up (a write failed) or we are closing: whatever it
                 # still had pipelined would build replies nobody reads.
                 out = []
                 break
-            try:
-                argv = decoder.get()
-            except ProtocolError as exc:
-                proto_error = exc
+            if self._next_error is not None:
+                proto_error, self._next_error = self._next_error, None
                 break
-            if argv is None:
-                break
-            out_bytes += execute(self._ctx, argv, out)
+            argv = self._next
+            if argv is not None:
+                self._next, self._next_bytes = None, 0
+            else:
+                try:
+                    argv = decoder.get()
+                except ProtocolError as exc:
+                    proto_error = exc
+                    break
+                if argv is None:
+                    break
+            result = execute(self._ctx, argv, out)
+            if not isinstance(result, int):
+                if self._offload is not None:
+                    # Replies before it leave first; it runs off the loop.
+                    if out:
+                        self._send(out, out_bytes)
+                        out, out_bytes = [], 0
+                    self._start(argv, result)
+                    break
+                result = self._run_inline(argv, result, out)
+            out_bytes += result
             if not decoder.authenticated and client.authenticated:
                 decoder.authenticated = True  # AUTH/HELLO succeeded: full limits
             if client.closing:
@@ -179,14 +265,14 @@ class Connection(asyncio.Protocol):
             if (
                 out_bytes >= _FLUSH_BYTES
                 or len(out) >= _FLUSH_CHUNKS
-                or out_bytes + self._unsent() > self._high_water
+                or out_bytes + unsent > self._high_water
             ):
                 self._send(out, out_bytes)
                 out, out_bytes = [], 0
-                if self._unsent() > self._high_water and not self._writing_paused:
+                unsent = self._unsent()
+                if unsent > self._high_water and not self._writing_paused:
                     # The sink holds them (group commit): wait for it to write them.
                     self._backlogged = True
-                    self._pause_reading()
         if proto_error is not None:
             self._state.counters.protocol_errors += 1
             log.info("protocol error from %s: %s", client.addr, proto_error.message)
@@ -198,7 +284,92 @@ class Connection(asyncio.Protocol):
             self._send(out, out_bytes)
         if close_after:
             self._sink.close_after_send(self)
+        if self._busy is not None:
+            self._parse_ahead()
+        self._update_reading()
         self._report()
+
+    # -- deferred commands (module docstring) -------------------------------------
+
+    def _start(self, argv: Sequence[bytes], deferred: Deferred) -> None:
+        offload = self._offload
+        if offload is None:  # pragma: no cover - _process runs them inline then
+            return
+        self._state.counters.offloaded_commands += 1
+        self._busy = deferred
+        self._busy_argv = argv
+        self._busy_bytes = sum(len(arg) for arg in argv)
+        if isinstance(deferred, Offload):
+            offload.submit(deferred.work, lambda result: self._finished(deferred, result))
+            return
+        self._streamer = StreamSender(
+            deferred,
+            self.client.proto,
+            offload,
+            send=self._send,
+            behind=self._behind,
+            alive=lambda: not self._closed,
+            done=self._streamed,
+        )
+        self._streamer.pump()
+
+    def _finished(self, offload: Offload[Any], result: object) -> None:
+        """An offloaded command's work is done: finish it (its state change happens
+        now, whether or not its client is still there) and send the reply."""
+        out: Chunks = []
+        nbytes = complete(self._ctx, self._busy_argv, offload, result, out)
+        if not self._closed:
+            self._send(out, nbytes)
+        self._done()
+
+    def _behind(self) -> bool:
+        """The client is behind on reading: no further piece of a stream starts."""
+        if self._writing_paused:
+            return True
+        if self._unsent() > self._high_water:
+            self._backlogged = True  # the sink holds them: its write() resumes us
+            return True
+        return False
+
+    def _streamed(self, error: str | None, exc: BaseException | None) -> None:
+        """The streamed reply is sent, or its client gone, or (``error``) it broke
+        after its framing went out: then the reply cannot be completed, so the
+        connection is dropped (a Pion bug; logged once)."""
+        if error is not None:
+            self._state.counters.internal_errors += 1
+            name = self._busy_argv[0].decode("utf-8", "replace")[:64] if self._busy_argv else "?"
+            log.error("internal error streaming the reply of %s: %s", name, error, exc_info=exc)
+            self.abort()
+        self._streamer = None
+        self._done()
+
+    def _done(self) -> None:
+        """The deferred command's reply has been handed on: the next one may start."""
+        self._busy = None
+        self._busy_argv = ()
+        self._busy_bytes = 0
+        client = self.client
+        if not self._decoder.authenticated and client.authenticated:
+            self._decoder.authenticated = True
+        if client.closing:
+            self._sink.close_after_send(self)
+            return
+        self._process()
+
+    def _run_inline(self, argv: Sequence[bytes], deferred: Deferred, out: Chunks) -> int:
+        """A deferred command without a worker pool: run it here, append its reply."""
+        if isinstance(deferred, Offload):
+            try:
+                result: object = deferred.work()
+            except Exception as exc:
+                result = exc
+            return complete(self._ctx, argv, deferred, result, out)
+        mark = len(out)
+        for part in stream_parts(deferred, self.client.proto):
+            out.append(part if isinstance(part, bytes) else piece_bytes(part[1]))
+        return sum(c.nbytes if isinstance(c, memoryview) else len(c) for c in out[mark:])
+
+    # -- sending and flow control ---------------------------------------------------
 
     def _send(self, out: Chunks, nbytes: int) -> None:
         self._held += nbytes
@@ -209,11 +380,22 @@ class Connection(asyncio.Protocol):
         buffered = transport.get_write_buffer_size() if transport is not None else 0
         return buffered + self._held
 
-    def _pause_reading(self) -> None:
+    def _update_reading(self) -> None:
+        """Read the socket unless the client is behind on reading its replies, or its
+        next command already waits behind a deferred one."""
         transport = self._transport
-        if not self._reading_paused and transport is not None and not transport.is_closing():
+        if transport is None or transport.is_closing() or self._closed:
+            return
+        waiting = self._busy is not None and (
+            self._next is not None or self._next_error is not None
+        )
+        stop = self._writing_paused or self._backlogged or waiting
+        if stop and not self._reading_paused:
             self._reading_paused = True
             transport.pause_reading()
+        elif not stop and self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
 
     def _resume(self) -> None:
         if self._closed or self._writing_paused or self._backlogged:
@@ -221,14 +403,22 @@ class Connection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        if self._reading_paused:
-            self._reading_paused = False
-            transport.resume_reading()
-        self._process()
+        if self._streamer is not None:
+            self._update_reading()
+            self._streamer.pump()
+        elif self._busy is not None:
+            self._update_reading()
+        else:
+            self._process()
 
     def _report(self) -> None:
+        # Every time, even when unchanged: a report is also what enforces a
+        # maxmemory-clients bound lowered at runtime (CONFIG SET).
         if self._registered and not self._closed:
-            self._memory.update(self, self._decoder.held + self._unsent())
+            self._memory.update(self, self._query_bytes() + self._unsent())
+
+    def _query_bytes(self) -> int:
+        return self._decoder.held + self._next_bytes + self._busy_bytes
 
     # -- used by the sink, the accounting and the server ---------------------------
 
@@ -247,7 +437,7 @@ class Connection(asyncio.Protocol):
         self._report()
 
     def buffer_usage(self) -> tuple[int, int]:
-        return self._decoder.held, self._unsent()
+        return self._query_bytes(), self._unsent()
 
     def evict(self) -> None:
         self.abort()

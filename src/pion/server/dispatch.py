@@ -6,19 +6,26 @@ client's error, answered with its own RESP code. Any other exception, raised by 
 handler *or by encoding what it returned*, is a Pion bug: logged once with its
 traceback, counted in ``internal_errors`` and answered ``-ERR internal error``, so the
 connection, the replies before it in the pipeline and its neighbours live on.
+
+A handler may return a :data:`~pion.commands.deferred.Deferred` (its number
+conversion runs off the event loop); :func:`execute` hands that back to the
+connection, and the ``finish`` of an :class:`~pion.commands.deferred.Offload` runs
+through :func:`complete`, inside this same boundary.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
+from pion.commands.deferred import Deferred, Offload, Stream
 from pion.commands.state import Context
 from pion.errors import LoadingError, MisconfError, NoAuthError, PionError
 from pion.resp.encoder import Chunks, encode_error, encode_reply
 from pion.resp.reply import ErrorReply, Reply
 
-__all__ = ["dispatch", "execute"]
+__all__ = ["complete", "dispatch", "execute"]
 
 log = logging.getLogger("pion.server")
 
@@ -42,8 +49,9 @@ def _internal_error(ctx: Context, name: str, what: str) -> ErrorReply:
     return ErrorReply(_INTERNAL_ERROR)
 
 
-def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply:
-    """Run one command; always returns a reply value (errors as :class:`ErrorReply`)."""
+def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
+    """Run one command; returns a reply value (errors as :class:`ErrorReply`), or the
+    handler's :data:`Deferred`."""
     state = ctx.state
     state.counters.total_commands_processed += 1
     raw = argv[0]
@@ -81,14 +89,37 @@ def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply:
         return _internal_error(ctx, name, "in")
 
 
-def execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int:
+def execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int | Deferred:
     """Dispatch one command, append its encoded reply to ``out`` and return the
-    reply's size in bytes (what the connection weighs against its high-water mark).
+    reply's size in bytes (what the connection weighs against its high-water mark);
+    a :data:`Deferred` is returned as it is, nothing appended.
 
     Encoding is inside the boundary too: if the reply cannot be encoded, whatever it
     had appended is taken back and ``-ERR internal error`` goes out in its place, so
     the replies before it in ``out`` are kept and the framing stays intact."""
     reply = dispatch(ctx, argv)
+    if isinstance(reply, Offload | Stream):
+        return reply
+    return _encode(ctx, argv, reply, out)
+
+
+def complete(
+    ctx: Context, argv: Sequence[bytes], offload: Offload[Any], result: object, out: Chunks
+) -> int:
+    """Run an offloaded command's ``finish`` with its work's ``result`` (or the
+    exception the work raised) inside the boundary; append the encoded reply to
+    ``out`` and return its size."""
+    name = argv[0].decode("utf-8", "replace")[:64]
+    try:
+        reply = offload.finish(result)
+    except PionError as exc:
+        reply = ErrorReply(exc.resp_line())
+    except Exception:
+        reply = _internal_error(ctx, name, "finishing")
+    return _encode(ctx, argv, reply, out)
+
+
+def _encode(ctx: Context, argv: Sequence[bytes], reply: Reply, out: Chunks) -> int:
     mark = len(out)
     try:
         encode_reply(reply, ctx.client.proto, out)
@@ -96,4 +127,6 @@ def execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int:
         del out[mark:]
         name = argv[0].decode("utf-8", "replace")[:64]
         out.append(encode_error(str(_internal_error(ctx, name, "encoding the reply of"))))
+    if len(out) == mark + 1 and type(out[mark]) is bytes:  # one small chunk, usually
+        return len(out[mark])
     return sum(c.nbytes if isinstance(c, memoryview) else len(c) for c in out[mark:])

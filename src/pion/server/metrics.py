@@ -49,6 +49,7 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
+from pion.commands.deferred import Deferred
 from pion.commands.info import rss_bytes
 from pion.commands.state import Command, CommandTable, Context, ServerState
 from pion.config import ServerConfig
@@ -238,7 +239,8 @@ class WorkerMetrics:
         hist = self.latency.labels(self.worker, cmd.name) if cmd.name in LATENCY_COMMANDS else None
         clock = time.perf_counter
 
-        def run(ctx: Context, args: Sequence[bytes]) -> Reply:
+        def run(ctx: Context, args: Sequence[bytes]) -> Reply | Deferred:
+            # A deferred command is timed up to its hand-off (its time on the loop).
             start = clock()
             try:
                 return handler(ctx, args)

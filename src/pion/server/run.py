@@ -33,6 +33,7 @@ from pion.prefix.receipt import Receipt
 from pion.server.app import PionServer
 from pion.server.binary import BinaryLane
 from pion.server.fdlimit import fit_maxclients
+from pion.server.malloc import tune_allocator
 from pion.server.metrics import MetricsEndpoint, WorkerMetrics
 from pion.vstore import VStore
 
@@ -270,6 +271,7 @@ def run(config: ServerConfig) -> int:
     port = sock.getsockname()[1]
     binary_port = binary.getsockname()[1] if binary is not None else 0
     _install_uvloop()
+    tune_allocator()  # a server process's own setting: not for ServerThread's host
     # --metrics-port: commands counted and timed through a metered table.
     metrics = WorkerMetrics(state) if config.metrics_port is not None else None
     table = COMMAND_TABLE if metrics is None else metrics.meter(COMMAND_TABLE)

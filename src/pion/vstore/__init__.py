@@ -10,7 +10,7 @@ Synchronous and pure: it imports only ``codecs``, ``errors`` and ``config``.
 from __future__ import annotations
 
 from pion.vstore.journal import Journal
-from pion.vstore.layer import GROWTH
+from pion.vstore.layer import GROWTH, Pieces
 from pion.vstore.mutations import (
     CreateSession,
     DropSession,
@@ -23,11 +23,12 @@ from pion.vstore.mutations import (
     TakeSnapshot,
 )
 from pion.vstore.rollback import MAX_SNAPSHOTS_PER_SESSION
-from pion.vstore.session import MAX_SID_LEN
+from pion.vstore.session import ENCODE_CHUNK_BYTES, MAX_SID_LEN, Encoded, encode_for
 from pion.vstore.store import MAX_REPLY_BYTES, MAX_RUNS, MAX_ZERO_FILL_BYTES, VStore
 from pion.vstore.views import BlockTable, LayerInfo, SessionInfo, namespace_of
 
 __all__ = [
+    "ENCODE_CHUNK_BYTES",
     "GROWTH",
     "MAX_REPLY_BYTES",
     "MAX_RUNS",
@@ -37,9 +38,11 @@ __all__ = [
     "BlockTable",
     "CreateSession",
     "DropSession",
+    "Encoded",
     "Journal",
     "LayerInfo",
     "Mutation",
+    "Pieces",
     "ReleaseSnapshot",
     "RestoreSnapshot",
     "SessionInfo",
@@ -48,5 +51,6 @@ __all__ = [
     "StoreRows",
     "TakeSnapshot",
     "VStore",
+    "encode_for",
     "namespace_of",
 ]

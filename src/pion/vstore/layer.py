@@ -42,20 +42,29 @@ lease is on the view object itself (numpy points a derived view's ``base`` at th
 buffer, not at the view it came from), so the view a read returns must be what the
 reply holds (``V.FETCH`` hands it to the encoder as it is).
 
+Reads can also be split (:meth:`Layer.read_pieces`): the rows are leased now, on the
+thread that owns the store, and decoded later, piece by piece, on any thread (a server
+sends one piece while it decodes the next). The lease is what makes that safe: a write
+meanwhile moves the run to a fresh buffer and the pieces still decode the old one. Each
+piece holds the leased view itself (not a view derived from it, whose ``base`` would
+be the buffer), so the lease lasts until the last piece has run and been sent.
+
 Not here: sessions, LRU, accounting, the journal and limits (``pion.vstore.store``).
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import Any, TypeVar
+from collections.abc import Callable
+from functools import partial
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from pion.codecs import Codec
 
-__all__ = ["GROWTH", "Layer", "Run"]
+__all__ = ["GROWTH", "Layer", "Pieces", "Run"]
 
 # Growth factor of a run's capacity when a write passes its extent. 1.25 keeps the
 # worst-case slack (allocated but unused, and never touched) at 25% of what a run
@@ -103,6 +112,16 @@ class Run:
     def rows(self, start: int, end: int) -> U8Array:
         """The buffer rows ``start .. end`` (absolute, inside the extent)."""
         return self.buf[start - self.base : end - self.base]
+
+
+class Pieces(NamedTuple):
+    """A read split in pieces (:meth:`Layer.read_pieces`): its size in bytes, the
+    pieces in order (each computes its part of the rows), and whether computing them
+    converts numbers (False for stored fp16 handed out as it is)."""
+
+    nbytes: int
+    parts: list[Callable[[], npt.NDArray[np.generic]]]
+    converts: bool
 
 
 class Layer:
@@ -312,6 +331,35 @@ class Layer:
                 self._decode_into(r, a, b, out[a - start : b - start])
         return out
 
+    def read_pieces(self, start: int, end: int, native: bool) -> Pieces:
+        """:meth:`read` split in pieces of at most ``DECODE_CHUNK_BYTES`` of output that
+        may be computed later, on any thread (module docstring): the rows of every run
+        in the range are leased now, holes become pieces of zeros. The pieces,
+        concatenated, are exactly ``read(start, end, native)``."""
+        f16 = native and self.is_fp16
+        dtype = np.dtype("<f2") if f16 else np.dtype(np.float32)
+        dim, codec = self.dim, self.codec
+        step = max(1, DECODE_CHUNK_BYTES // (dtype.itemsize * dim))
+        parts: list[Callable[[], npt.NDArray[np.generic]]] = []
+        pos = start
+        for r in self.runs:
+            a, b = max(start, r.lo), min(end, r.hi)
+            if a >= b:
+                continue
+            parts += _zeros(a - pos, dim, dtype)  # a hole before this run
+            if f16:
+                # The stored bits are the reply: one leased view, sent as it is.
+                parts.append(partial(_same, r.lend(r.rows(a, b).view("<f2"))))
+            else:
+                rows = r.lend(r.rows(a, b))
+                parts += [
+                    partial(_decode, codec, rows, lo, min(b - a, lo + step), dim)
+                    for lo in range(0, b - a, step)
+                ]
+            pos = b
+        parts += _zeros(end - pos, dim, dtype)
+        return Pieces((end - start) * dim * dtype.itemsize, parts, not f16)
+
     def _step(self) -> int:
         # Block decoders make full-size temporaries: decode big reads in slices into one
         # output (bounded memory, cache-friendly). fp16 is a single cast.
@@ -331,3 +379,20 @@ class Layer:
             if live.any():
                 out[live] = self.codec.decode(r.buf[ids[live] - r.base], self.dim)
         return out
+
+
+def _same(view: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
+    return view
+
+
+def _decode(codec: Codec, rows: U8Array, lo: int, hi: int, dim: int) -> npt.NDArray[np.float32]:
+    """Rows ``lo .. hi`` of a leased view, decoded (a piece: holds ``rows`` itself)."""
+    return codec.decode(rows[lo:hi], dim)
+
+
+def _zeros(
+    rows: int, dim: int, dtype: np.dtype[np.generic]
+) -> list[Callable[[], npt.NDArray[np.generic]]]:
+    """Pieces of ``rows`` zero rows (rows never written), at most DECODE_CHUNK_BYTES each."""
+    step = max(1, DECODE_CHUNK_BYTES // (dtype.itemsize * dim))
+    return [partial(np.zeros, (min(step, rows - lo), dim), dtype) for lo in range(0, rows, step)]

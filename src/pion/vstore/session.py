@@ -23,11 +23,14 @@ from pion.vstore.mutations import CreateSession
 from pion.vstore.views import BlockTable, LayerInfo, SessionInfo, namespace_of
 
 __all__ = [
+    "ENCODE_CHUNK_BYTES",
     "MAX_SID_LEN",
+    "Encoded",
     "FloatRows",
     "Session",
     "bytes_of",
     "check_rope",
+    "encode_for",
     "encode_rows",
     "validate_create",
 ]
@@ -41,6 +44,8 @@ MAX_SID_LEN = 512
 ENCODE_CHUNK_BYTES = 2 << 20
 
 FloatRows = npt.NDArray[np.float32] | npt.NDArray[np.float16]
+# Rows in a stored format, with the codec that made them (VStore.store's hint).
+Encoded = tuple[Codec, npt.NDArray[np.uint8]]
 
 
 class Session:
@@ -190,6 +195,12 @@ def encode_rows(codec: Codec, rows: FloatRows, layer: int, start: int) -> npt.ND
     for lo in range(0, count, step):
         out[lo : lo + step] = _encode(codec, rows[lo : lo + step], layer, start + lo)
     return out
+
+
+def encode_for(codec: Codec, rows: FloatRows, layer: int, start: int) -> Encoded:
+    """:func:`encode_rows`, tagged with its codec: pure, so it may run on any thread;
+    the result is a hint for :meth:`VStore.store` (``encoded=``)."""
+    return codec, encode_rows(codec, rows, layer, start)
 
 
 def _encode(codec: Codec, rows: FloatRows, layer: int, start: int) -> npt.NDArray[np.uint8]:

@@ -63,7 +63,7 @@ from pion.codecs import Codec, get_codec
 from pion.config import VStoreLimits
 from pion.errors import OOMError, PionError, SessionNotFoundError
 from pion.vstore.journal import Journal
-from pion.vstore.layer import Layer
+from pion.vstore.layer import Layer, Pieces
 from pion.vstore.lru import Group, GroupLRU
 from pion.vstore.mutations import (
     CreateSession,
@@ -77,7 +77,14 @@ from pion.vstore.mutations import (
     TakeSnapshot,
 )
 from pion.vstore.rollback import MAX_SNAPSHOTS_PER_SESSION, cut_back, lengths_of
-from pion.vstore.session import FloatRows, Session, bytes_of, encode_rows, validate_create
+from pion.vstore.session import (
+    Encoded,
+    FloatRows,
+    Session,
+    bytes_of,
+    encode_rows,
+    validate_create,
+)
 from pion.vstore.views import BlockTable, SessionInfo, namespace_of
 
 __all__ = ["MAX_REPLY_BYTES", "MAX_RUNS", "MAX_ZERO_FILL_BYTES", "VStore"]
@@ -185,6 +192,14 @@ class VStore:
         layer0 = s.layers.get(0)
         return (layer0.tpl if layer0 is not None else 0), s.nbytes
 
+    def hit(self, sid: bytes) -> int:
+        """Touch ``sid`` and return its layer-0 ``tpl``: what a registry hit credits,
+        with nothing allocated (LOOKUP's hot path; :meth:`usage` also sums bytes)."""
+        s = self._get(sid)
+        self._touch(s)
+        layer0 = s.layers.get(0)
+        return layer0.tpl if layer0 is not None else 0
+
     def generation(self, sid: bytes) -> int:
         """A number that changes whenever ``sid``'s rows may have changed (a store, a
         restore, a re-create after a drop or an eviction): equal numbers mean the rows
@@ -220,19 +235,34 @@ class VStore:
         m = CreateSession(sid, default_dim, schema[0][0] if schema else "", tuple(schema), kept)
         return self._create(m)
 
-    def store(self, sid: bytes, layer: int, start: int, rows: FloatRows) -> None:
+    def store(
+        self,
+        sid: bytes,
+        layer: int,
+        start: int,
+        rows: FloatRows,
+        *,
+        encoded: Encoded | None = None,
+    ) -> None:
         """Store ``rows`` (``[count, dim]``, fp32, or fp16 bit patterns) at ``start``.
 
         fp16 rows into an fp16 layer are stored verbatim, unvalidated (they may be bf16
-        bits); anything else is quantized, refusing values the format cannot hold."""
+        bits); anything else is quantized, refusing values the format cannot hold.
+        ``encoded``: ``rows`` already encoded (:func:`encode_for`, off the event loop);
+        used only if the layer's codec is still the one they were encoded with, so the
+        store means the same as if they were encoded here, now."""
         s = self._get(sid)
         dim, codec = self._layout(s, layer)
         if rows.ndim != 2 or rows.shape[1] != dim or rows.shape[0] < 1:
             raise PionError(f"rows must be [count>=1, {dim}], got {list(rows.shape)}")
         if rows.dtype not in (np.dtype("<f4"), np.dtype("<f2")):
             raise PionError(f"rows must be little-endian float32 or float16, got {rows.dtype}")
-        self._check_rows(start, start + int(rows.shape[0]))
-        rows_ = encode_rows(codec, rows, layer, start)
+        count = int(rows.shape[0])
+        self._check_rows(start, start + count)
+        if encoded is not None and encoded[0] is codec and len(encoded[1]) == count:
+            rows_ = encoded[1]
+        else:
+            rows_ = encode_rows(codec, rows, layer, start)
         self._write(s, rows_, sid=sid, layer=layer, start=start, codec=codec, dim=dim)
 
     def store_encoded(
@@ -355,6 +385,20 @@ class VStore:
         """Rows ``start .. end`` of one layer as ``[end-start, dim]`` fp32 (stored fp16
         when ``native`` and the layer is fp16); None when the layer holds no rows or
         ``start >= tpl``. Arrays may be read-only views: do not write to them."""
+        live = self._range_layer(sid, layer, start, end, native)
+        return None if live is None else live.read(start, end, native)
+
+    def fetch_range_pieces(
+        self, sid: bytes, layer: int, start: int, end: int, *, native: bool = False
+    ) -> Pieces | None:
+        """:meth:`fetch_range` as pieces to compute later, on any thread
+        (``Layer.read_pieces``); checked, counted and LRU-touched now."""
+        live = self._range_layer(sid, layer, start, end, native)
+        return None if live is None else live.read_pieces(start, end, native)
+
+    def _range_layer(
+        self, sid: bytes, layer: int, start: int, end: int, native: bool
+    ) -> Layer | None:
         s = self._get(sid)
         self._check_layer(layer)
         self._check_rows(start, end)
@@ -363,7 +407,7 @@ class VStore:
         self._check_reply([live], start, end, native)
         self._touch(s)
         self.total_fetches += 1
-        return None if live is None else live.read(start, end, native)
+        return live
 
     def fetch_batch(
         self,
@@ -376,6 +420,29 @@ class VStore:
     ) -> list[npt.NDArray[np.generic] | None] | None:
         """``fetch_range`` over layers ``0 .. L-1`` (L = ``num_layers``, else the
         session's); None when the session holds no rows at all."""
+        live = self._batch_layers(sid, start, end, num_layers, native)
+        if live is None:
+            return None
+        return [None if lay is None else lay.read(start, end, native) for lay in live]
+
+    def fetch_batch_pieces(
+        self,
+        sid: bytes,
+        start: int,
+        end: int,
+        num_layers: int | None = None,
+        *,
+        native: bool = False,
+    ) -> list[Pieces | None] | None:
+        """:meth:`fetch_batch` as pieces to compute later (see fetch_range_pieces)."""
+        live = self._batch_layers(sid, start, end, num_layers, native)
+        if live is None:
+            return None
+        return [None if lay is None else lay.read_pieces(start, end, native) for lay in live]
+
+    def _batch_layers(
+        self, sid: bytes, start: int, end: int, num_layers: int | None, native: bool
+    ) -> list[Layer | None] | None:
         s = self._get(sid)
         self._check_rows(start, end)
         if num_layers is not None and not 1 <= num_layers <= self.limits.max_layers:
@@ -388,7 +455,7 @@ class VStore:
         self._check_reply(live, start, end, native)
         self._touch(s)
         self.total_fetches += count
-        return [None if lay is None else lay.read(start, end, native) for lay in live]
+        return live
 
     def fetch_ids(
         self, sid: bytes, layer: int, ids: Sequence[int]

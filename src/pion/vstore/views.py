@@ -6,14 +6,34 @@ read-only copies or views the store will not write through; see ``layer.py``).
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from pion.wire import namespace_for, namespace_sids
 
-__all__ = ["BlockTable", "LayerInfo", "SessionInfo", "namespace_of"]
+__all__ = ["COMPILED", "BlockTable", "LayerInfo", "SessionInfo", "namespace_of"]
+
+# The membership bitmap's compiled twin (_speedups.c), built when a C compiler was
+# present at install. It reads u64s in the host's byte order, so it serves only where
+# that is the wire's little-endian order.
+_member_bits: Callable[[memoryview, bytes | memoryview, memoryview, int], bytes] | None
+if TYPE_CHECKING:
+    _member_bits = None
+else:
+    try:
+        from pion.vstore._speedups import member_bits as _member_bits
+    except ImportError:  # no compiler at install time: numpy serves
+        _member_bits = None
+    if sys.byteorder != "little":  # pragma: no cover - no big-endian CI host
+        _member_bits = None
+COMPILED = _member_bits is not None
+# The largest block-table index: 2**20 entries, one per hash at MAX_HASH_COUNT.
+_INDEX_BITS = 20
 
 
 def namespace_of(sid: bytes) -> tuple[bytes, ...]:
@@ -80,12 +100,17 @@ class SessionInfo:
 
 @dataclass(frozen=True, slots=True)
 class BlockTable:
-    """A session's block-hash table: ``hashes`` in token order and a ``sorted`` copy
-    for membership tests (``np.searchsorted``). Both are read-only ``<u8`` arrays."""
+    """A session's block-hash table: ``hashes`` in token order, a ``sorted`` copy for
+    membership tests (``np.searchsorted``), and an ``index`` of the sorted copy by a
+    hash's top ``64 - shift`` bits (``index[b]``: how many sorted hashes are below
+    ``b << shift``; the last entry is the count), which the compiled membership test
+    uses. All are read-only arrays (``<u8``, the index ``<u4``)."""
 
     block_size: int
     hashes: npt.NDArray[np.uint64]
     sorted: npt.NDArray[np.uint64]
+    index: npt.NDArray[np.uint32]
+    shift: int
 
     @classmethod
     def build(cls, block_size: int, hashes: npt.NDArray[np.uint64]) -> BlockTable:
@@ -93,7 +118,16 @@ class BlockTable:
         ordered.flags.writeable = False
         ranked = np.sort(ordered)
         ranked.flags.writeable = False
-        return cls(block_size, ordered, ranked)
+        # About one hash per index entry (hashes are uniform), at most 2**20 entries
+        # (MAX_HASH_COUNT): the index costs 4 bytes per hash, a third of the table.
+        bits = min(_INDEX_BITS, max(1, (len(ranked) - 1).bit_length()))
+        shift = 64 - bits
+        bounds = np.arange(1 << bits, dtype=np.uint64) << np.uint64(shift)
+        index = np.empty((1 << bits) + 1, dtype="<u4")
+        index[:-1] = ranked.searchsorted(bounds)
+        index[-1] = len(ranked)
+        index.flags.writeable = False
+        return cls(block_size, ordered, ranked, index, shift)
 
     @property
     def count(self) -> int:
@@ -110,3 +144,14 @@ class BlockTable:
         np.minimum(pos, self.count - 1, out=pos)
         hit: npt.NDArray[np.bool_] = self.sorted.take(pos) == probes
         return hit
+
+    def member_bits(self, probes: bytes | memoryview) -> bytes:
+        """KV.PREFIX.MEMBERSHIP's bitmap of ``probes`` (``8 * K`` bytes of ``<u8``):
+        ``ceil(K / 8)`` bytes, bit i (byte ``i >> 3``, bit ``i & 7``, least significant
+        first) set iff probe i is in the table. The compiled twin when built (through
+        the index: a few times faster at router sizes), else :meth:`contains` and
+        ``packbits``; the tests hold the two to the same answers."""
+        if _member_bits is not None:
+            return _member_bits(self.sorted.data, probes, self.index.data, self.shift)
+        hits = self.contains(np.frombuffer(probes, dtype="<u8"))
+        return np.packbits(hits, bitorder="little").tobytes()

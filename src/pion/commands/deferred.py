@@ -1,0 +1,67 @@
+"""Replies that are not ready when a handler returns: the part of a command that only
+converts numbers runs on a worker thread, off the event loop.
+
+A handler stays a plain synchronous function. When its payload is large it may return
+one of these instead of a reply, after it has parsed and checked every argument:
+
+- :class:`Offload`: ``work()`` runs on a worker thread and must not read or change
+  shared state (it quantizes a request blob it was handed, say); then ``finish(r)``
+  runs on the event loop thread with work's result ``r`` (or the exception it raised)
+  and returns the reply. ``finish`` is where state changes, so it must check again
+  anything that may have changed meanwhile: other connections ran commands in between.
+- :class:`Stream`: a bulk, or an array of bulks, whose sizes are known now and whose
+  bytes are produced later, piece by piece, on a worker thread (decoding a stored
+  layer to fp32). Each piece must read only what the handler captured (copy-on-write
+  views of the V-store, ``pion.vstore.layer``), never live state.
+
+The connection (``pion.server.connection``) runs them: it starts no further command of
+that client until the reply has been handed on, so a pipeline's commands still run and
+reply in order; receiving the client's next command and sending the previous reply
+continue meanwhile, which is the overlap the offload exists for. Without a worker
+pool (``Connection(offload=None)``, the unit tests) both run inline, with the same
+results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeAlias, TypeVar
+
+from pion.resp.reply import Reply
+
+__all__ = ["Deferred", "LazyBulk", "Offload", "Piece", "Stream"]
+
+T = TypeVar("T")
+
+# A piece of a lazy bulk: a C-contiguous buffer (a numpy array or a memoryview of one).
+Piece: TypeAlias = Any
+
+
+@dataclass(frozen=True, slots=True)
+class Offload(Generic[T]):
+    """``work`` on a worker thread, then ``finish(result or exception)`` on the loop."""
+
+    work: Callable[[], T]
+    finish: Callable[[T | BaseException], Reply]
+
+
+@dataclass(frozen=True, slots=True)
+class LazyBulk:
+    """A bulk string of ``nbytes`` whose payload is ``pieces`` in order, each computed
+    on a worker thread; their sizes add up to ``nbytes``."""
+
+    nbytes: int
+    pieces: Sequence[Callable[[], Piece]]
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """``items[0]`` as a bulk (``array`` False), or an array of ``items``; ``None`` is a
+    null element (``$-1``, or ``_`` in RESP3)."""
+
+    items: Sequence[LazyBulk | None]
+    array: bool
+
+
+Deferred: TypeAlias = Offload[Any] | Stream
