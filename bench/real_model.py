@@ -31,6 +31,10 @@ quotes them).
 
 from __future__ import annotations
 
+import _common  # noqa: F401  (first: it puts scripts/ on sys.path for pion_testing)
+
+# isort: split
+
 import argparse
 import statistics
 import tempfile
