@@ -41,7 +41,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from pion.attend.ssm import SsmStore
+from pion.ssm import SsmStore
 from pion.config import ServerConfig, VStoreLimits
 from pion.errors import MisconfError
 from pion.llama.timings import Timings

@@ -3,9 +3,9 @@ K/V of a cached prefix it holds (docs/attention.md).
 
 Reading order: ``kernel.py`` (numpy SDPA with an online softmax, the sparse block
 selector, the LSE merge), ``tables.py`` (the WARM table and COLD registry: which
-``(sid, layer)`` can be queried), ``ssm.py`` (opaque recurrent state blobs). The
-commands that drive them are ``pion.commands.attend``; the binary lane is
-``pion.server.binary``.
+``(sid, layer)`` can be queried). The commands that drive them are
+``pion.commands.attend``; the binary lane is ``pion.server.binary``. Recurrent state is
+not attention: it lives in ``pion.ssm``.
 
 Depends on ``errors`` and ``numpy`` only; ``KV.PREFIX.WARM`` reads the V-store through
 the command layer.
@@ -14,20 +14,14 @@ the command layer.
 from __future__ import annotations
 
 from pion.attend.kernel import MAX_SCORE_BYTES, Attention, attend, merge, select_blocks
-from pion.attend.ssm import MAX_SSM_LAYER, SsmDrop, SsmMutation, SsmStore, SsmWrite
 from pion.attend.tables import AttentionTables, ColdEntry, Slot
 
 __all__ = [
     "MAX_SCORE_BYTES",
-    "MAX_SSM_LAYER",
     "Attention",
     "AttentionTables",
     "ColdEntry",
     "Slot",
-    "SsmDrop",
-    "SsmMutation",
-    "SsmStore",
-    "SsmWrite",
     "attend",
     "merge",
     "select_blocks",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pion.attend import MAX_SSM_LAYER
+from pion.ssm import MAX_SSM_LAYER
 from pion.commands.args import Args
 from pion.commands.state import Command, Context
 from pion.errors import PionError

@@ -20,7 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from pion.attend import AttentionTables, SsmStore
+from pion.attend import AttentionTables
+from pion.ssm import SsmStore
 from pion.commands.deferred import Deferred
 from pion.config import ServerConfig
 from pion.export.cache import ExportCache

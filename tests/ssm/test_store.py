@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pion.attend.ssm import SsmDrop, SsmMutation, SsmStore, SsmWrite
+from pion.ssm import SsmDrop, SsmMutation, SsmStore, SsmWrite
 from pion.errors import MisconfError, OOMError
 
 
