@@ -40,7 +40,7 @@ import numpy as np
 import redis
 
 from _common import Process, print_table, start_pion, start_redis, timed, write_results
-from pion.prefix.directory import Directory, DirectoryTable
+from pion.server.directory import Directory, DirectoryTable
 
 # Probe hashes whose little-endian bytes are printable, so redis-benchmark can send
 # them as a command-line argument.

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pion.ssm import SsmDrop, SsmMutation, SsmStore, SsmWrite
 from pion.errors import MisconfError, OOMError
+from pion.ssm import SsmDrop, SsmMutation, SsmStore, SsmWrite
 
 
 class Log:

@@ -41,12 +41,12 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from pion.ssm import SsmStore
 from pion.config import ServerConfig, VStoreLimits
 from pion.errors import MisconfError
 from pion.llama.timings import Timings
 from pion.persistence import Persistence
 from pion.persistence.ssm_durable import SsmDurable
+from pion.ssm import SsmStore
 from pion.vstore import Mutation, SetBlocks, StoreRows, VStore
 
 # -- V-store ---------------------------------------------------------------------------

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pion.ssm import MAX_SSM_LAYER
 from pion.commands.args import Args
 from pion.commands.state import Command, Context
 from pion.errors import PionError
 from pion.resp.reply import Reply, Simple
+from pion.ssm import MAX_SSM_LAYER
 from pion.vstore import MAX_SID_LEN
 
 __all__ = ["COMMANDS"]

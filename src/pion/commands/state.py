@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from pion.attend import AttentionTables
-from pion.ssm import SsmStore
 from pion.commands.deferred import Deferred
 from pion.config import ServerConfig
 from pion.export.cache import ExportCache
@@ -29,6 +28,7 @@ from pion.keyspace import Keyspace
 from pion.prefix.receipt import Receipt
 from pion.prefix.registry import PrefixRegistry
 from pion.resp.reply import Reply
+from pion.ssm import SsmStore
 from pion.vstore import VStore
 
 if TYPE_CHECKING:  # imported only where --tier is given (it pulls in redis-py)

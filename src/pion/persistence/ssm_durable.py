@@ -22,9 +22,9 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Final
 
-from pion.ssm import MAX_SSM_LAYER, SsmDrop, SsmMutation, SsmStore, SsmWrite
 from pion.persistence.format import Buffer, FormatError
 from pion.persistence.stores import Frame, FrameSink
+from pion.ssm import MAX_SSM_LAYER, SsmDrop, SsmMutation, SsmStore, SsmWrite
 from pion.vstore import MAX_SID_LEN
 
 __all__ = [

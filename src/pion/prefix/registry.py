@@ -9,9 +9,11 @@ What lives where, and why:
 * PREFILL_MS lives here, in memory only: it describes the registering process's cold
   prefill, and is deliberately not persisted (docs/persistence.md);
 * crediting a hit goes to the :class:`~pion.prefix.receipt.Receipt`;
-* under ``-w N`` the :class:`~pion.prefix.directory.Directory` says which worker owns
-  a namespace held elsewhere: REGISTER claims it there before creating anything, and
-  LOOKUP answers HIT from it (0 tokens unless TOKENS is given).
+* under ``-w N`` the workers' shared directory (:class:`Owners`, served by
+  :class:`~pion.server.directory.Directory`) says which worker owns a namespace held
+  elsewhere: REGISTER claims it there before creating anything, and LOOKUP answers HIT
+  from it (0 tokens unless TOKENS is given). The registry sees it only through that
+  protocol, so the prefix layer does not import the server's processes.
 
 The registry never validates wire arguments; ``pion.commands.prefix`` does that before
 calling in, so nothing here is half-applied by a bad option.
@@ -19,16 +21,51 @@ calling in, so nothing here is half-applied by a bad option.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 import numpy.typing as npt
 
 from pion.errors import WrongWorkerError
-from pion.prefix.directory import Directory
 from pion.prefix.receipt import Receipt
 from pion.vstore import BlockTable, VStore
 from pion.wire import namespace_for, namespace_sids
 
-__all__ = ["PrefixRegistry", "k_sid", "v_sid"]
+__all__ = ["Owners", "PrefixRegistry", "k_sid", "v_sid"]
+
+
+class RemoteEntry(Protocol):
+    @property
+    def owner(self) -> int: ...
+
+    @property
+    def prefill_ms(self) -> int: ...
+
+
+class Owners(Protocol):
+    """Which worker owns each namespace, shared by the workers of ``-w N``."""
+
+    @property
+    def worker(self) -> int: ...
+
+    def claim(self, ns: bytes, prefill_ms: int, kv_dim: int) -> tuple[int, bool]:
+        """(owner, inserted): this worker's claim, or the existing owner."""
+        ...
+
+    def release(self, ns: bytes) -> bool: ...
+
+    def owner(self, ns: bytes) -> int:
+        """The worker owning ``ns``, or -1."""
+        ...
+
+    def entries(self) -> int:
+        """Live entries, all workers together."""
+        ...
+
+    def remote(self, ns: bytes) -> RemoteEntry | None:
+        """The entry of a namespace another worker owns, else None."""
+        ...
+
 
 # Namespaces whose session ids are kept built (LOOKUP's hot path then concatenates
 # nothing): a bound, so a client probing random names cannot grow it; past it the
@@ -51,7 +88,7 @@ class PrefixRegistry:
         self._prefill_ms: dict[bytes, int] = {}
         self._sids: dict[bytes, tuple[bytes, bytes]] = {}
         # Set by a worker of a multi-worker server; None on a single-process server.
-        self.directory: Directory | None = None
+        self.directory: Owners | None = None
 
     def sids(self, ns: bytes) -> tuple[bytes, bytes]:
         """``namespace_sids(ns)``, built once per namespace (bounded cache)."""

@@ -5,7 +5,7 @@ It owns what the workers share and nothing they serve:
 
 - the main port, reserved by a bound ``SO_REUSEPORT`` socket that never listens (so
   ``--port 0`` resolves to one port that every worker then binds and listens on);
-- the directory's shared memory (:class:`~pion.prefix.directory.DirectoryTable`),
+- the directory's shared memory (:class:`~pion.server.directory.DirectoryTable`),
   whose descriptor every worker inherits;
 - the workers: ``python -m pion.server.worker``, each given its id, the port and the
   directory on its stdin (:mod:`pion.server.control`);
@@ -46,8 +46,8 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from pion.config import ServerConfig
 from pion.errors import PionError
-from pion.prefix.directory import DirectoryTable, slots_for
 from pion.server import control
+from pion.server.directory import DirectoryTable, slots_for
 from pion.server.metrics import SCRAPE_TIMEOUT_S, LoopCollector, MetricsEndpoint, merge
 from pion.server.run import check_bind_safety
 from pion.server.tls import server_context

@@ -35,10 +35,10 @@ from typing import Any
 from pion.commands import COMMAND_TABLE
 from pion.commands.state import CommandTable, ServerState
 from pion.errors import PionError
-from pion.prefix.directory import Directory, DirectoryJournal, DirectoryTable
 from pion.prefix.registry import k_sid
 from pion.server import control
 from pion.server.app import PionServer
+from pion.server.directory import Directory, DirectoryJournal, DirectoryTable
 from pion.server.fdlimit import fit_maxclients
 from pion.server.metrics import WorkerMetrics
 from pion.server.run import bind_socket, build_state, configure_logging, serve

@@ -17,7 +17,7 @@ import pytest
 
 from pion.errors import MisconfError, PionError, WrongWorkerError
 from pion.prefix import PrefixRegistry, Receipt
-from pion.prefix.directory import (
+from pion.server.directory import (
     MAX_LOAD,
     MIN_SLOTS,
     Directory,
@@ -155,7 +155,7 @@ def test_attach_refuses_what_is_not_a_directory(tmp_path: object) -> None:
 
 _CHILD = """
 import sys, time
-from pion.prefix.directory import Directory, DirectoryTable
+from pion.server.directory import Directory, DirectoryTable
 fd, worker, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 table = DirectoryTable.attach(fd)
 d = Directory(table, worker)
