@@ -6,302 +6,170 @@ Thin by design: parse flags, build a config, call library code.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args, get_origin, get_type_hints
 
 import click
 
 from pion import __version__
 from pion.commands.config_cmd import parse_memory
-from pion.config import ServerConfig, TierConfig
+from pion.config import FLAG, Flag, ServerConfig, TierConfig
 from pion.errors import PionError
 
 __all__ = ["main", "server_main"]
 
-# Every default a flag shows is ServerConfig's (TierConfig's): one source for each.
-_DEFAULTS = ServerConfig()
-_TIER_DEFAULTS = TierConfig(url="")
-
-
 # The environment variable a password may come from (keeps it out of `ps` output).
 PASSWORD_ENV = "PION_REQUIREPASS"
 
+_EXISTING_FILE = click.Path(dir_okay=False, exists=True, path_type=Path)
 
-def _memory(ctx: click.Context, param: click.Parameter, value: str | None) -> int:
+
+def _parse_size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
     if value is None:
-        return 0
+        return None
     try:
         return parse_memory(value)
     except PionError as exc:
         raise click.BadParameter(exc.message) from None
 
 
-def _maxmemory_clients(ctx: click.Context, param: click.Parameter, value: str | None) -> int:
-    if value is None:
-        return _DEFAULTS.maxmemory_clients
-    return _memory(ctx, param, value)
+def _click_type(hint: Any, flag: Flag) -> Any:
+    """The click type of a field annotated ``hint`` (``X | None`` reads as X)."""
+    args = [a for a in get_args(hint) if a is not type(None)]
+    if get_origin(hint) is not Literal and args and type(None) in get_args(hint):
+        hint = args[0]
+    if flag.choices:
+        return click.Choice(flag.choices)
+    if get_origin(hint) is Literal:
+        return click.Choice([str(a) for a in get_args(hint)])
+    if hint is int:
+        lo, hi = (None if b is None else int(b) for b in (flag.lo, flag.hi))
+        return click.IntRange(lo, hi) if (lo, hi) != (None, None) else int
+    if hint is float:
+        return click.FloatRange(flag.lo, flag.hi)
+    if hint is Path:
+        if flag.must_exist:
+            return _EXISTING_FILE
+        return click.Path(file_okay=False, path_type=Path)
+    return str
 
 
-def _export_max_bytes(ctx: click.Context, param: click.Parameter, value: str | None) -> int:
-    if value is None:
-        return _DEFAULTS.export_max_bytes
-    return _memory(ctx, param, value)
+def _flagged(cls: type, group: str) -> list[tuple[str, Any, Flag, Any]]:
+    """(option dest, field default, Flag, annotation) for each flagged field of ``cls``;
+    ``group`` prefixes the dest (``tier_``) so two configs' fields never collide."""
+    hints = get_type_hints(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        flag = f.metadata.get(FLAG)
+        if flag is None:
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        rows.append((group + f.name, default, flag, hints[f.name]))
+    return rows
 
 
-# Pion's environment variable for the export directory.
-EXPORT_DIR_ENV = "PION_EXPORT_DIR"
+def _option(dest: str, default: Any, flag: Flag, hint: Any, *, group: str) -> Any:
+    """A click option built from a field's :class:`Flag`. Sizes and the options of a
+    group (``--tier-*``) take None as their click default, so that "not given" can be
+    told; their help names the field's default instead."""
+    name = flag.name or "--" + dest.replace("_", "-")
+    decls = [d for d in (flag.short, name, dest) if d]
+    if hint is bool:
+        return click.option(*decls, is_flag=True, default=False, help=flag.help)
+    has_default = default not in (None, dataclasses.MISSING)
+    kw: dict[str, Any] = {"help": flag.help, "default": None}
+    if flag.memory:
+        kw["callback"] = _parse_size
+        kw["metavar"] = "SIZE"
+    else:
+        kw["type"] = _click_type(hint, flag)
+    if has_default and (flag.memory or group):
+        shown = _size_text(int(default)) if flag.memory else default
+        kw["help"] = f"{flag.help}  [default: {shown}]"
+    elif has_default:
+        kw["default"] = default
+        kw["show_default"] = True
+    if flag.env:
+        kw["envvar"] = flag.env
+    if flag.metavar:
+        kw["metavar"] = flag.metavar
+    return click.option(*decls, **kw)
 
 
-def _optional_memory(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    return None if value is None else _memory(ctx, param, value)
+def _size_text(n: int) -> str:
+    for unit, size in (("gb", 1 << 30), ("mb", 1 << 20), ("kb", 1 << 10)):
+        if n and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
 
 
-_EXISTING_FILE = click.Path(dir_okay=False, exists=True, path_type=Path)
+_SERVER_FLAGS = _flagged(ServerConfig, "")
+_TIER_FLAGS = _flagged(TierConfig, "tier_")
+
+# Options that set no single field: the password's sources, the tier's password file,
+# and two flags kept for what they say rather than what they set.
+_EXTRA_OPTIONS = [
+    click.option(
+        "--requirepass",
+        default=None,
+        help=f"Password clients must AUTH with (or set {PASSWORD_ENV}); never empty.",
+    ),
+    click.option(
+        "--requirepass-file",
+        default=None,
+        type=_EXISTING_FILE,
+        help="Read the password from a file (first line).",
+    ),
+    click.option(
+        "--independent-workers",
+        is_flag=True,
+        help="Required with -w N>1: each worker has its own store.",
+    ),
+    click.option(
+        "--kvcache",
+        is_flag=True,
+        help="Accepted for compatibility with Pion; the V-store is always on.",
+    ),
+    click.option(
+        "--tier-password-file",
+        default=None,
+        type=_EXISTING_FILE,
+        help="Read the tier's password from a file (first line).",
+    ),
+]
 
 
 def _server_options(fn: Any) -> Any:
     options = [
-        click.option(
-            "--port",
-            default=_DEFAULTS.port,
-            show_default=True,
-            type=click.IntRange(0, 65535),
-            help="RESP port (0 picks a free one).",
-        ),
-        click.option(
-            "--bind",
-            default=_DEFAULTS.bind,
-            show_default=True,
-            help="Address to listen on; non-loopback needs --requirepass.",
-        ),
-        click.option(
-            "--dir",
-            "data_dir",
-            default=str(_DEFAULTS.dir),
-            show_default=True,
-            type=click.Path(file_okay=False, path_type=Path),
-            help="Data directory (snapshots, write-ahead log).",
-        ),
-        click.option(
-            "--requirepass",
-            default=None,
-            help=f"Password clients must AUTH with (or set {PASSWORD_ENV}); never empty.",
-        ),
-        click.option(
-            "--requirepass-file",
-            default=None,
-            type=click.Path(dir_okay=False, exists=True, path_type=Path),
-            help="Read the password from a file (first line).",
-        ),
-        click.option(
-            "--maxclients",
-            default=_DEFAULTS.maxclients,
-            show_default=True,
-            type=click.IntRange(1, 1_000_000),
-            help="Connections served at once; the next is refused (Redis's default).",
-        ),
-        click.option(
-            "--maxmemory-clients",
-            "maxmemory_clients",
-            default=None,
-            callback=_maxmemory_clients,
-            help="Bytes all client buffers may hold together before the largest holders "
-            "are disconnected (default 2gb; 0 = no bound).",
-        ),
-        click.option(
-            "--unsafe-no-auth", is_flag=True, help="Allow a non-loopback bind without a password."
-        ),
-        click.option(
-            "--vstore-max-sessions",
-            default=_DEFAULTS.vstore_max_sessions,
-            show_default=True,
-            type=click.IntRange(1, 1_000_000),
-            help="V-store sessions before LRU namespaces are evicted.",
-        ),
-        click.option(
-            "--maxmemory",
-            default=None,
-            callback=_memory,
-            help="Byte budget for stored K/V and plain keys (e.g. 8gb); 0/unset = none.",
-        ),
-        click.option(
-            "--appendfsync",
-            default=_DEFAULTS.appendfsync,
-            show_default=True,
-            type=click.Choice(["always", "everysec", "no"]),
-            help="When the write-ahead log is fsynced.",
-        ),
-        click.option("--no-wal", is_flag=True, help="Disable the write-ahead log."),
-        click.option(
-            "--export-dir",
-            "export_dir",
-            default=None,
-            envvar=EXPORT_DIR_ENV,
-            type=click.Path(file_okay=False, path_type=Path),
-            help=f"Directory of V.EXPORT files (or ${EXPORT_DIR_ENV}); relative to --dir. "
-            "[default: pion-export]",
-        ),
-        click.option(
-            "--export-max-bytes",
-            "export_max_bytes",
-            default=None,
-            callback=_export_max_bytes,
-            help="Bytes all V.EXPORT files may use together (default 4gb).",
-        ),
-        click.option(
-            "--no-export", is_flag=True, help="Refuse V.EXPORT (same-machine clients fetch by TCP)."
-        ),
-        click.option(
-            "--save-interval",
-            default=_DEFAULTS.save_interval,
-            show_default=True,
-            type=click.FloatRange(0),
-            help="Seconds between automatic snapshots (0 = off).",
-        ),
-        click.option(
-            "--fa-window",
-            default=0,
-            show_default=True,
-            type=click.IntRange(0),
-            help="Attention queries' default sliding window: the last N prefix tokens "
-            "(0 = full attention).",
-        ),
-        click.option(
-            "--attend-slots",
-            default=256,
-            show_default=True,
-            type=click.IntRange(1, 1_000_000),
-            help="WARM attention slots ((session, layer) K/V held for queries).",
-        ),
-        click.option(
-            "--attend-cold-slots",
-            default=1024,
-            show_default=True,
-            type=click.IntRange(0, 10_000_000),
-            help="COLD registry entries (demoted slots KV.PREFIX.WARM can bring back).",
-        ),
-        click.option(
-            "--attend-maxmemory",
-            default=None,
-            callback=_memory,
-            help="Byte budget for K/V in WARM attention slots (e.g. 4gb); 0/unset = none.",
-        ),
-        click.option(
-            "--ssm-maxmemory",
-            default=None,
-            callback=_memory,
-            help="Byte budget for SSM.PREFIX state blobs; 0/unset = none.",
-        ),
-        click.option(
-            "--binary-port",
-            default=None,
-            type=click.IntRange(0, 65535),
-            help="Port of the binary lane (default: the RESP port + 1).",
-        ),
-        click.option("--no-binary-lane", is_flag=True, help="Do not open the binary lane."),
-        click.option(
-            "--log-level",
-            default=_DEFAULTS.log_level,
-            show_default=True,
-            type=click.Choice(["debug", "info", "notice", "warning", "error"]),
-        ),
-        click.option(
-            "--kvcache",
-            is_flag=True,
-            help="Accepted for compatibility with Pion; the V-store is always on.",
-        ),
-        click.option(
-            "-w",
-            "--workers",
-            default=1,
-            show_default=True,
-            type=click.IntRange(1, 64),
-            help="Worker processes.",
-        ),
-        click.option(
-            "--independent-workers",
-            is_flag=True,
-            help="Required with -w N>1: each worker has its own store.",
-        ),
-        click.option(
-            "--tier",
-            "tier_url",
-            default=None,
-            metavar="URL",
-            help="Shared second tier: redis://host:port[,host:port...] (Redis Cluster, "
-            "Valkey or one redis-server; rediss:// for TLS). See docs/tier.md.",
-        ),
-        click.option(
-            "--tier-write",
-            default=_TIER_DEFAULTS.write,
-            show_default=True,
-            type=click.Choice(["sync", "async"]),
-            help="sync: a write's reply waits for the tier while it is up; async: queued.",
-        ),
-        click.option("--tier-user", default=None, help="ACL user name for the tier."),
-        click.option("--tier-password", default=None, help="Password for the tier."),
-        click.option(
-            "--tier-password-file",
-            default=None,
-            type=_EXISTING_FILE,
-            help="Read the tier's password from a file (first line).",
-        ),
-        click.option("--tier-tls", is_flag=True, help="TLS to the tier (as rediss://)."),
-        click.option("--tier-tls-ca", default=None, type=_EXISTING_FILE, help="CA bundle (PEM)."),
-        click.option(
-            "--tier-tls-cert", default=None, type=_EXISTING_FILE, help="Client certificate."
-        ),
-        click.option("--tier-tls-key", default=None, type=_EXISTING_FILE, help="Client key."),
-        click.option(
-            "--tier-prefix",
-            default=_TIER_DEFAULTS.prefix,
-            show_default=True,
-            help="Key prefix in the tier (deployments sharing a cluster use their own).",
-        ),
-        click.option(
-            "--tier-timeout",
-            default=_TIER_DEFAULTS.timeout,
-            show_default=True,
-            type=click.FloatRange(0.01, 60),
-            help="Seconds one tier round trip may take.",
-        ),
-        click.option(
-            "--tier-queue-max",
-            default=None,
-            callback=_optional_memory,
-            help="Bytes of writes queued for the tier (e.g. 256mb; default 256mb).",
-        ),
-        click.option(
-            "--tls-cert",
-            default=None,
-            type=click.Path(dir_okay=False, exists=True, path_type=Path),
-            help="PEM certificate chain: serve TLS on the RESP and affinity ports.",
-        ),
-        click.option(
-            "--tls-key",
-            default=None,
-            type=click.Path(dir_okay=False, exists=True, path_type=Path),
-            help="PEM private key of --tls-cert.",
-        ),
-        click.option(
-            "--tls-ca",
-            default=None,
-            type=click.Path(dir_okay=False, exists=True, path_type=Path),
-            help="PEM CA bundle: require client certificates signed by it.",
-        ),
-        click.option(
-            "--metrics-port",
-            default=None,
-            type=click.IntRange(0, 65535),
-            help="Serve Prometheus metrics on this port (0 picks a free one).",
-        ),
+        *(_option(*row, group="") for row in _SERVER_FLAGS),
+        *_EXTRA_OPTIONS,
+        *(_option(*row, group="tier_") for row in _TIER_FLAGS),
     ]
     for option in reversed(options):
         fn = option(fn)
     return fn
+
+
+def _values(
+    rows: list[tuple[str, Any, Flag, Any]], opts: dict[str, Any], group: str
+) -> dict[str, Any]:
+    """The config fields ``opts`` sets: a flag not given keeps the field's default."""
+    values: dict[str, Any] = {}
+    for dest, _default, flag, _hint in rows:
+        value = opts[dest]
+        if flag.negate:
+            if value:
+                values[dest.removeprefix(group)] = False
+        elif value is not None and value is not False:
+            if flag.memory and flag.lo is not None and value < flag.lo:
+                name = flag.name or "--" + dest.replace("_", "-")
+                raise click.UsageError(f"{name} must be at least {int(flag.lo)} byte(s)")
+            values[dest.removeprefix(group)] = value
+    return values
 
 
 _EMPTY_PASSWORD = (
@@ -348,88 +216,37 @@ def _build_config(opts: dict[str, Any]) -> ServerConfig:
     if opts["tls_ca"] is not None and opts["tls_cert"] is None:
         raise click.UsageError("--tls-ca (client certificates) needs --tls-cert and --tls-key")
     return ServerConfig(
-        bind=opts["bind"],
-        port=opts["port"],
-        dir=opts["data_dir"],
-        requirepass=password,
-        unsafe_no_auth=opts["unsafe_no_auth"],
-        maxclients=opts["maxclients"],
-        maxmemory_clients=opts["maxmemory_clients"],
-        vstore_max_sessions=opts["vstore_max_sessions"],
-        maxmemory=opts["maxmemory"],
-        log_level=opts["log_level"],
-        appendfsync=opts["appendfsync"],
-        wal_enabled=not opts["no_wal"],
-        save_interval=opts["save_interval"],
-        fa_window=opts["fa_window"],
-        attend_warm_slots=opts["attend_slots"],
-        attend_cold_slots=opts["attend_cold_slots"],
-        attend_maxmemory=opts["attend_maxmemory"],
-        ssm_maxmemory=opts["ssm_maxmemory"],
-        binary_lane=not opts["no_binary_lane"],
-        binary_port=opts["binary_port"],
-        workers=opts["workers"],
-        tls_cert=opts["tls_cert"],
-        tls_key=opts["tls_key"],
-        tls_ca=opts["tls_ca"],
-        metrics_port=opts["metrics_port"],
-        export_enabled=not opts["no_export"],
-        export_dir=opts["export_dir"],
-        export_max_bytes=opts["export_max_bytes"],
-        tier=_tier_config(opts),
+        **_values(_SERVER_FLAGS, opts, ""), requirepass=password, tier=_tier_config(opts)
     )
 
 
-_TIER_ONLY = (
-    "tier_user",
-    "tier_password",
-    "tier_password_file",
-    "tier_tls_ca",
-    "tier_tls_cert",
-    "tier_tls_key",
-    "tier_queue_max",
-)
-
-
 def _tier_config(opts: dict[str, Any]) -> TierConfig | None:
-    url = opts["tier_url"]
+    values = _values(_TIER_FLAGS, opts, "tier_")
+    url = values.pop("url", None)
     if url is None:
-        given = [name for name in _TIER_ONLY if opts[name] is not None] + (
-            ["tier_tls"] if opts["tier_tls"] else []
-        )
+        given = [f"tier_{name}" for name in values]
+        if opts["tier_password_file"] is not None:
+            given.append("tier_password_file")
         if given:
-            flag = "--" + given[0].replace("_", "-")
+            flag = next(
+                (f.name for d, _, f, _ in _TIER_FLAGS if d == given[0] and f.name),
+                "--" + given[0].replace("_", "-"),
+            )
             raise click.UsageError(f"{flag} needs --tier")
         return None
     from pion.tier import KeyLayout, parse_tier_url
 
-    password = opts["tier_password"]
     if opts["tier_password_file"] is not None:
         lines = opts["tier_password_file"].read_text().splitlines()
-        password = lines[0].strip() if lines else ""
-        if not password:
+        values["password"] = lines[0].strip() if lines else ""
+        if not values["password"]:
             raise click.UsageError("--tier-password-file is empty")
     try:
         parse_tier_url(url)
-        KeyLayout(opts["tier_prefix"])
+        KeyLayout(values.get("prefix", TierConfig(url="").prefix))
     except PionError as exc:
         raise click.UsageError(exc.message) from None
-    queue = opts["tier_queue_max"]
-    if queue is not None and queue < 1:
-        raise click.UsageError("--tier-queue-max must be at least 1 byte")
-    return TierConfig(
-        url=url,
-        write=opts["tier_write"],
-        username=opts["tier_user"],
-        password=password,
-        tls=opts["tier_tls"],
-        tls_ca_file=opts["tier_tls_ca"],
-        tls_cert_file=opts["tier_tls_cert"],
-        tls_key_file=opts["tier_tls_key"],
-        prefix=opts["tier_prefix"],
-        timeout=opts["tier_timeout"],
-        queue_max_bytes=_TIER_DEFAULTS.queue_max_bytes if queue is None else queue,
-    )
+    return TierConfig(url=url, **values)
 
 
 def _run_server(opts: dict[str, Any]) -> None:
