@@ -10,15 +10,9 @@ import numpy as np
 import pytest
 
 from pion.persistence import format as fmt
-from pion.persistence.format import (
-    FormatError,
-    SnapshotHeader,
-    WalHeader,
-    crc32c,
-    decode_mutation,
-    encode_record,
-)
+from pion.persistence.format import FormatError, SnapshotHeader, WalHeader, crc32c
 from pion.persistence.reader import Damage, LogDamage, read_records
+from pion.persistence.vstore_format import decode_mutation, encode_record
 from pion.vstore import (
     CreateSession,
     DropSession,

@@ -13,6 +13,7 @@ from pion.errors import MisconfError, PionError
 from pion.persistence import faults, snapshot_path, wal_path
 from pion.persistence import format as fmt
 from pion.persistence import snapshot as snapshot_mod
+from pion.persistence import vstore_format as vfmt
 from pion.persistence.recovery import WAL_HEADER_SIZE, recover_sync
 from pion.vstore import StoreRows
 from support import (
@@ -258,5 +259,11 @@ def test_a_failed_append_refuses_and_applies_nothing(tmp_path: Path) -> None:
 
 
 def test_format_constants_are_frozen() -> None:
-    assert (fmt.OP_CREATE, fmt.OP_STORE, fmt.OP_DROP, fmt.OP_BLOCKS, fmt.END) == (1, 2, 3, 4, 127)
+    assert (vfmt.OP_CREATE, vfmt.OP_STORE, vfmt.OP_DROP, vfmt.OP_BLOCKS, fmt.END) == (
+        1,
+        2,
+        3,
+        4,
+        127,
+    )
     assert fmt.RECORD_OVERHEAD == 21

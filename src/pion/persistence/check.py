@@ -17,13 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from pion.persistence.format import (
-    SNAP_MAGIC,
-    WAL_MAGIC,
-    FormatError,
-    SnapshotHeader,
-    WalHeader,
-)
+from pion.persistence.format import SNAP_MAGIC, WAL_MAGIC, FormatError, SnapshotHeader, WalHeader
 from pion.persistence.reader import Damage, LogDamage, read_records
 from pion.persistence.recovery import WAL_HEADER_SIZE
 from pion.persistence.registry import UNIT_OPS, describe

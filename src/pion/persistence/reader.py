@@ -34,14 +34,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from pion.persistence.format import (
-    END,
-    MAX_PAYLOAD,
-    RECORD_HEAD,
-    RECORD_OVERHEAD,
-    Buffer,
-    crc32c,
-)
+from pion.persistence.format import END, MAX_PAYLOAD, RECORD_HEAD, RECORD_OVERHEAD, Buffer, crc32c
 from pion.persistence.registry import KNOWN_OPS
 
 __all__ = ["Damage", "LogDamage", "Record", "find_valid_record", "read_records"]

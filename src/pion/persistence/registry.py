@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from pion.persistence import keyspace_format
-from pion.persistence.format import OPS as VSTORE_OPS
-from pion.persistence.format import VSTORE_UNIT_OPS, Buffer, FormatError, decode_mutation
+from pion.persistence.format import Buffer, FormatError
 from pion.persistence.ssm_durable import SSM_OPS, SSM_UNIT_OPS, describe_ssm
+from pion.persistence.vstore_format import OPS as VSTORE_OPS
+from pion.persistence.vstore_format import VSTORE_UNIT_OPS, decode_mutation
 from pion.vstore import DropSession
 
 __all__ = ["FAMILIES", "KNOWN_OPS", "UNIT_OPS", "RecordFamily", "describe", "family_of"]

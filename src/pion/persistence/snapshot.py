@@ -45,27 +45,29 @@ from pion.persistence.files import fsync_dir, write_all
 from pion.persistence.format import (
     END,
     MAX_PAYLOAD,
-    OP_STORE,
     RECORD_HEAD,
     RECORD_OVERHEAD,
     SNAPSHOT_CHUNK,
     SNAPSHOT_HEADER,
-    STORE_PREFIX,
-    VSTORE_UNIT_OPS,
     Buffer,
     FormatError,
     SnapshotHeader,
     crc32c,
     decode_end,
-    decode_mutation,
     encode_end,
     encode_frame,
+)
+from pion.persistence.reader import LogDamage, Record, read_records
+from pion.persistence.stores import Frame
+from pion.persistence.vstore_format import (
+    OP_STORE,
+    STORE_PREFIX,
+    VSTORE_UNIT_OPS,
+    decode_mutation,
     op_of,
     store_span,
     vstore_payload,
 )
-from pion.persistence.reader import LogDamage, Record, read_records
-from pion.persistence.stores import Frame
 from pion.vstore import Mutation, StoreRows, VStore
 
 __all__ = [

@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import BinaryIO
 
-from pion.persistence.format import OPS, Buffer, decode_mutation, op_of, vstore_payload
+from pion.persistence.format import Buffer
 from pion.persistence.snapshot import VSTORE_UNIT_OPS, run_hints, vstore_frames
 from pion.persistence.stores import Frame, FrameSink
+from pion.persistence.vstore_format import OPS, decode_mutation, op_of, vstore_payload
 from pion.vstore import DropSession, Mutation, StoreRows, VStore
 
 __all__ = ["VStoreDurable", "VStoreJournal", "vstore_frame"]
