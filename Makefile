@@ -40,7 +40,7 @@ typecheck: dev
 # The compiled twins are built by `install`; PION_REQUIRE_SPEEDUPS makes a
 # silent fall-back to pure Python a test failure.
 pytest: dev system-deps llama-server
-	PION_REQUIRE_SPEEDUPS=1 $(BIN)/python -m pytest -q
+	PION_REQUIRE_SPEEDUPS=1 $(BIN)/python -m pytest -q --durations=15
 
 ## Install what the tests need (Debian packages, llama-server, pinned Python deps),
 ## then lint, type-check, run the whole test suite and the benchmarks at smoke sizes.
