@@ -9,18 +9,19 @@ write-ahead log, snapshots, ``--save-interval`` and the way back from a failure.
 Failure and the way back (the two kinds are described in ``wal.py``).
 
 Out of space: the log is blocked, not failed. Writes answer ``-MISCONF`` (naming the
-bytes the refused record needs and the bytes free) and reads keep working; a client's
-drop (``KV.PREFIX.DROP``, ``SSM.PREFIX.DROP``) is still tried, since it is small and
-dropping data is how an operator makes room for a snapshot. So the dispatcher is not
-asked to refuse writes (:meth:`Persistence.write_refusal` is None): each mutation, of
-whichever store, reaches the shared log, which refuses all but drops. A once-a-second
-probe unblocks the log when ``statvfs`` reports room for the refused record plus a
-margin, and appending resumes on the same file: no snapshot, however much data the
-stores hold. If writes fail again right away (a quota ``statvfs`` does not show), the
-probe backs off (2, 4 ... 30 s).
+bytes the refused record needs and the bytes free) and reads keep working; a command
+that only frees space (``stores.FREEING_COMMANDS``: DEL, FLUSHALL, the drops ...) is
+still tried, since it is small and removing data is how an operator makes room. So the
+dispatcher is not asked to refuse writes (:meth:`Persistence.write_refusal` is None):
+each mutation, of whichever store, reaches the shared log, which refuses all but drops.
+A once-a-second probe unblocks the log when ``statvfs`` reports room for the refused
+record plus a margin, and appending resumes on the same file: no snapshot, however much
+data the stores hold. If writes fail again right away (a quota ``statvfs`` does not
+show), the probe backs off (2, 4 ... 30 s).
 
 Anything else (an fsync, an I/O error, a rename that cannot be made durable): writes
-are refused with ``-MISCONF`` by the dispatcher and reads keep working. The log file is
+are refused with ``-MISCONF`` by the dispatcher and reads keep working; the commands
+that only free space are applied without a record (``wal.py``). The log file is
 then never trusted again: after a failed fsync the kernel may have dropped the dirty
 pages and cleared the error, so a later fsync that succeeds proves nothing. The only
 source of truth left is memory, so the way back is a full snapshot written from memory
@@ -438,6 +439,8 @@ class Persistence:
             "wal_status": ok,
             # Out of space: the size of the refused record (0 when not blocked).
             "wal_blocked_bytes": wal.needed if wal is not None and wal.blocked else 0,
+            # Drops applied while the log could not take them (kept by the next snapshot).
+            "wal_unlogged_drops": wal.unlogged_drops if wal is not None else 0,
             "snapshot_bytes": self.snapshot_bytes,
             "recovery_ms": int(self.recovered.seconds * 1000),
             # The Redis names monitoring tools already read.
