@@ -6,6 +6,15 @@ It owns the data directory of its worker (an exclusive ``flock`` on
 ``pion.lock.<w>`` keeps a second server off the same files), recovery at start, the
 write-ahead log, snapshots, ``--save-interval`` and the way back from a failure.
 
+A state the server starts from is a state it recovers from. Recovery may end with a
+store whose snapshot is missing (the reset recipe: a file deleted on purpose; a lost
+file) or older than the log that goes on (the log was lost): such a store starts from
+what was there. Before the log is opened and anything is acknowledged, each such store
+gets its snapshot written from memory at the last sequence number, so a kill -9 at any
+later moment finds every file the continuing log needs, and replays every acknowledged
+write (``_write_missing_snapshots``). A log starting at record 1 needs none: it holds
+every store's whole history, so a server that never saved pays nothing.
+
 Failure and the way back (the two kinds are described in ``wal.py``).
 
 Out of space: the log is blocked, not failed. Writes answer ``-MISCONF`` (naming the
@@ -174,10 +183,8 @@ class Persistence:
         self.recovered = res
         self.snapshot_bytes = res.snapshot_bytes
         self._base_seq = res.last_seq
-        for store in self.stores:
-            if store.name in res.started_empty:
-                self._record_reset_recipe(store, res.last_seq)
         if self.wal is not None:
+            self._write_missing_snapshots(res)
             if res.wal_action == "continue":
                 self.wal.open(res.wal_bytes, res.last_seq)
             else:
@@ -197,25 +204,47 @@ class Persistence:
             res.seconds,
         )
 
-    def _record_reset_recipe(self, store: DurableStore, covered: int) -> None:
-        """``store`` started empty without its snapshot (the reset recipe). Its empty
-        snapshot, covering ``covered``, is written before the log is reset: otherwise a
-        new log starting past 1 (another store's snapshot keeps the numbering) would read
-        at the next start as needing the removed file."""
-        path = store_snapshot_path(self.dir, store.name, self.worker)
-        try:
-            write_frames(store.frames(), store.unit_ops, path, SnapshotHeader(self.worker, covered))
-        except OSError as exc:
-            raise recovery.RecoveryError(
-                f"starting the {store.name} empty: cannot write its empty snapshot "
-                f"{path}: {exc.strerror or exc}"
-            ) from None
-        log.warning(
-            "wrote an empty %s snapshot %s covering record %d (the reset recipe)",
-            store.name,
-            path,
-            covered,
-        )
+    def _write_missing_snapshots(self, res: recovery.RecoveryResult) -> None:
+        """Make the state recovery ended in one the next start recovers from, before
+        anything is acknowledged (see the module docstring).
+
+        The log goes on from record ``start`` (the one found, or a new one after
+        ``last_seq``). When that is past 1, the next start needs each store's snapshot
+        to cover ``start - 1``; a store whose file is missing (the reset recipe, a lost
+        snapshot, a directory written before the store existed) or covers less (its
+        log was lost) gets one now, written from memory at ``last_seq``: exactly the
+        state it was recovered to, so the records that follow never need a file that
+        is gone."""
+        start = res.wal_start if res.wal_action == "continue" else res.last_seq + 1
+        if start <= 1:
+            return  # a log from record 1 holds every store's whole history
+        for store, path in self._files():
+            covered = res.covered_by.get(store.name, 0)
+            if path.exists() and covered >= start - 1:
+                continue
+            why = f"covered only record {covered}" if path.exists() else "was missing"
+            try:
+                write_frames(
+                    store.frames(), store.unit_ops, path, SnapshotHeader(self.worker, res.last_seq)
+                )
+            except OSError as exc:
+                raise recovery.RecoveryError(
+                    f"cannot write the {store.name} snapshot {path} that the log continuing "
+                    f"from record {start} needs: {exc.strerror or exc}. Startup stopped "
+                    "before accepting any write; free space in the data directory and "
+                    "start again"
+                ) from None
+            res.covered_by[store.name] = res.last_seq
+            log.warning(
+                "wrote a %s snapshot %s covering record %d (%d units) at startup: its file "
+                "%s, and the log goes on from record %d",
+                store.name,
+                path,
+                res.last_seq,
+                store.units(),
+                why,
+                start,
+            )
 
     def start(self) -> None:
         """Start the once-a-second tick (save interval, failure probe) on this loop."""
