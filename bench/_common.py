@@ -7,6 +7,7 @@ run on the same machine (README.md, "Benchmarks"), so the helpers here start bot
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -139,6 +140,62 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _redis_server_version() -> str:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        return "not installed"
+    try:
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, timeout=10, text=True, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    m = re.search(r"v=(\S+)", out.stdout)
+    return m.group(1) if m else out.stdout.strip()
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> str:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return f"{int(line.split()[1]) / 2**20:.0f} GiB"
+    except OSError:
+        pass
+    return "unknown"
+
+
+def environment() -> dict[str, str]:
+    """What the report's environment table shows for a result: recorded where it was
+    measured, so the report never describes the machine that renders it."""
+    return {
+        "cpu": _cpu_model(),
+        "memory": _memory_gib(),
+        "pion": _version("pion"),
+        "redis-server": _redis_server_version(),
+        "libraries": ", ".join(
+            f"{p} {_version(p)}"
+            for p in ("numpy", "redis", "hiredis", "uvloop", "pion-vllm-mlx", "matplotlib")
+        ),
+    }
+
+
 def write_results(name: str, payload: dict[str, Any]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -149,6 +206,7 @@ def write_results(name: str, payload: dict[str, Any]) -> Path:
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
         },
+        "environment": environment(),
         **payload,
     }
     # Every script takes --quick for smoke sizes; the report marks such results.

@@ -1,12 +1,17 @@
 """Write ``BENCHMARKS.md`` from the JSON results the benchmarks leave in ``bench/results/``.
 
 Each benchmark stays independent: it writes ``<name>.json`` and knows nothing of this
-report. Here, a registry maps result names to *section renderers* (the ``sections`` package):
-a renderer answers one question a user asks (how fast against redis-server, how
-faithful, how durable...) with a table, a PNG plot and a paragraph that says where we
-lose. A result no renderer claims still gets a section, from :func:`generic` (its
-numbers as a table, its ratios as a plot), so a new benchmark shows up at once, and a
-renderer of twenty lines makes it read well.
+report. Here, :data:`SECTIONS` lists the *section renderers* (the ``sections`` package),
+one line each, in the report's order: a renderer answers one question a user asks (how
+fast against redis-server, how faithful, how durable...) with a table, a PNG plot and a
+paragraph that says where we lose. A section whose first result is absent is left out.
+A result no renderer claims still gets a section, from :func:`generic` (its numbers as
+a table, its ratios as a plot), so a new benchmark shows up at once.
+
+The document is a function of the results alone: the environment table and the dates
+come from what each result recorded (``machine``, ``environment``, ``time``), never from
+the machine that renders, so the committed ``BENCHMARKS.md`` is exactly what the
+committed ``bench/results/`` render to (a test re-renders and compares).
 
     python bench/report.py                        # bench/results -> BENCHMARKS.md, docs/bench/
     python bench/report.py --results DIR --out FILE --plots DIR
@@ -20,115 +25,73 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.metadata
+import importlib
 import json
 import os
-import platform
 import re
-import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, never a display
-import matplotlib.pyplot as plt
-
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-Result = dict[str, Any]
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))  # the ``sections`` package sits beside this file
 
+from sections._base import (  # noqa: E402
+    Result,
+    Section,
+    bars,
+    close,
+    figure,
+    fmt,
+    is_quick,
+    parity,
+)
 
-@dataclass
-class Section:
-    """One question and its answer."""
-
-    title: str
-    intro: str
-    headers: Sequence[str]
-    rows: Sequence[Sequence[Any]]
-    losses: str  # where we lose, said plainly (empty: nowhere in these figures)
-    command: str
-    figure: plt.Figure | None = None
-    extra_tables: list[tuple[str, Sequence[str], Sequence[Sequence[Any]]]] = field(
-        default_factory=list
-    )
+__all__ = ["SECTIONS", "Entry", "build", "generic", "load_results", "main"]
 
 
 @dataclass(frozen=True)
-class Renderer:
-    results: tuple[str, ...]  # the result names it reads; the first must be present
-    render: Callable[[Mapping[str, Result]], Section]
-    order: int  # where its section goes in the report (lower first)
+class Entry:
+    """One section of the report: its renderer, ``"<module>.<function>"`` under
+    ``sections/``, and the result names it reads (the first must be present)."""
+
+    renderer: str
+    results: tuple[str, ...]
+
+    def render(self, results: Mapping[str, Result]) -> Section:
+        module, _, name = self.renderer.rpartition(".")
+        fn: Callable[[Mapping[str, Result]], Section] = getattr(
+            importlib.import_module(f"sections.{module}"), name
+        )
+        return fn(results)
 
 
-REGISTRY: list[Renderer] = []
+def _entry(renderer: str, *results: str) -> Entry:
+    return Entry(renderer, results)
 
 
-def renderer(
-    *results: str, order: int = 1000
-) -> Callable[[Callable[[Mapping[str, Result]], Section]], Any]:
-    """Register a section renderer for ``results``; sections appear by ``order``, then
-    in the order they were registered."""
-
-    def register(fn: Callable[[Mapping[str, Result]], Section]) -> Any:
-        REGISTRY.append(Renderer(results, fn, order))
-        return fn
-
-    return register
-
-
-# -- formatting helpers the renderers share ------------------------------------------
-
-
-def fmt(value: Any) -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e7):
-            return f"{value:.2e}"
-        if abs(value) >= 100:
-            return f"{value:,.0f}"
-        if abs(value) >= 10:
-            return f"{value:.1f}"
-        return f"{value:.3g}" if abs(value) < 1 else f"{value:.2f}"
-    return str(value)
-
-
-def ratio(value: float) -> str:
-    return f"{value:.2f}x"
-
-
-def is_quick(data: Result) -> bool:
-    config = data.get("config")
-    return bool(data.get("quick") or (isinstance(config, dict) and config.get("quick")))
-
-
-def figure(ncols: int = 1, width: float = 6.4) -> tuple[plt.Figure, Any]:
-    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, 3.6), squeeze=False)
-    return fig, axes[0]
-
-
-def bars(ax: Any, labels: Sequence[str], series: Mapping[str, Sequence[float]]) -> None:
-    """Grouped bars: one group per label, one bar per series."""
-    n = max(1, len(series))
-    width = 0.8 / n
-    for i, (name, values) in enumerate(series.items()):
-        xs = [x + (i - (n - 1) / 2) * width for x in range(len(labels))]
-        ax.bar(xs, values, width, label=name)
-    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
-    if len(series) > 1:
-        ax.legend(fontsize=8)
-
-
-def parity(ax: Any, y: float = 1.0, label: str = "redis-server") -> None:
-    ax.axhline(y, color="black", linewidth=0.8, linestyle="--", label=label)
+# The report's sections, in order. One line per section: add yours where its question
+# belongs. A section whose first result is absent renders nothing.
+SECTIONS: list[Entry] = [
+    _entry("server.throughput", "vstore_throughput"),
+    _entry("server.small_commands", "registry", "decoder"),
+    _entry("server.keyspace", "keyspace"),
+    _entry("server.workers", "workers"),
+    _entry("server.vstore_eviction", "vstore_eviction"),
+    _entry("durability.persistence", "persistence"),
+    _entry("durability.client_memory", "client_memory"),
+    _entry("durability.tier", "tier"),
+    _entry("features.fidelity", "fidelity"),
+    _entry("real.real_model", "real_model", "real_model_ttft"),
+    _entry("features.llama", "llama_prefix"),
+    _entry("real.llama_real", "llama_prefix_smollm2"),
+    _entry("features.export_fetch", "export_fetch"),
+    _entry("features.attend", "attend"),
+]
 
 
 # -- the generic section, for results no renderer claims -----------------------------
@@ -193,67 +156,56 @@ def load_results(directory: Path) -> dict[str, Result]:
     return out
 
 
-def _version(package: str) -> str:
+def _when(data: Result) -> datetime.datetime | None:
     try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+        return datetime.datetime.strptime(str(data.get("time")), "%Y-%m-%dT%H:%M:%S%z")
+    except ValueError:
+        return None
 
 
-def _redis_server_version() -> str:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        return "not installed"
-    try:
-        out = subprocess.run(
-            [binary, "--version"], capture_output=True, timeout=10, text=True, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    m = re.search(r"v=(\S+)", out.stdout)
-    return m.group(1) if m else out.stdout.strip()
+def _measured_on(data: Result) -> str:
+    """Where one result was measured, as it recorded it (``machine``; ``environment``
+    in results written since the report stopped looking at the rendering machine)."""
+    machine = data.get("machine")
+    env = data.get("environment")
+    env = env if isinstance(env, dict) else {}
+    parts: list[str] = []
+    if isinstance(machine, dict):
+        cpu = env.get("cpu")
+        cpus = f"{machine.get('cpus', '?')} CPUs"
+        parts.append(f"{cpu}, {cpus}" if cpu else cpus)
+        if env.get("memory"):
+            parts.append(f"{env['memory']} RAM")
+        parts.append(str(machine.get("platform", "platform not recorded")))
+        parts.append(f"Python {machine.get('python', '?')}")
+    elif machine:
+        parts.append(str(machine))
+    else:
+        parts.append("machine not recorded")
+    for key in ("pion", "redis-server", "libraries"):
+        if env.get(key):
+            parts.append(f"{key} {env[key]}" if key != "libraries" else str(env[key]))
+    return "; ".join(parts)
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+def environment(results: Mapping[str, Result]) -> list[tuple[str, str]]:
+    """One row per machine the results were measured on, with the results from it."""
+    by_machine: dict[str, list[str]] = {}
+    for name in sorted(results):
+        by_machine.setdefault(_measured_on(results[name]), []).append(f"`{name}`")
+    return [(where, ", ".join(names)) for where, names in by_machine.items()]
 
 
-def _memory_gib() -> str:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return f"{int(line.split()[1]) / 2**20:.0f} GiB"
-    except OSError:
-        pass
-    return "unknown"
-
-
-def environment() -> list[tuple[str, str]]:
-    sys.path.insert(0, str(ROOT / "src"))
-    try:
-        from pion import __version__ as pion_version
-    except ImportError:
-        pion_version = _version("pion")
-    return [
-        ("machine", f"{_cpu_model()}, {os.cpu_count()} CPUs, {_memory_gib()} RAM"),
-        ("system", platform.platform()),
-        ("Python", platform.python_version()),
-        ("pion", pion_version),
-        ("redis-server (baseline)", _redis_server_version()),
-        (
-            "libraries",
-            ", ".join(
-                f"{p} {_version(p)}"
-                for p in ("numpy", "redis", "hiredis", "uvloop", "pion-vllm-mlx", "matplotlib")
-            ),
-        ),
-    ]
+def _span(results: Mapping[str, Result]) -> str:
+    times = sorted(t for t in (_when(d) for d in results.values()) if t is not None)
+    if not times:
+        return "Measurement times are not recorded."
+    first, last = (
+        t.astimezone(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC") for t in (times[0], times[-1])
+    )
+    if first == last:
+        return f"Measured {first}."
+    return f"Measured between {first} and {last}."
 
 
 def _provenance(data: Result) -> str:
@@ -286,21 +238,22 @@ def _anchor(title: str) -> str:
     return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
 
 
-def build(results: Mapping[str, Result], out: Path, plots: Path) -> str:
-    """The whole document; plots are written under ``plots``."""
-    plots.mkdir(parents=True, exist_ok=True)
+def build(results: Mapping[str, Result], link: str, plots: Path | None) -> str:
+    """The whole document. Figures are linked as ``<link>/<slug>.png`` and written
+    under ``plots`` (None: not written, e.g. to compare the text alone)."""
+    if plots is not None:
+        plots.mkdir(parents=True, exist_ok=True)
     sections: list[tuple[Section, list[Result]]] = []
     claimed: set[str] = set()
-    for r in sorted(REGISTRY, key=lambda r: r.order):
-        if r.results[0] not in results:
+    for entry in SECTIONS:
+        if entry.results[0] not in results:
             continue
-        inputs = {name: results[name] for name in r.results if name in results}
+        inputs = {name: results[name] for name in entry.results if name in results}
         claimed.update(inputs)
-        sections.append((r.render(inputs), list(inputs.values())))
+        sections.append((entry.render(inputs), list(inputs.values())))
     for name in sorted(set(results) - claimed):
         sections.append((generic(name, results[name]), [results[name]]))
 
-    today = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Benchmarks",
         "",
@@ -312,10 +265,12 @@ def build(results: Mapping[str, Result], out: Path, plots: Path) -> str:
         "different runs (each says when and where); on a busy machine latency tails (p99)",
         "swing from run to run, so read ratios within a section.",
         "",
-        f"Report written {today}. Reproduce everything with `make bench` (a few minutes",
+        f"{_span(results)} Reproduce everything with `make bench` (a few minutes",
         "to an hour on 2 cores), or one section with the command under it.",
         "",
-        *_table(["environment", ""], environment()),
+        "Where each result was measured, as it recorded it:",
+        "",
+        *_table(["measured on", "results"], environment(results)),
         "",
         "## Contents",
         "",
@@ -328,12 +283,12 @@ def build(results: Mapping[str, Result], out: Path, plots: Path) -> str:
         for caption, headers, rows in section.extra_tables:
             lines += ["", caption, "", *_table(headers, rows)]
         if section.figure is not None:
-            png = plots / f"{_slug(section.title)}.png"
-            section.figure.tight_layout()
-            section.figure.savefig(png, dpi=80)
-            plt.close(section.figure)
-            rel = os.path.relpath(png, out.parent)
-            lines += ["", f"![{section.title}]({rel})"]
+            name = f"{_slug(section.title)}.png"
+            if plots is not None:
+                section.figure.tight_layout()
+                section.figure.savefig(plots / name, dpi=80)
+            close(section.figure)
+            lines += ["", f"![{section.title}]({link}/{name})"]
         if section.losses:
             losses = section.losses[0].upper() + section.losses[1:]
             lines += ["", f"**Where we lose.** {losses}"]
@@ -347,15 +302,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
     ap.add_argument("--plots", type=Path, default=ROOT / "docs" / "bench")
     args = ap.parse_args(argv)
-    if str(HERE) not in sys.path:
-        sys.path.insert(0, str(HERE))
-    import sections  # noqa: F401  (registers the renderers)
-
     results = load_results(args.results)
     if not results:
         print(f"report: no results in {args.results}", file=sys.stderr)
         return 1
-    text = build(results, args.out, args.plots)
+    link = Path(os.path.relpath(args.plots.absolute(), args.out.absolute().parent)).as_posix()
+    text = build(results, link, args.plots)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(f"report: {len(results)} result(s) -> {args.out} (plots in {args.plots})")
@@ -363,8 +315,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run as the module `report`, the one `sections` registers its renderers with.
-    sys.path.insert(0, str(HERE))
-    import report
-
-    sys.exit(report.main())
+    sys.exit(main())

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from report import Result, Section, bars, figure, ratio, renderer
+from sections._base import Result, Section, bars, figure, ratio
 from sections._text import join as _join
 
 # -- 4. durability: recovery speed and fsync policies ----------------------------------
 
 
-@renderer("persistence", order=50)
 def persistence(results: Mapping[str, Result]) -> Section:
     data = results["persistence"]
     rec = data.get("recovery", {})
@@ -90,7 +89,6 @@ def persistence(results: Mapping[str, Result]) -> Section:
 # -- 7. memory under hostile clients ---------------------------------------------------
 
 
-@renderer("client_memory", order=60)
 def client_memory(results: Mapping[str, Result]) -> Section:
     data = results["client_memory"]
     pion, red = data.get("pion-server", {}), data.get("redis-server", {})
@@ -139,7 +137,6 @@ def client_memory(results: Mapping[str, Result]) -> Section:
 # -- 10. the cluster tier -----------------------------------------------------------------
 
 
-@renderer("tier", order=70)
 def tier(results: Mapping[str, Result]) -> Section:
     data = results["tier"]
     prefix = data.get("prefix", {})

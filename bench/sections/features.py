@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from report import Result, Section, bars, figure, ratio, renderer
+from sections._base import Result, Section, bars, figure, ratio
 from sections._text import join as _join
 
 # -- 3. fidelity per format ----------------------------------------------------------
 
 
-@renderer("fidelity", order=80)
 def fidelity(results: Mapping[str, Result]) -> Section:
     data = results["fidelity"]
     rows, labels, dist, mse, losses = [], [], [], [], []
@@ -94,7 +93,6 @@ def fidelity(results: Mapping[str, Result]) -> Section:
 # -- 5. pion llama: session start ---------------------------------------------------------
 
 
-@renderer("llama_prefix", order=90)
 def llama(results: Mapping[str, Result]) -> Section:
     data = results["llama_prefix"]
     scen = data.get("scenarios", {})
@@ -157,7 +155,6 @@ def llama(results: Mapping[str, Result]) -> Section:
 # -- 6. same-machine fetch: V.EXPORT ------------------------------------------------------
 
 
-@renderer("export_fetch", order=100)
 def export_fetch(results: Mapping[str, Result]) -> Section:
     data = results["export_fetch"]
     tcp = data["tcp_s"]
@@ -214,7 +211,6 @@ def export_fetch(results: Mapping[str, Result]) -> Section:
 # -- 8. the attention tier ---------------------------------------------------------------
 
 
-@renderer("attend", order=110)
 def attend(results: Mapping[str, Result]) -> Section:
     data = results["attend"]
     rows, labels, series, losses = [], [], {"local numpy": [], "binary lane": [], "RESP": []}, []

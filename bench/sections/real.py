@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from report import Result, Section, bars, figure, ratio, renderer
+from sections._base import Result, Section, bars, figure, ratio
 from sections._text import join as _join
 
 FORMATS = ("fp16", "int8", "fp8", "mlx4g32", "turbo4", "turbo3", "turbo2", "bf16_rope_fp8_body")
@@ -18,7 +18,6 @@ def _half(variants: Mapping[str, Any], half: str, fmt: str) -> Any:
     return variants.get(fmt if fmt == "fp16" else f"{half} {fmt}")
 
 
-@renderer("real_model", "real_model_ttft", order=85)
 def real_model(results: Mapping[str, Result]) -> Section:
     data = results["real_model"]
     variants = data.get("restore_process", {}).get("variants", {})
@@ -147,7 +146,6 @@ def _ttft(data: Result) -> tuple[str, list[str], list[list[Any]]]:
     return caption, headers, rows
 
 
-@renderer("llama_prefix_smollm2", order=91)
 def llama_real(results: Mapping[str, Result]) -> Section:
     data = results["llama_prefix_smollm2"]
     scen = data.get("scenarios", {})

@@ -6,13 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from report import Result, Section, bars, figure, parity, ratio, renderer
+from sections._base import Result, Section, bars, figure, parity, ratio
 from sections._text import join as _join
 
 # -- 1. bulk K/V throughput per format ------------------------------------------------
 
 
-@renderer("vstore_throughput", order=10)
 def throughput(results: Mapping[str, Result]) -> Section:
     data = results["vstore_throughput"]
     config = data.get("config", {})
@@ -92,7 +91,6 @@ def throughput(results: Mapping[str, Result]) -> Section:
 # -- 2. small commands: LOOKUP throughput, MEMBERSHIP latency, the decoder ---------------
 
 
-@renderer("registry", "decoder", order=20)
 def small_commands(results: Mapping[str, Result]) -> Section:
     reg = results["registry"]
     mem, look = reg.get("membership", {}), reg.get("lookup", {})
@@ -209,7 +207,6 @@ def small_commands(results: Mapping[str, Result]) -> Section:
 # -- 9. the plain keyspace ---------------------------------------------------------------
 
 
-@renderer("keyspace", order=30)
 def keyspace(results: Mapping[str, Result]) -> Section:
     data = results["keyspace"]
     rows, labels, with_log, no_wal, losses = [], [], [], [], []
@@ -272,7 +269,6 @@ def keyspace(results: Mapping[str, Result]) -> Section:
 # -- 11. eviction cost ---------------------------------------------------------------------
 
 
-@renderer("vstore_eviction", order=40)
 def vstore_eviction(results: Mapping[str, Result]) -> Section:
     data = results["vstore_eviction"]
     this, base = data.get("this", {}), data.get("baseline", {})
@@ -312,7 +308,6 @@ def vstore_eviction(results: Mapping[str, Result]) -> Section:
     )
 
 
-@renderer("workers", order=35)
 def workers(results: Mapping[str, Result]) -> Section:
     data = results["workers"]
     rps, ratios = data.get("rps", {}), data.get("ratios", {})

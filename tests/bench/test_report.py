@@ -1,9 +1,15 @@
 """bench/report.py: BENCHMARKS.md from the results a benchmark leaves, one section per
-question with its table, plot and losses; a result without a renderer still gets one."""
+question with its table, plot and losses; a result without a renderer still gets one.
+The committed BENCHMARKS.md is exactly what the committed results render to, and the
+report depends on nothing but them (no environment of the rendering machine, no clock);
+the sections never import the report (no import cycle)."""
 
 from __future__ import annotations
 
+import ast
+import importlib
 import json
+import platform
 import re
 import sys
 from pathlib import Path
@@ -15,7 +21,6 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import report  # noqa: E402
-import sections  # noqa: E402, F401  (registers the renderers)
 
 MACHINE = {"python": "3.11", "platform": "Linux-test", "cpus": 2}
 
@@ -57,7 +62,69 @@ def test_the_committed_results_render(tmp_path: Path) -> None:
         assert f"## {title}" in md
     figures = _figures(md, out)
     assert len(figures) >= 5 and all(p.is_file() and p.stat().st_size > 1000 for p in figures)
-    assert "**Where we lose.**" in md and "| machine |" in md and "Reproduce: `" in md
+    assert "**Where we lose.**" in md and "| measured on | results |" in md
+    assert "Reproduce: `" in md
+
+
+def test_the_committed_report_is_what_the_committed_results_render_to() -> None:
+    """Byte for byte: regenerate with `python bench/report.py` after changing a result
+    or a renderer, and commit both."""
+    results = report.load_results(BENCH / "results")
+    text = report.build(results, "docs/bench", None)
+    committed = (BENCH.parent / "BENCHMARKS.md").read_text()
+    assert text == committed, "BENCHMARKS.md is stale: run `python bench/report.py`"
+
+
+def test_the_environment_and_dates_come_from_the_results(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    env = {"cpu": "Test CPU 9000", "memory": "3 GiB", "redis-server": "6.2.99"}
+    for name, when in (
+        ("decoder", "2026-01-02T03:04:05+0000"),
+        ("late", "2026-02-03T04:05:06+0100"),
+    ):
+        _write(
+            results,
+            name,
+            {"benchmark": name, "time": when, "machine": MACHINE, "environment": env, "x": 1},
+        )
+    first = report.build(report.load_results(results), "p", None)
+    again = report.build(report.load_results(results), "p", None)
+    assert first == again
+    assert "Measured between 2026-01-02 03:04 UTC and 2026-02-03 03:05 UTC." in first
+    row = "| Test CPU 9000, 2 CPUs; 3 GiB RAM; Linux-test; Python 3.11; redis-server 6.2.99 |"
+    assert f"{row} `decoder`, `late` |" in first
+    assert platform.platform() not in first  # the rendering machine is not described
+
+
+def test_a_section_without_its_results_renders_nothing(tmp_path: Path) -> None:
+    """Sections listed in SECTIONS whose first result is absent leave no heading, no
+    contents line and no error (so a branch that adds a section renders the same report
+    until its results are committed)."""
+    committed = report.load_results(BENCH / "results")
+    title = next(e for e in report.SECTIONS if e.results[0] == "attend").render(committed).title
+    full = report.build(committed, "p", None)
+    assert f"## {title}" in full
+    text = report.build({k: v for k, v in committed.items() if k != "attend"}, "p", None)
+    assert title not in text
+    headings = len(re.findall(r"^## ", text, re.MULTILINE))
+    assert headings == len(re.findall(r"^## ", full, re.MULTILINE)) - 1
+    for entry in report.SECTIONS:  # each line names a renderer that exists
+        module, _, name = entry.renderer.rpartition(".")
+        assert callable(getattr(importlib.import_module(f"sections.{module}"), name)), entry
+
+
+def test_the_sections_never_import_the_report() -> None:
+    for path in sorted((BENCH / "sections").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            assert not any(n.split(".")[0] == "report" for n in names), path
 
 
 def test_every_heading_has_its_contents_link(tmp_path: Path) -> None:

@@ -95,6 +95,48 @@ def test_export_dir_setting(
     assert path.parent == want
 
 
+@pytest.mark.parametrize("mode", [0o1777, 0o755, 0o770])
+def test_a_shared_export_dir_is_refused_and_left_as_it_was(
+    server_factory: Callable[..., ServerThread], tmp_path: Path, mode: int
+) -> None:
+    """An existing directory open to other users (a /tmp or /dev/shm) is never
+    tightened: V.EXPORT is refused, naming the mode, and the mode stays; a path that
+    does not exist yet inside it becomes the server's own 0700 directory."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, mode)
+    srv = server_factory(export_dir=shared)
+    r = redis.Redis(port=srv.port)
+    prefix(r, "p")
+    message = err(r, "V.EXPORT", "p_pk", "p_pv", 0, N, L, H, D)
+    assert f"has mode {mode:o}, open to other users" in message
+    assert "must be private" in message
+    assert stat.S_IMODE(shared.stat().st_mode) == mode
+    assert list(shared.iterdir()) == []
+    assert r.ping()
+
+    inside = server_factory(export_dir=shared / "pion-export")
+    r2 = redis.Redis(port=inside.port)
+    prefix(r2, "p")
+    path = Path(export(r2, "p"))
+    assert path.parent == shared / "pion-export"
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(shared.stat().st_mode) == mode
+
+
+def test_a_private_existing_export_dir_is_used_as_it_is(
+    server_factory: Callable[..., ServerThread], tmp_path: Path
+) -> None:
+    own = tmp_path / "own"
+    own.mkdir()
+    os.chmod(own, 0o1700)  # private (the sticky bit gives nobody access)
+    srv = server_factory(export_dir=own)
+    r = redis.Redis(port=srv.port)
+    prefix(r, "p")
+    assert Path(export(r, "p")).parent == own
+    assert stat.S_IMODE(own.stat().st_mode) == 0o1700
+
+
 def test_reused_until_a_write_restore_drop_or_eviction(
     server_factory: Callable[..., ServerThread],
 ) -> None:

@@ -54,13 +54,17 @@ def test_names_are_never_reused(tmp_path: Path) -> None:
     assert all(n.startswith(f"pion-{os.getpid()}-") and n.endswith(SUFFIX) for n in names)
 
 
-def test_a_loose_directory_is_tightened(tmp_path: Path) -> None:
+def test_a_loose_directory_is_refused_not_changed(tmp_path: Path) -> None:
     target = tmp_path / "loose"
     target.mkdir(mode=0o755)
     os.chmod(target, 0o777)
     d = ExportDir(target)
+    with pytest.raises(PionError, match="has mode 777, open to other users"):
+        _publish(d, b"x")
+    assert _mode(target) == 0o777 and list(target.iterdir()) == []
+    os.chmod(target, 0o700)  # made private by its owner: used from then on
     _publish(d, b"x")
-    assert _mode(target) == 0o700
+    assert _mode(target) == 0o700 and len(list(target.iterdir())) == 1
 
 
 def test_a_symlink_or_a_file_in_its_place_is_refused(tmp_path: Path) -> None:

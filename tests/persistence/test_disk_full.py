@@ -155,7 +155,7 @@ def test_the_log_that_filled_the_disk_resumes_without_a_snapshot(
             break
     assert len(acked) > 40, "the disk filled too early"
     assert re.search(r"the refused record needs \d+ bytes; \d+ are free", refusal), refusal
-    assert "KV.PREFIX.DROP keep working" in refusal
+    assert "only free space" in refusal and "KV.PREFIX.DROP" in refusal
     info = r.info("persistence")
     assert info["wal_status"] == "err" and info["wal_blocked_bytes"] > 32 << 10
     # The partial record the failed write left was cut: the file ends at its last record.
@@ -275,4 +275,66 @@ def test_ssm_writes_are_refused_drops_go_through_and_writes_resume(
     assert r.execute_command("SSM.PREFIX.FETCH", "new", 3) == b"n" * 100
     assert r.execute_command("SSM.PREFIX.FETCH", "gone", 0) is None
     assert r.execute_command("SSM.PREFIX.FETCH", "gone", 1) is None
+    srv.kill()
+
+
+def test_the_keyspace_can_free_space_on_a_full_disk(
+    spawn_server: Callable[..., Any], small_disk: Path
+) -> None:
+    """Issue 21: on a full disk DEL, UNLINK and FLUSHALL answered -MISCONF, so the
+    keyspace could not be relieved. Commands that only free space are accepted and
+    logged (they survive a kill -9); writes stay refused until there is room."""
+    data = small_disk / "data"
+    reserve = small_disk / "reserve"
+    reserve.write_bytes(b"\xff" * (64 << 10))
+    srv = spawn_server("--dir", str(data), "--appendfsync", "always")
+    r = srv.client(retry=no_retry())
+    for i in range(12):
+        r.set(f"k{i}", bytes([i]) * 4096)
+    r.hset("h", mapping={f"f{i}": b"x" * 512 for i in range(6)})
+    r.zadd("z", {f"m{i}": i for i in range(6)})
+    filler = small_disk / "filler"
+    _fill(filler)
+
+    with pytest.raises(redis.ResponseError, match=r"^MISCONF .*No space left") as info:
+        r.set("new", b"n" * 8192)
+    assert "DEL" in str(info.value) and "FLUSHALL" in str(info.value)
+    reserve.unlink()  # a little room: far less than the probe needs to resume writes
+    assert r.delete("k0", "k1") == 2
+    assert r.unlink("k2") == 1
+    assert r.hdel("h", "f0", "f1") == 2
+    assert r.zrem("z", "m0") == 1
+    with pytest.raises(redis.ResponseError, match=r"^MISCONF "):
+        r.set("k3", b"changed")
+    with pytest.raises(redis.ResponseError, match=r"^MISCONF "):
+        r.hset("h", "f9", b"new")
+    persistence = r.info("persistence")
+    assert persistence["wal_status"] == "err" and persistence["wal_unlogged_drops"] == 0
+
+    # The frees were logged: a crash keeps them (and everything acknowledged before).
+    srv.kill()
+    filler.unlink()
+    srv = spawn_server("--dir", str(data), "--appendfsync", "always")
+    r = srv.client(retry=no_retry())
+    assert r.exists("k0", "k1", "k2") == 0
+    assert [r.get(f"k{i}") for i in range(3, 12)] == [bytes([i]) * 4096 for i in range(3, 12)]
+    assert sorted(r.hgetall("h")) == [f"f{i}".encode() for i in range(2, 6)]
+    assert r.zrange("z", 0, -1) == [f"m{i}".encode() for i in range(1, 6)]
+
+    # Full again: FLUSHDB and FLUSHALL are accepted too, and logged.
+    reserve.write_bytes(b"\xff" * (64 << 10))
+    _fill(filler)
+    with pytest.raises(redis.ResponseError, match=r"^MISCONF "):
+        r.set("new", b"n" * 8192)
+    reserve.unlink()
+    assert r.flushdb() is True
+    r2 = srv.client(retry=no_retry())
+    assert r2.flushall() is True
+    assert r.dbsize() == 0
+    srv.kill()
+    filler.unlink()
+    srv = spawn_server("--dir", str(data))
+    r = srv.client()
+    assert r.dbsize() == 0
+    r.set("after", b"1")  # and writes work again
     srv.kill()

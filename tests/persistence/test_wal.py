@@ -209,12 +209,43 @@ def test_other_write_errors_fail_the_log(tmp_path: Path, disk: PartialWrite) -> 
     assert p.wal is not None and p.wal.failure is not None and p.wal.blocked is None
     assert p.write_refusal() is not None
     disk.fail_with = None
-    with pytest.raises(MisconfError):  # a failed log takes nothing, drops included
-        vs.drop(b"a")
+    with pytest.raises(MisconfError):  # a failed log takes no write
+        vs.create(b"c", 8, "int8")
+    appended = p.wal.appended
+    assert vs.drop(b"a")  # but a drop is applied, without a record
+    assert b"a" not in vs and p.wal.appended == appended
+    assert p.info()["wal_unlogged_drops"] == 1
     p.save(None)  # the way back from a failed log: a snapshot and a fresh log
     vs.create(b"b", 8, "int8")
-    assert vs.drop(b"a")
     p.close()
+    vs2, p2 = open_store(tmp_path)  # the snapshot kept the drop
+    assert b"a" not in vs2 and b"b" in vs2
+    p2.close()
+
+
+def test_a_drop_that_cannot_be_written_is_applied_and_fails_the_log(
+    tmp_path: Path, disk: PartialWrite
+) -> None:
+    """Blocked for lack of room, and not even the drop's small record fits: the drop is
+    applied all the same, and since the log now lacks it, the log fails (its way back
+    is the snapshot, which keeps the drop) instead of resuming on that file."""
+    vs, p = open_store(tmp_path)
+    vs.create(b"a", 8, "int8")
+    vs.create(b"b", 8, "int8")
+    disk.fail_with = errno.ENOSPC
+    with pytest.raises(MisconfError):
+        vs.store(b"a", 0, 0, rows(4, 8))
+    assert p.wal is not None and p.wal.blocked is not None
+    assert vs.drop(b"b")
+    assert b"b" not in vs
+    assert p.wal.failure is not None and p.write_refusal() is not None
+    assert p.info()["wal_unlogged_drops"] == 1
+    disk.fail_with = None
+    p.save(None)
+    p.close()
+    vs2, p2 = open_store(tmp_path)
+    assert b"a" in vs2 and b"b" not in vs2
+    p2.close()
 
 
 def test_a_cut_that_fails_fails_the_log(
@@ -232,3 +263,38 @@ def test_a_cut_that_fails_fails_the_log(
     assert p.wal is not None and p.wal.failure is not None
     monkeypatch.undo()
     p.close()
+
+
+def test_a_failed_log_still_takes_the_commands_that_free_space(
+    server_factory: Callable[..., Any], tmp_path: Path, fsync: FsyncSpy
+) -> None:
+    """Over TCP with the log failed (an fsync error): writes answer -MISCONF, the
+    commands that only free space are applied (memory only, counted), and the
+    snapshot that ends the failure keeps their effect across a restart."""
+    data = tmp_path / "d"
+    srv = server_factory(dir=data, appendfsync="always")
+    r = redis.Redis(port=srv.port, retry=no_retry())
+    r.mset({"a": b"1", "b": b"2", "c": b"3"})
+    r.hset("h", mapping={"f": b"1", "g": b"2"})
+    r.zadd("z", {"m": 1.0, "n": 2.0})
+    r.execute_command("KV.PREFIX.REGISTER", "ns", 8, "int8")
+    fsync.fail = True
+    with pytest.raises(redis.ConnectionError):  # its fsync failed: no reply
+        r.set("d", b"4")
+    fsync.fail = False
+    r2 = redis.Redis(port=srv.port, retry=no_retry())
+    with pytest.raises(redis.ResponseError, match=r"^MISCONF .*only free space"):
+        r2.set("e", b"5")
+    assert r2.delete("a") == 1
+    assert r2.unlink("b") == 1
+    assert r2.hdel("h", "f") == 1
+    assert r2.zrem("z", "m") == 1
+    assert r2.execute_command("KV.PREFIX.DROP", "ns") == 1
+    assert r2.info("persistence")["wal_unlogged_drops"] == 6  # the drop is two sessions
+    assert r2.execute_command("KV.PREFIX.SAVE") == b"OK"  # the way back
+    srv.stop()
+    srv = server_factory(dir=data)
+    r3 = redis.Redis(port=srv.port)
+    assert r3.exists("a", "b") == 0 and r3.get("c") == b"3"
+    assert r3.hgetall("h") == {b"g": b"2"} and r3.zrange("z", 0, -1) == [b"n"]
+    assert r3.execute_command("KV.PREFIX.LOOKUP", "ns") == b"MISS"

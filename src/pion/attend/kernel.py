@@ -23,13 +23,23 @@ softmax of FlashAttention. When all scores fit in :data:`MAX_SCORE_BYTES` this i
 single block, i.e. the plain two-pass softmax; past it, memory stays bounded by the
 block size however long the prefix is. Every step is fp32; the running max makes
 ``exp`` never overflow.
+
+Scores that overflow fp32. Finite fp32 inputs can still give a score past fp32's range
+(K rows of 1e20 and a query of 1e20s: ``q . k`` is 4e40), and then the fp32 pass
+yields ``inf - inf`` and rows that attended to nothing. The fp32 pass notices (a row max
+that is not below ``+inf``, a row with no mass, a non-finite output) and the call is
+computed again in float64, where no score of finite fp32 inputs can overflow
+(``|q . k| <= D * FLT_MAX**2``, about 1e81 for the largest D, far below 1e308). The
+output is a convex combination of V rows, so it always fits fp32 again; the LSE need
+not, and comes back as ``inf`` for the caller that returns it to refuse
+(:func:`pion.attend.queries.query`). The ordinary case pays one comparison per block.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +48,8 @@ __all__ = ["MAX_SCORE_BYTES", "Attention", "Selector", "attend", "merge", "selec
 
 F32 = npt.NDArray[np.float32]
 Index = npt.NDArray[np.intp]
+# fp32, or float64 in the pass after an overflow.
+Arr = npt.NDArray[np.floating[Any]]
 
 # The most score bytes ([groups, rows, keys] fp32) materialised at once. 32 MiB keeps a
 # 2048-token prefix with 32 query heads and M = 64 in one block, and bounds a 128k-token
@@ -81,19 +93,24 @@ def _groups(head_map: Index | None, h_q: int, h_kv: int) -> tuple[Index | None, 
 
 class _Online:
     """The running softmax of one attention call: row max ``m``, row sum ``l`` and the
-    unnormalised output ``o``; :meth:`add` folds in one block of scores."""
+    unnormalised output ``o``; :meth:`add` folds in one block of scores. ``dtype`` is
+    fp32, or float64 for the second pass after an overflow."""
 
-    def __init__(self, groups: int, rows: int, d: int) -> None:
-        self.m = np.full((groups, rows, 1), -np.inf, dtype=np.float32)
-        self.l = np.zeros((groups, rows, 1), dtype=np.float32)
-        self.o = np.zeros((groups, rows, d), dtype=np.float32)
+    def __init__(self, groups: int, rows: int, d: int, dtype: type[np.floating[Any]]) -> None:
+        self.m: Arr = np.full((groups, rows, 1), -np.inf, dtype=dtype)
+        self.l: Arr = np.zeros((groups, rows, 1), dtype=dtype)
+        self.o: Arr = np.zeros((groups, rows, d), dtype=dtype)
 
-    def add(self, s: F32, v: F32) -> None:
-        """``s`` ``[G, R, C]`` scaled scores (masked entries ``-inf``), ``v`` ``[G, C, D]``."""
+    def add(self, s: Arr, v: Arr) -> bool:
+        """``s`` ``[G, R, C]`` scaled scores (masked entries ``-inf``), ``v`` ``[G, C, D]``.
+        False when a score overflowed (a row max of ``+inf`` or NaN): the sums are then
+        meaningless and the caller starts over in float64."""
         m_new = np.maximum(self.m, s.max(axis=-1, keepdims=True))
+        if not bool((m_new < np.inf).all()):  # +inf and NaN compare False
+            return False
         # A row that has seen no unmasked key yet keeps max -inf; shift it by 0 so
         # exp() gives 0 instead of exp(-inf - -inf) = nan.
-        shift = np.where(np.isneginf(m_new), np.float32(0), m_new)
+        shift = np.where(np.isneginf(m_new), 0, m_new).astype(s.dtype)
         alpha = np.exp(self.m - shift)
         np.subtract(s, shift, out=s)
         np.exp(s, out=s)
@@ -102,11 +119,17 @@ class _Online:
         self.o *= alpha
         self.o += np.matmul(s, v)
         self.m = m_new
+        return True
 
-    def result(self) -> tuple[F32, F32]:
+    def result(self) -> tuple[Arr, Arr] | None:
+        """``(out, lse)``, or None when a row attended to no key (every score of it
+        overflowed to ``-inf``) or the output is not finite (the unnormalised sum of
+        huge V rows overflowed)."""
         if not (self.l > 0).all():
-            raise ValueError("a query row attended to no key")
+            return None
         out = self.o / self.l
+        if not np.isfinite(out).all():
+            return None
         lse = self.m + np.log(self.l)
         return out, lse[..., 0]
 
@@ -135,7 +158,9 @@ def attend(
     ``head_map[h]`` is the kv-head of query head ``h`` (None: ``h // (H_q // H_kv)``).
     ``window`` > 0 keeps the last ``window`` prefix tokens. ``keys`` restricts the
     prefix to those token indices (sorted, shared by every head). Inputs must be fp32;
-    shapes are checked, values are the caller's to validate."""
+    shapes are checked, values are the caller's to validate. Scores past fp32's range
+    are computed again in float64 (module docstring); the output is always finite, the
+    LSE is ``inf`` where the float64 one does not fit fp32."""
     h_q, m_rows, d = q.shape
     h_kv, n, dk = k.shape
     if v.shape != k.shape or dk != d:
@@ -148,54 +173,18 @@ def attend(
         if k_suf.shape[0] != h_kv or k_suf.shape[2] != d:
             raise ValueError(f"suffix shape {k_suf.shape} does not match [{h_kv}, S, {d}]")
     order, uniform = _groups(head_map, h_q, h_kv)
-    scale = np.float32(1.0 / np.sqrt(d))
-
-    # Query rows grouped by the kv-head they read: qg [G, R, D].
-    if order is None:
-        qg = (q * scale).reshape(h_kv, (h_q // h_kv) * m_rows, d)
-        gather: Index | None = None
-    elif uniform:
-        qg = (q[order] * scale).reshape(h_kv, (h_q // h_kv) * m_rows, d)
-        gather = None
-    else:
-        # A map that reads kv-heads unevenly: K/V blocks are gathered per query head.
-        qg = q * scale
-        gather = order if head_map is None else head_map
-    groups, rows = qg.shape[0], qg.shape[1]
-    acc = _Online(groups, rows, d)
-    kt_per_key = groups * rows * 4
-
-    def take(src: F32, sel: slice | Index) -> F32:
-        block = src[:, sel]
-        return block if gather is None else block[gather]
-
-    # The prefix: a window of the last tokens, or a token subset.
-    start = max(0, n - window) if window > 0 else 0
-    prefix_keys: slice | Index
-    if keys is not None:
-        picked = keys[keys >= start] if start else keys
-        for b0, b1 in _blocks(len(picked), kt_per_key, score_bytes):
-            sel = picked[b0:b1]
-            acc.add(np.matmul(qg, take(k, sel).transpose(0, 2, 1)), take(v, sel))
-    else:
-        for b0, b1 in _blocks(n - start, kt_per_key, score_bytes):
-            prefix_keys = slice(start + b0, start + b1)
-            kb = take(k, prefix_keys)
-            acc.add(np.matmul(qg, kb.transpose(0, 2, 1)), take(v, prefix_keys))
-
-    # The suffix, causal: query row m (row r of a group is m = r % M) sees suffix keys
-    # 0 .. S - M + m.
-    if k_suf is not None and v_suf is not None and k_suf.shape[1] > 0:
-        s_len = k_suf.shape[1]
-        last_visible = (np.arange(rows) % m_rows) + (s_len - m_rows)
-        for b0, b1 in _blocks(s_len, kt_per_key, score_bytes):
-            cols = np.arange(b0, b1)
-            bias = np.where(cols[None, :] <= last_visible[:, None], 0.0, -np.inf)
-            s = np.matmul(qg, take(k_suf, slice(b0, b1)).transpose(0, 2, 1))
-            s += bias.astype(np.float32)
-            acc.add(s, take(v_suf, slice(b0, b1)))
-
-    out_g, lse_g = acc.result()
+    call = _Call(q, k, v, order, uniform, head_map, window, keys, k_suf, v_suf, score_bytes)
+    # Overflow in the fp32 pass is expected and handled: no warnings from it.
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = call.run(np.float32)
+    if got is None:
+        got = call.run(np.float64)
+        if got is None:  # cannot happen for finite inputs (module docstring)
+            raise ValueError("a query row attended to no key")
+    out_g, lse_g = got
+    with np.errstate(over="ignore"):  # an LSE past fp32 becomes inf, for the caller
+        out_g, lse_g = out_g.astype(np.float32, copy=False), lse_g.astype(np.float32, copy=False)
+    gather = call.gather
     out = out_g.reshape(h_q, m_rows, d) if gather is None else out_g
     lse = lse_g.reshape(h_q, m_rows) if gather is None else lse_g
     if order is not None and gather is None:
@@ -205,6 +194,84 @@ def attend(
         unsorted_lse[order] = lse
         out, lse = unsorted_out, unsorted_lse
     return Attention(np.ascontiguousarray(out), np.ascontiguousarray(lse))
+
+
+@dataclass(slots=True)
+class _Call:
+    """One :func:`attend` call, runnable in fp32 and, after an overflow, in float64."""
+
+    q: F32
+    k: F32
+    v: F32
+    order: Index | None
+    uniform: bool
+    head_map: Index | None
+    window: int
+    keys: Index | None
+    k_suf: F32 | None
+    v_suf: F32 | None
+    score_bytes: int
+    gather: Index | None = None
+
+    def run(self, dtype: type[np.floating[Any]]) -> tuple[Arr, Arr] | None:
+        """``(out, lse)`` grouped ``[G, R, D]`` / ``[G, R]`` in ``dtype``, or None when a
+        score overflowed ``dtype``."""
+        q, k, order = self.q, self.k, self.order
+        h_q, m_rows, d = q.shape
+        h_kv, n, _ = k.shape
+        scale = dtype(1.0 / np.sqrt(d))
+        wide = q.astype(dtype, copy=False)
+        # Query rows grouped by the kv-head they read: qg [G, R, D].
+        if order is None:
+            qg = (wide * scale).reshape(h_kv, (h_q // h_kv) * m_rows, d)
+            self.gather = None
+        elif self.uniform:
+            qg = (wide[order] * scale).reshape(h_kv, (h_q // h_kv) * m_rows, d)
+            self.gather = None
+        else:
+            # A map that reads kv-heads unevenly: K/V blocks are gathered per query head.
+            qg = wide * scale
+            self.gather = order if self.head_map is None else self.head_map
+        gather = self.gather
+        groups, rows = qg.shape[0], qg.shape[1]
+        acc = _Online(groups, rows, d, dtype)
+        kt_per_key = groups * rows * np.dtype(dtype).itemsize
+
+        def take(src: F32, sel: slice | Index) -> Arr:
+            block = src[:, sel]
+            block = block if gather is None else block[gather]
+            return block.astype(dtype, copy=False)
+
+        # The prefix: a window of the last tokens, or a token subset.
+        start = max(0, n - self.window) if self.window > 0 else 0
+        prefix_keys: slice | Index
+        if self.keys is not None:
+            picked = self.keys[self.keys >= start] if start else self.keys
+            for b0, b1 in _blocks(len(picked), kt_per_key, self.score_bytes):
+                sel = picked[b0:b1]
+                if not acc.add(np.matmul(qg, take(k, sel).transpose(0, 2, 1)), take(self.v, sel)):
+                    return None
+        else:
+            for b0, b1 in _blocks(n - start, kt_per_key, self.score_bytes):
+                prefix_keys = slice(start + b0, start + b1)
+                kb = take(k, prefix_keys)
+                if not acc.add(np.matmul(qg, kb.transpose(0, 2, 1)), take(self.v, prefix_keys)):
+                    return None
+
+        # The suffix, causal: query row m (row r of a group is m = r % M) sees suffix
+        # keys 0 .. S - M + m.
+        k_suf, v_suf = self.k_suf, self.v_suf
+        if k_suf is not None and v_suf is not None and k_suf.shape[1] > 0:
+            s_len = k_suf.shape[1]
+            last_visible = (np.arange(rows) % m_rows) + (s_len - m_rows)
+            for b0, b1 in _blocks(s_len, kt_per_key, self.score_bytes):
+                cols = np.arange(b0, b1)
+                bias = np.where(cols[None, :] <= last_visible[:, None], 0.0, -np.inf)
+                s = np.matmul(qg, take(k_suf, slice(b0, b1)).transpose(0, 2, 1))
+                s += bias.astype(dtype)
+                if not acc.add(s, take(v_suf, slice(b0, b1))):
+                    return None
+        return acc.result()
 
 
 def merge(a: Attention, b: Attention) -> Attention:
@@ -237,7 +304,7 @@ def select_blocks(
 
     Summaries are computed a run of blocks at a time, so the temporaries stay within
     ``score_bytes`` however long the prefix and however small the blocks."""
-    h_q, d = q.shape
+    h_q = q.shape[0]
     h_kv, n, _ = k.shape
     if block < 1 or top < 1:
         raise ValueError("block and top must be >= 1")
@@ -245,20 +312,52 @@ def select_blocks(
         raise ValueError(f"unknown selector {selector!r}")
     block = min(block, n)  # a block past the prefix is the whole prefix
     hm = np.arange(h_q, dtype=np.intp) // (h_q // h_kv) if head_map is None else head_map
-    n_blocks = -(-n // block)
-    qs = q * np.float32(1.0 / np.sqrt(d))
+    shape = (h_kv, n, block, -(-n // block))
+    # Block scores past fp32's range (huge K or Q) are scored again in float64, as in
+    # attend(): the selection then follows the true scores instead of NaN.
+    with np.errstate(over="ignore", invalid="ignore"):
+        scores = _block_scores(
+            q, k, hm, shape, selector=selector, score_bytes=score_bytes, dtype=np.float32
+        )
+    if not np.isfinite(scores).all():
+        scores = _block_scores(
+            q, k, hm, shape, selector=selector, score_bytes=score_bytes, dtype=np.float64
+        )
+    n_blocks = shape[3]
+    scores /= h_q
+    chosen = np.zeros(n_blocks, dtype=bool)
+    chosen[np.argsort(-scores, kind="stable")[: min(top, n_blocks)]] = True
+    chosen[-1] = True
+    return np.flatnonzero(np.repeat(chosen, block)[:n])
+
+
+def _block_scores(
+    q: F32,
+    k: F32,
+    hm: Index,
+    shape: tuple[int, int, int, int],
+    *,
+    selector: Selector,
+    score_bytes: int,
+    dtype: type[np.floating[Any]],
+) -> Arr:
+    """The score of each block (summed over query heads), computed in ``dtype``."""
+    h_q, d = q.shape
+    h_kv, n, block, n_blocks = shape
+    qs = q.astype(dtype, copy=False) * dtype(1.0 / np.sqrt(d))
     # Block-mean is linear in q: the query heads of one kv-head add up first.
-    q_group = np.zeros((h_kv, d), dtype=np.float32)
+    q_group = np.zeros((h_kv, d), dtype=dtype)
     np.add.at(q_group, hm, qs)
-    scores = np.empty(n_blocks, dtype=np.float32)
-    per_block = 3 * h_q * d * 4 if selector == "quest" else 2 * h_kv * d * 4
+    scores = np.empty(n_blocks, dtype=dtype)
+    itemsize = np.dtype(dtype).itemsize
+    per_block = 3 * h_q * d * itemsize if selector == "quest" else 2 * h_kv * d * itemsize
     step = max(1, score_bytes // per_block)
     for b0 in range(0, n_blocks, step):
         b1 = min(n_blocks, b0 + step)
-        seg = k[:, b0 * block : min(n, b1 * block)]
+        seg = k[:, b0 * block : min(n, b1 * block)].astype(dtype, copy=False)
         starts = np.arange(b1 - b0, dtype=np.intp) * block
         if selector == "block_mean":
-            counts = np.minimum(block, seg.shape[1] - starts).astype(np.float32)
+            counts = np.minimum(block, seg.shape[1] - starts).astype(dtype)
             means = np.add.reduceat(seg, starts, axis=1) / counts[None, :, None]
             scores[b0:b1] = np.einsum("gd,gbd->b", q_group, means)
         else:
@@ -266,8 +365,4 @@ def select_blocks(
             hi = np.maximum.reduceat(seg, starts, axis=1)[hm]
             qb = qs[:, None, :]
             scores[b0:b1] = np.maximum(qb * lo, qb * hi).sum(axis=(0, 2))
-    scores /= h_q
-    chosen = np.zeros(n_blocks, dtype=bool)
-    chosen[np.argsort(-scores, kind="stable")[: min(top, n_blocks)]] = True
-    chosen[-1] = True
-    return np.flatnonzero(np.repeat(chosen, block)[:n])
+    return scores

@@ -184,7 +184,15 @@ def query(tables: AttentionTables, cmd: str, req: PrefixQuery, default_window: i
     window = _window(cmd, req.fa_window, default_window)
     qa = f32_blob(req.q, (req.h, m, req.d), "Q", cmd)
     slot = _slot(tables, cmd, (req.sid, req.layer), req.h, req.d)
-    return attend(qa, slot.k, slot.v, window=window)
+    result = attend(qa, slot.k, slot.v, window=window)
+    # M > 1 replies carry the LSE in fp32: scores far past fp32's range (the kernel
+    # computes them in float64) can give one that fp32 cannot hold.
+    if m > 1 and not np.isfinite(result.lse).all():
+        raise PionError(
+            f"{cmd}: the log-sum-exp of the attention scores overflows fp32 "
+            "(Q . K / sqrt(D) past 3.4e38); scale Q or K down, or query with M = 1"
+        )
+    return result
 
 
 @dataclass(frozen=True, slots=True)

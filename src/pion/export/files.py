@@ -2,9 +2,12 @@
 
 Safety rules, each enforced here:
 
-- The directory is private: created mode 0700; an existing one must be a real
-  directory (not a symbolic link) owned by the server's user, and is set back to 0700
-  if it is looser. Files are created 0600, exclusively (``O_EXCL``, ``O_NOFOLLOW``).
+- The directory is private: created mode 0700 (set so after ``mkdir``, whatever the
+  umask). An existing one must be a real directory (not a symbolic link) owned by the
+  server's user and already private (no group or other permission bits); a looser one
+  is refused, naming its mode, and never changed: a directory the server did not create
+  may be shared (``/tmp``, ``/dev/shm``), and tightening it would break its other users.
+  Files are created 0600, exclusively (``O_EXCL``, ``O_NOFOLLOW``).
 - Names are the server's own (``pion-<pid>-<serial>.safetensors``); nothing a client
   sends ever becomes part of a path, so no request can name a file outside it.
 - Every call goes through one descriptor of the directory (``dir_fd``), so swapping
@@ -40,6 +43,7 @@ log = logging.getLogger("pion.export")
 SUFFIX = ".safetensors"
 _MODE_DIR = 0o700
 _MODE_FILE = 0o600
+_SHARED_BITS = 0o077  # any permission for the group or for others
 _OURS = re.compile(r"^\.?pion-(\d+)-(\d+)(?:\.safetensors|\.tmp)$")
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -86,8 +90,10 @@ class ExportDir:
     def _open(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            created = False
             with contextlib.suppress(FileExistsError):
                 os.mkdir(self.path, _MODE_DIR)
+                created = True
             fd = os.open(self.path, _OPEN_DIR)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
@@ -103,13 +109,17 @@ class ExportDir:
                     f"V.EXPORT: the export directory {self.path} belongs to uid {st.st_uid}, "
                     f"not to this server's user (uid {os.geteuid()})"
                 )
-            if stat.S_IMODE(st.st_mode) != _MODE_DIR:
-                log.warning(
-                    "export directory %s had mode %o; setting it to 700",
-                    self.path,
-                    stat.S_IMODE(st.st_mode),
+            mode = stat.S_IMODE(st.st_mode)
+            if created and mode != _MODE_DIR:
+                os.fchmod(fd, _MODE_DIR)  # ours, made just now: the umask narrowed it
+            elif mode & _SHARED_BITS:
+                raise PionError(
+                    f"V.EXPORT: the export directory {self.path} has mode {mode:o}, open to "
+                    "other users; it must be private to this server's user (no group or "
+                    "other permissions, e.g. 700). The server never changes the mode of a "
+                    "directory it did not create: chmod it yourself, or point --export-dir "
+                    "at a path that does not exist yet (the server creates it 700)"
                 )
-                os.fchmod(fd, _MODE_DIR)
         except BaseException:
             os.close(fd)
             raise

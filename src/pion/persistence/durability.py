@@ -6,21 +6,31 @@ It owns the data directory of its worker (an exclusive ``flock`` on
 ``pion.lock.<w>`` keeps a second server off the same files), recovery at start, the
 write-ahead log, snapshots, ``--save-interval`` and the way back from a failure.
 
+A state the server starts from is a state it recovers from. Recovery may end with a
+store whose snapshot is missing (the reset recipe: a file deleted on purpose; a lost
+file) or older than the log that goes on (the log was lost): such a store starts from
+what was there. Before the log is opened and anything is acknowledged, each such store
+gets its snapshot written from memory at the last sequence number, so a kill -9 at any
+later moment finds every file the continuing log needs, and replays every acknowledged
+write (``_write_missing_snapshots``). A log starting at record 1 needs none: it holds
+every store's whole history, so a server that never saved pays nothing.
+
 Failure and the way back (the two kinds are described in ``wal.py``).
 
 Out of space: the log is blocked, not failed. Writes answer ``-MISCONF`` (naming the
-bytes the refused record needs and the bytes free) and reads keep working; a client's
-drop (``KV.PREFIX.DROP``, ``SSM.PREFIX.DROP``) is still tried, since it is small and
-dropping data is how an operator makes room for a snapshot. So the dispatcher is not
-asked to refuse writes (:meth:`Persistence.write_refusal` is None): each mutation, of
-whichever store, reaches the shared log, which refuses all but drops. A once-a-second
-probe unblocks the log when ``statvfs`` reports room for the refused record plus a
-margin, and appending resumes on the same file: no snapshot, however much data the
-stores hold. If writes fail again right away (a quota ``statvfs`` does not show), the
-probe backs off (2, 4 ... 30 s).
+bytes the refused record needs and the bytes free) and reads keep working; a command
+that only frees space (``stores.FREEING_COMMANDS``: DEL, FLUSHALL, the drops ...) is
+still tried, since it is small and removing data is how an operator makes room. So the
+dispatcher is not asked to refuse writes (:meth:`Persistence.write_refusal` is None):
+each mutation, of whichever store, reaches the shared log, which refuses all but drops.
+A once-a-second probe unblocks the log when ``statvfs`` reports room for the refused
+record plus a margin, and appending resumes on the same file: no snapshot, however much
+data the stores hold. If writes fail again right away (a quota ``statvfs`` does not
+show), the probe backs off (2, 4 ... 30 s).
 
 Anything else (an fsync, an I/O error, a rename that cannot be made durable): writes
-are refused with ``-MISCONF`` by the dispatcher and reads keep working. The log file is
+are refused with ``-MISCONF`` by the dispatcher and reads keep working; the commands
+that only free space are applied without a record (``wal.py``). The log file is
 then never trusted again: after a failed fsync the kernel may have dropped the dirty
 pages and cleared the error, so a later fsync that succeeds proves nothing. The only
 source of truth left is memory, so the way back is a full snapshot written from memory
@@ -173,10 +183,8 @@ class Persistence:
         self.recovered = res
         self.snapshot_bytes = res.snapshot_bytes
         self._base_seq = res.last_seq
-        for store in self.stores:
-            if store.name in res.started_empty:
-                self._record_reset_recipe(store, res.last_seq)
         if self.wal is not None:
+            self._write_missing_snapshots(res)
             if res.wal_action == "continue":
                 self.wal.open(res.wal_bytes, res.last_seq)
             else:
@@ -196,25 +204,47 @@ class Persistence:
             res.seconds,
         )
 
-    def _record_reset_recipe(self, store: DurableStore, covered: int) -> None:
-        """``store`` started empty without its snapshot (the reset recipe). Its empty
-        snapshot, covering ``covered``, is written before the log is reset: otherwise a
-        new log starting past 1 (another store's snapshot keeps the numbering) would read
-        at the next start as needing the removed file."""
-        path = store_snapshot_path(self.dir, store.name, self.worker)
-        try:
-            write_frames(store.frames(), store.unit_ops, path, SnapshotHeader(self.worker, covered))
-        except OSError as exc:
-            raise recovery.RecoveryError(
-                f"starting the {store.name} empty: cannot write its empty snapshot "
-                f"{path}: {exc.strerror or exc}"
-            ) from None
-        log.warning(
-            "wrote an empty %s snapshot %s covering record %d (the reset recipe)",
-            store.name,
-            path,
-            covered,
-        )
+    def _write_missing_snapshots(self, res: recovery.RecoveryResult) -> None:
+        """Make the state recovery ended in one the next start recovers from, before
+        anything is acknowledged (see the module docstring).
+
+        The log goes on from record ``start`` (the one found, or a new one after
+        ``last_seq``). When that is past 1, the next start needs each store's snapshot
+        to cover ``start - 1``; a store whose file is missing (the reset recipe, a lost
+        snapshot, a directory written before the store existed) or covers less (its
+        log was lost) gets one now, written from memory at ``last_seq``: exactly the
+        state it was recovered to, so the records that follow never need a file that
+        is gone."""
+        start = res.wal_start if res.wal_action == "continue" else res.last_seq + 1
+        if start <= 1:
+            return  # a log from record 1 holds every store's whole history
+        for store, path in self._files():
+            covered = res.covered_by.get(store.name, 0)
+            if path.exists() and covered >= start - 1:
+                continue
+            why = f"covered only record {covered}" if path.exists() else "was missing"
+            try:
+                write_frames(
+                    store.frames(), store.unit_ops, path, SnapshotHeader(self.worker, res.last_seq)
+                )
+            except OSError as exc:
+                raise recovery.RecoveryError(
+                    f"cannot write the {store.name} snapshot {path} that the log continuing "
+                    f"from record {start} needs: {exc.strerror or exc}. Startup stopped "
+                    "before accepting any write; free space in the data directory and "
+                    "start again"
+                ) from None
+            res.covered_by[store.name] = res.last_seq
+            log.warning(
+                "wrote a %s snapshot %s covering record %d (%d units) at startup: its file "
+                "%s, and the log goes on from record %d",
+                store.name,
+                path,
+                res.last_seq,
+                store.units(),
+                why,
+                start,
+            )
 
     def start(self) -> None:
         """Start the once-a-second tick (save interval, failure probe) on this loop."""
@@ -438,6 +468,8 @@ class Persistence:
             "wal_status": ok,
             # Out of space: the size of the refused record (0 when not blocked).
             "wal_blocked_bytes": wal.needed if wal is not None and wal.blocked else 0,
+            # Drops applied while the log could not take them (kept by the next snapshot).
+            "wal_unlogged_drops": wal.unlogged_drops if wal is not None else 0,
             "snapshot_bytes": self.snapshot_bytes,
             "recovery_ms": int(self.recovered.seconds * 1000),
             # The Redis names monitoring tools already read.

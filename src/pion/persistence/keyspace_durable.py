@@ -7,12 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from pion.keyspace import KeyMutation, Keyspace
+from pion.keyspace import DeleteFields, DeleteKeys, DeleteMembers, Flush, KeyMutation, Keyspace
 from pion.persistence import keyspace_format
 from pion.persistence.format import Buffer
 from pion.persistence.stores import Frame, FrameSink
 
 __all__ = ["KeyspaceDurable", "KeyspaceJournal"]
+
+# Mutations that only remove data (DEL, UNLINK, an expiry, HDEL, ZREM, FLUSHDB/FLUSHALL):
+# their records are drops, which a log refusing writes still takes (``stores.Frame``).
+_REMOVES_ONLY = (DeleteKeys, DeleteFields, DeleteMembers, Flush)
 
 
 class KeyspaceJournal:
@@ -25,7 +29,7 @@ class KeyspaceJournal:
 
     def append(self, mutation: KeyMutation) -> None:
         op, parts = keyspace_format.encode(mutation)
-        self.sink.append_frame(Frame(op, parts))
+        self.sink.append_frame(Frame(op, parts, isinstance(mutation, _REMOVES_ONLY)))
 
 
 class KeyspaceDurable:

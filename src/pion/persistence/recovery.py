@@ -20,11 +20,11 @@ Order and rules:
    has lost records and stops startup, with one exception: a snapshot file is missing
    and the log holds no records. That is the reset recipe (delete the snapshot after a
    SAVE emptied the log): nothing acknowledged depends on the missing file, so that
-   store starts empty, with a warning naming it (``started_empty``: ``Persistence``
-   then writes that store's empty snapshot before the new log, so the records logged
-   from then on do not read at the next start as needing the removed file). A log
-   whose records do need the missing snapshot still stops startup, naming both files
-   and the fix.
+   store starts empty, with a warning naming it (``started_empty``). A log whose
+   records do need the missing snapshot still stops startup, naming both files and the
+   fix. Whatever state recovery ends in, ``Persistence`` then makes it one the next
+   start recovers from before it acknowledges anything (``durability.py``,
+   "A state the server starts from").
 4. A torn write (an incomplete last record, see ``reader.py``) is cut off with a
    warning: it was never wholly fsynced, so never acknowledged under ``always``.
    Corruption (a complete record that fails its checksum, last or not, or damage
@@ -109,6 +109,7 @@ class RecoveryResult:
     # What to do with the log now: "continue" appending to it, or "reset" it (missing,
     # shorter than a header, or holding only records every snapshot covers).
     wal_action: str = "reset"
+    wal_start: int = 1  # the first record of the log found (its header's start)
     seconds: float = 0.0
     # The snapshot path when there was no snapshot file (the log must then not need one).
     snapshot_missing: Path | None = None
@@ -229,6 +230,7 @@ def _replay_log(
     res.last_seq = newest
     if header is None:
         return
+    res.wal_start = header.start
     with open(path, "rb", buffering=_READ_BUFFER) as f:
         if header.worker != worker:
             raise RecoveryError(f"{path} belongs to worker {header.worker}, not {worker}")

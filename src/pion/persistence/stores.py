@@ -17,14 +17,14 @@ three rules:
   (``format.py`` lists them): 1..15 the V-store, 16..31 the keyspace, 32..47 SSM and
   attention state. A record's op code alone says which store it belongs to.
 
-A store joins by implementing :class:`DurableStore` (``vstore_durable.py`` and
-``keyspace_durable.py`` are the two there are) and being handed to ``Persistence``.
-The protocol is small on purpose: a store turns its state into :class:`Frame` records
-(a snapshot), applies one record (replay), and sends the records of its own
-mutations to a :class:`FrameSink` (the log) before applying them. A store that wants
-to size its buffers before loading a snapshot (the V-store, whose long runs of rows
-arrive in pieces, highest first) also implements :class:`SizesSnapshots`; recovery
-asks for it, so other stores need nothing more.
+A store joins by implementing :class:`DurableStore` (``vstore_durable.py``,
+``keyspace_durable.py`` and ``ssm_durable.py`` are the ones there are) and being handed
+to ``Persistence``. The protocol is small on purpose: a store turns its state into
+:class:`Frame` records (a snapshot), applies one record (replay), and sends the records
+of its own mutations to a :class:`FrameSink` (the log) before applying them. A store
+that wants to size its buffers before loading a snapshot (the V-store, whose long runs
+of rows arrive in pieces, highest first) also implements :class:`SizesSnapshots`;
+recovery asks for it, so other stores need nothing more.
 """
 
 from __future__ import annotations
@@ -35,7 +35,24 @@ from typing import BinaryIO, Protocol, runtime_checkable
 
 from pion.persistence.format import Buffer
 
-__all__ = ["DurableStore", "Frame", "FrameSink", "SizesSnapshots"]
+__all__ = ["FREEING_COMMANDS", "DurableStore", "Frame", "FrameSink", "SizesSnapshots"]
+
+# The commands that only free space: accepted while persistence refuses writes
+# (-MISCONF), since removing data is how an operator makes room. Their records are
+# marked ``drop`` (``Frame.drop``) by each store; the dispatcher lets these names past
+# a failed log, and the log writes their records when it can (``wal.py``).
+FREEING_COMMANDS = frozenset(
+    {
+        "DEL",
+        "UNLINK",
+        "HDEL",
+        "ZREM",
+        "FLUSHDB",
+        "FLUSHALL",
+        "KV.PREFIX.DROP",
+        "SSM.PREFIX.DROP",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +63,9 @@ class Frame:
 
     op: int
     parts: Sequence[Buffer]
-    # A client's drop (it only removes data): a log blocked for lack of room still
-    # takes it, since dropping data is how an operator makes room (``wal.py``).
+    # A record that only removes data (a client's drop or delete, a flush, an expiry):
+    # accepted while the log refuses writes, since removing data is how an operator
+    # makes room; written when the log can take it (``wal.py``).
     drop: bool = False
 
     @property

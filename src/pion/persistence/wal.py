@@ -25,22 +25,28 @@ bytes, and everything written before them is intact in the page cache. The parti
 record the failed ``writev`` may have left is cut off (``ftruncate`` back to the last
 whole record, as Redis does with its AOF), and the log is *blocked*: ``blocked`` holds
 the reason and ``needed`` the size of the refused record. Appends raise
-``MisconfError``, except a client's drop (a :class:`~pion.persistence.stores.Frame`
-marked ``drop``, whichever store it is for: ``KV.PREFIX.DROP``, ``SSM.PREFIX.DROP``),
-which is tried (a drop is small, and dropping data is how an operator makes room for a
-snapshot). The file stays
+``MisconfError``, except a drop (a :class:`~pion.persistence.stores.Frame` marked
+``drop``: a record that only removes data, of whichever store: ``DEL``, ``FLUSHALL``,
+``KV.PREFIX.DROP``, ``SSM.PREFIX.DROP`` ...), which is tried (a drop is small, and
+removing data is how an operator makes room). If even the drop cannot be written, it
+is applied all the same and the log *fails* (below): the file no longer holds
+everything memory does, so it must never be appended to again, and the way back is
+the snapshot from memory, which keeps the drop. The file stays
 trusted: fsyncs go on, and :meth:`unblock` (called once the file system has room)
 resumes appending to the same file. Nothing needs a snapshot.
 
-*Anything else* (an fsync error, an I/O error, a rename that cannot be made durable,
-a truncation that fails): the file is never retried and trusted. After a failed fsync
-the kernel may have dropped the dirty pages and cleared the error, so a later fsync
-that succeeds proves nothing. The log enters a failed state (``failure`` holds the
-reason), every further append raises ``MisconfError`` (so the store applies nothing),
-and only :meth:`reset`, a brand-new log started right after a full snapshot written
-from memory, clears it. Records that were appended but not yet synced when an fsync
-failed are abandoned: their replies are withheld by the server, and the next snapshot
-captures them from memory anyway.
+*Anything else* (an fsync error, an I/O error, a rename that cannot be made durable, a
+truncation that fails): the file is never retried and trusted. After a failed fsync the
+kernel may have dropped the dirty pages and cleared the error, so a later fsync that
+succeeds proves nothing. The log enters a failed state (``failure`` holds the reason),
+every further append raises ``MisconfError`` (so the store applies nothing) but a
+drop's, which is accepted without being written (``unlogged_drops`` counts them: the
+snapshot that ends the failure holds their effect; a crash before it brings the removed
+data back, and loses nothing acknowledged as stored), and only :meth:`reset`, a
+brand-new log started right after a full snapshot written from memory, clears it.
+Records that were appended but not yet synced when an fsync failed are abandoned: their
+replies are withheld by the server, and the next snapshot captures them from memory
+anyway.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ from pion.config import AppendFsync
 from pion.errors import MisconfError
 from pion.persistence.files import UncertainRename, create_atomically, fdatasync, write_all
 from pion.persistence.format import WalHeader, encode_frame
-from pion.persistence.stores import Frame
+from pion.persistence.stores import FREEING_COMMANDS, Frame
 from pion.persistence.vstore_durable import vstore_frame
 from pion.vstore import Mutation
 
@@ -68,6 +74,7 @@ _EVERYSEC_S = 1.0
 # Write errors that mean "no room" (the file system or the user's quota is full), after
 # which the bytes already written are intact and appending can resume.
 _NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
+_FREEING = ", ".join(sorted(FREEING_COMMANDS))
 
 
 class WriteAheadLog:
@@ -83,6 +90,8 @@ class WriteAheadLog:
         self.last_seq = 0  # the sequence number of the last record appended
         self.size = 0  # bytes in the file
         self.appended = 0  # records appended by this process
+        self.unlogged_drops = 0  # drops applied while the log could not take them
+        self._warned_unlogged = False  # said so in the server log, since the last reset
         self._fd = -1
         self._synced = 0  # every record up to this seq is known to be on stable storage
         # Held by the fsync thread while it uses the fd, and by whoever swaps or closes
@@ -118,6 +127,7 @@ class WriteAheadLog:
             self._fail("rename", exc)
             raise
         self._install(fd, len(content), start - 1)
+        self._warned_unlogged = False
         self.failure = None
         self.blocked = None
         self.needed = 0
@@ -150,6 +160,9 @@ class WriteAheadLog:
         the log) when the log is failed, blocked (but for a client's drop), or the write
         fails."""
         if self.failure is not None:
+            if frame.drop:
+                self._unlogged_drop()
+                return
             raise MisconfError(self.refusal())
         if self._fd < 0:
             raise MisconfError("the write-ahead log is not open")
@@ -161,7 +174,13 @@ class WriteAheadLog:
             write_all(self._fd, parts, size)
         except OSError as exc:
             self._write_failed(exc, size)
-            raise MisconfError(self.refusal()) from None
+            if not frame.drop:
+                raise MisconfError(self.refusal()) from None
+            # Applied without its record: from here on the file lacks what memory
+            # holds, so it is failed, and only a snapshot from memory brings it back.
+            self._fail("write of a drop", exc)
+            self._unlogged_drop()
+            return
         self.size += size
         self.appended += 1
         # Published last: the fsync thread reads last_seq to know what it has covered.
@@ -238,6 +257,17 @@ class WriteAheadLog:
         self.blocked = None
         self.needed = 0
 
+    def _unlogged_drop(self) -> None:
+        if not self._warned_unlogged:
+            self._warned_unlogged = True
+            log.warning(
+                "write-ahead log %s cannot be written: removing data anyway (DEL, FLUSHALL, "
+                "drops); the snapshot that ends the failure keeps it, a crash before it "
+                "brings the removed data back",
+                self.path,
+            )
+        self.unlogged_drops += 1
+
     def _fail(self, what: str, exc: OSError) -> None:
         reason = exc.strerror or str(exc)
         if self.failure is None:
@@ -251,11 +281,13 @@ class WriteAheadLog:
                 f"Errors writing to the write-ahead log ({self.blocked}). Pion refuses "
                 f"writes until its file system has room for them (the refused record "
                 f"needs {self.needed} bytes; {_free_bytes(self.path)} are free) and then "
-                "resumes by itself; reads, SSM.PREFIX.DROP and KV.PREFIX.DROP keep working"
+                f"resumes by itself; reads and the commands that only free space "
+                f"({_FREEING}) keep working"
             )
         return (
             f"Errors writing to the write-ahead log ({self.failure}). Pion refuses "
-            "writes until it can persist them again; reads keep working"
+            "writes until it can persist them again; reads and the commands that only "
+            f"free space ({_FREEING}) keep working"
         )
 
     def close(self) -> None:

@@ -1,7 +1,8 @@
 """The one place where a request becomes reply bytes and exceptions become RESP errors.
 
 Checks run in Redis's order: unknown command, authentication, arity, loading, then
-whether persistence still accepts writes. A :class:`PionError` from a handler is the
+whether persistence still accepts writes (the commands that only free space always
+pass: ``pion.persistence.stores.FREEING_COMMANDS``). A :class:`PionError` from a handler is the
 client's error, answered with its own RESP code. Any other exception, raised by the
 handler *or by encoding what it returned*, is a Pion bug: logged once with its
 traceback, counted in ``internal_errors`` and answered ``-ERR internal error``, so the
@@ -22,6 +23,7 @@ from typing import Any
 from pion.commands.deferred import Deferred, Offload, Stream
 from pion.commands.state import Context
 from pion.errors import LoadingError, MisconfError, NoAuthError, PionError
+from pion.persistence.stores import FREEING_COMMANDS
 from pion.resp.encoder import Chunks, encode_error, encode_reply
 from pion.resp.reply import ErrorReply, Reply
 
@@ -78,7 +80,13 @@ def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
             raise PionError(f"wrong number of arguments for '{name.lower()}' command")
         if state.loading and "loading" not in cmd.flags:
             raise LoadingError()
-        if "write" in cmd.flags and state.persistence is not None:
+        # Commands that only free space pass a failing log (it writes their records
+        # when it can): removing data is how an operator makes room.
+        if (
+            "write" in cmd.flags
+            and state.persistence is not None
+            and cmd.name not in FREEING_COMMANDS
+        ):
             failure = state.persistence.write_refusal()
             if failure is not None:
                 raise MisconfError(failure)
