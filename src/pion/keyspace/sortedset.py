@@ -31,6 +31,12 @@ class SortedSet:
     def __iter__(self) -> Iterator[tuple[float, bytes]]:
         return iter(self._order)
 
+    def copy(self) -> SortedSet:
+        out = SortedSet()
+        out.scores = dict(self.scores)
+        out._order = list(self._order)
+        return out
+
     def add(self, member: bytes, score: float) -> bool:
         """Set ``member``'s score; True when the member is new."""
         old = self.scores.get(member)
