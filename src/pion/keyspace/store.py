@@ -99,6 +99,8 @@ class Keyspace:
         self.used_bytes = 0
         # Seconds; a shared int, so every entry touched in one second holds one object.
         self.lru_clock = clock() // 1000
+        # HRANDFIELD, ZRANDMEMBER, RANDOMKEY (tests may seed it).
+        self.rng = Random()
         # INFO Stats counters, from process start.
         self.expired_keys = 0
         self.hits = 0
@@ -355,10 +357,10 @@ class Keyspace:
         self._apply_copy(source, destination)
         return True
 
-    def random_key(self, rng: Random) -> bytes | None:
+    def random_key(self) -> bytes | None:
         """RANDOMKEY: a live key chosen uniformly (expired ones met are removed)."""
         while self._data:
-            key = self._slots.sample(rng)
+            key = self._slots.sample(self.rng)
             if self.peek(key) is not None:
                 return key
         return None
