@@ -26,6 +26,7 @@ from pion.commands import (
     strings,
     vstore,
     zsets,
+    zsets_more,
 )
 from pion.commands.state import Command, CommandTable
 
@@ -44,6 +45,7 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     strings.COMMANDS,
     hashes.COMMANDS,
     zsets.COMMANDS,
+    zsets_more.COMMANDS,
 )
 
 

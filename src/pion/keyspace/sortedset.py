@@ -55,6 +55,11 @@ class SortedSet:
         del self._order[bisect_left(self._order, (old, member))]
         return True
 
+    def rank(self, member: bytes) -> int | None:
+        """The member's 0-based rank in ascending order, or None."""
+        score = self.scores.get(member)
+        return None if score is None else bisect_left(self._order, (score, member))
+
     def by_rank(self, start: int, stop: int) -> list[tuple[float, bytes]]:
         """Entries at ranks ``start..stop`` inclusive (already clamped, ascending)."""
         return self._order[start : stop + 1]
