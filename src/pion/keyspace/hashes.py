@@ -76,6 +76,8 @@ def hincrbyfloat(ks: Keyspace, key: bytes, field: bytes, raw_delta: bytes) -> by
     delta = parse_long_double(raw_delta)
     if delta is None:
         raise PionError("value is not a valid float")
+    if not np.isfinite(delta):
+        raise PionError("value is NaN or Infinity")
     h = ks.hash(key, read=False)
     current = None if h is None else h.get(field)
     old = np.longdouble(0)
