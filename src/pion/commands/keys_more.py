@@ -7,7 +7,8 @@ index "DB index is out of range", as SELECT does.
 OBJECT ENCODING names what Redis 7.0 would use for a value of this shape: a string is
 ``int`` (an integer Redis's ``string2l`` reads, at most 20 bytes), ``embstr`` (at most
 44 bytes) or ``raw``; a hash ``listpack`` or ``hashtable``, a sorted set ``listpack`` or
-``skiplist``, by Redis's listpack limits (128 entries of at most 64 bytes). Redis
+``skiplist``, by Redis's listpack limits (512 fields, 128 members, of at most 64 bytes
+each). Redis
 decides when a value is built and never converts back, so after APPEND or SETRANGE (it
 keeps those as ``raw``) or after a large hash shrank, Redis's answer can differ; Pion
 stores every value one way and the encoding is only a report.

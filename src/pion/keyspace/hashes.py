@@ -5,7 +5,7 @@ HINCRBY, HINCRBYFLOAT, HSETNX, HRANDFIELD, HSCAN, as operations on a
 Writes go through :meth:`Keyspace.hash_set`, so each logs the field's final value (an
 HINCRBYFLOAT's result, not its increment), as Redis's AOF does.
 
-Compact hashes. Redis keeps a hash of at most 128 fields whose fields and values are
+Compact hashes. Redis keeps a hash of at most 512 fields whose fields and values are
 at most 64 bytes each in one flat list (``listpack``, ``hash-max-listpack-entries`` and
 ``-value``) and answers HSCAN over it with every field at once and cursor 0, in
 insertion order. Python's dict keeps insertion order too, so for such hashes HSCAN
@@ -30,6 +30,7 @@ from pion.keyspace.store import Keyspace
 __all__ = [
     "COMPACT_ENTRIES",
     "COMPACT_VALUE",
+    "COMPACT_ZSET_ENTRIES",
     "compact",
     "hincrby",
     "hincrbyfloat",
@@ -39,10 +40,11 @@ __all__ = [
     "random_picks",
 ]
 
-# Redis 7.0's hash-max-listpack-entries and hash-max-listpack-value (and the same
-# zset-max-listpack-* for sorted sets).
-COMPACT_ENTRIES = 128
+# Redis 7.0's defaults: hash-max-listpack-entries and -value, zset-max-listpack-entries
+# (its -value is 64 too).
+COMPACT_ENTRIES = 512
 COMPACT_VALUE = 64
+COMPACT_ZSET_ENTRIES = 128
 
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1

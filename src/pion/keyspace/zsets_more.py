@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 from pion.keyspace.glob import stringmatch
-from pion.keyspace.hashes import COMPACT_ENTRIES, COMPACT_VALUE, random_picks
+from pion.keyspace.hashes import COMPACT_VALUE, COMPACT_ZSET_ENTRIES, random_picks
 from pion.keyspace.sortedset import SortedSet
 from pion.keyspace.store import Keyspace
 from pion.keyspace.zsets import (
@@ -44,7 +44,7 @@ __all__ = [
 
 def compact(z: SortedSet) -> bool:
     """Whether Redis would hold a sorted set built to this shape in a listpack."""
-    return len(z) <= COMPACT_ENTRIES and all(len(m) <= COMPACT_VALUE for m in z.scores)
+    return len(z) <= COMPACT_ZSET_ENTRIES and all(len(m) <= COMPACT_VALUE for m in z.scores)
 
 
 def score_text(score: float) -> bytes:
