@@ -120,6 +120,9 @@ def _clients(ctx: Context) -> list[str]:
     return [
         f"connected_clients:{len(ctx.state.clients)}",
         f"maxclients:{ctx.state.config.maxclients}",
+        # No command blocks (there is no BLPOP, BZPOPMIN or WAIT that waits); redis-cli
+        # --stat shows this column.
+        "blocked_clients:0",
     ]
 
 
