@@ -1,4 +1,4 @@
-"""More generic key commands: RENAME, RENAMENX, COPY, RANDOMKEY, OBJECT
+"""More generic key commands: RENAME, RENAMENX, COPY, RANDOMKEY, TOUCH, OBJECT
 ENCODING|FREQ|IDLETIME|REFCOUNT|HELP, with Redis 7.0's replies and error texts.
 
 There is one database (0): COPY's ``DB`` option takes only 0 and answers any other
@@ -110,6 +110,11 @@ def _randomkey(ctx: Context, args: Sequence[bytes]) -> Reply:
     return ctx.state.keyspace.random_key()
 
 
+def _touch(ctx: Context, args: Sequence[bytes]) -> Reply:
+    ks = ctx.state.keyspace
+    return sum(ks.exists(k) for k in args)  # a lookup marks the key used (IDLETIME 0)
+
+
 def _object(ctx: Context, args: Sequence[bytes]) -> Reply:
     sub = args[0].decode("utf-8", "replace")
     upper = sub.upper()
@@ -136,6 +141,7 @@ COMMANDS: list[Command] = [
     Command("RENAME", _rename, 3, frozenset({"write"}), "Rename a key"),
     Command("RENAMENX", _renamenx, 3, frozenset({"write", "fast"}), "Rename unless taken"),
     Command("COPY", _copy, -3, frozenset({"write"}), "Copy a key's value"),
+    Command("TOUCH", _touch, -2, frozenset({"readonly", "fast"}), "Mark keys used; count them"),
     Command("RANDOMKEY", _randomkey, 1, frozenset({"readonly"}), "A random key"),
     Command("OBJECT", _object, -2, frozenset({"readonly"}), "ENCODING|FREQ|IDLETIME|REFCOUNT"),
 ]

@@ -1,6 +1,6 @@
 """String commands of the plain keyspace: GET, SET (EX/PX/EXAT/PXAT/NX/XX/KEEPTTL/GET),
 SETNX, SETEX, PSETEX, GETSET, GETDEL, GETEX, MGET, MSET, MSETNX, INCR, INCRBY, DECR,
-DECRBY, INCRBYFLOAT, STRLEN, APPEND, GETRANGE, SETRANGE. Replies and error texts are
+DECRBY, INCRBYFLOAT, STRLEN, APPEND, GETRANGE (and its older name SUBSTR), SETRANGE. Replies and error texts are
 Redis 7.0's (an oracle test compares them byte for byte with redis-server).
 
 Values are binary-safe and as large as the protocol's bulk limit (512 MB, Redis's
@@ -227,5 +227,6 @@ COMMANDS: list[Command] = [
     Command("STRLEN", _strlen, 2, _READ, "Length of a string value"),
     Command("APPEND", _append, 3, _WRITE_FAST, "Append to a string value"),
     Command("GETRANGE", _getrange, 4, frozenset({"readonly"}), "A substring of a value"),
+    Command("SUBSTR", _getrange, 4, frozenset({"readonly"}), "GETRANGE's older name"),
     Command("SETRANGE", _setrange, 4, _WRITE, "Overwrite part of a string value"),
 ]
