@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from pion.resp.reply import ErrorReply
 
@@ -33,6 +34,7 @@ __all__ = [
     "SLOWLOG_DEFAULT_THRESHOLD_US",
     "SLOWLOG_MAX_ARGC",
     "SLOWLOG_MAX_STRING",
+    "Client",
     "CommandStats",
     "SlowEntry",
 ]
@@ -43,6 +45,14 @@ SLOWLOG_DEFAULT_MAX_LEN = 128
 SLOWLOG_MAX_ARGC = 32
 SLOWLOG_MAX_STRING = 128
 _NEVER_LOGGED = frozenset({"AUTH", "HELLO"})
+_now_ns = time.perf_counter_ns
+
+
+class Client(Protocol):
+    """What an entry records of the client (``ClientState`` has both)."""
+
+    addr: str
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,36 +119,30 @@ class CommandStats:
         return reply
 
     def record(
-        self,
-        name: str,
-        argv: Sequence[bytes],
-        reply: object,
-        *,
-        started_ns: int,
-        client_addr: str,
-        client_name: str,
+        self, name: str, argv: Sequence[bytes], reply: object, started_ns: int, client: Client
     ) -> None:
-        """A command that ran: its handler started at ``started_ns`` (perf_counter_ns)."""
-        usec = (time.perf_counter_ns() - started_ns) // 1000
-        row = self._row(name)
+        """A command that ran: its handler started at ``started_ns`` (perf_counter_ns).
+        On every command's path, so kept to a few dict and integer operations."""
+        usec = (_now_ns() - started_ns) // 1000
+        row = self.commands.get(name)
+        if row is None:
+            row = self.commands[name] = [0, 0, 0, 0]
         row[0] += 1
         row[1] += usec
         if isinstance(reply, ErrorReply):
             row[3] += 1
             self._error(reply)
-        threshold = self.slowlog_threshold_us
-        if 0 <= threshold <= usec and name not in _NEVER_LOGGED and self.slowlog.maxlen:
-            self.slowlog.appendleft(
-                SlowEntry(
-                    self._next_id,
-                    int(time.time()),
-                    usec,
-                    _slow_args(argv),
-                    client_addr,
-                    client_name,
-                )
-            )
-            self._next_id += 1
+        if usec >= self.slowlog_threshold_us >= 0 and name not in _NEVER_LOGGED:
+            self._log_slow(argv, usec, client)
+
+    def _log_slow(self, argv: Sequence[bytes], usec: int, client: Client) -> None:
+        if not self.slowlog.maxlen:
+            return
+        entry = SlowEntry(
+            self._next_id, int(time.time()), usec, _slow_args(argv), client.addr, client.name
+        )
+        self.slowlog.appendleft(entry)
+        self._next_id += 1
 
     def set_slowlog_max_len(self, n: int) -> None:
         self.slowlog = deque(self.slowlog, maxlen=n)

@@ -1,7 +1,8 @@
 """String commands of the plain keyspace: GET, SET (EX/PX/EXAT/PXAT/NX/XX/KEEPTTL/GET),
 SETNX, SETEX, PSETEX, GETSET, GETDEL, GETEX, MGET, MSET, MSETNX, INCR, INCRBY, DECR,
-DECRBY, INCRBYFLOAT, STRLEN, APPEND, GETRANGE (and its older name SUBSTR), SETRANGE. Replies and error texts are
-Redis 7.0's (an oracle test compares them byte for byte with redis-server).
+DECRBY, INCRBYFLOAT, STRLEN, APPEND, GETRANGE (and its older name SUBSTR), SETRANGE.
+Replies and error texts are Redis 7.0's (an oracle test compares them byte for byte
+with redis-server).
 
 Values are binary-safe and as large as the protocol's bulk limit (512 MB, Redis's
 proto-max-bulk-len); the stored value is the request's own buffer, never copied.

@@ -98,10 +98,7 @@ def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
         reply = ErrorReply(exc.resp_line())
     except Exception:
         reply = _internal_error(ctx, name, "in")
-    client = ctx.client
-    state.stats.record(
-        cmd.name, argv, reply, started_ns=started, client_addr=client.addr, client_name=client.name
-    )
+    state.stats.record(cmd.name, argv, reply, started, ctx.client)
     return reply
 
 
