@@ -172,7 +172,9 @@ def test_truncated_payloads_are_refused(m: KeyMutation) -> None:
         (25, struct.pack("<I", 1) + b"k" + b"\x09" + struct.pack("<q", 0), "kind"),
         (24, b"x", "trailing"),
         (16, struct.pack("<I", 99) + b"k", "runs past"),
-        (26, b"", "unknown op"),
+        (26, struct.pack("<I", 1) + b"a", "shorter"),
+        (27, struct.pack("<I", 1) + b"a" + struct.pack("<I", 5) + b"b", "runs past"),
+        (28, b"", "unknown op"),
     ],
 )
 def test_hostile_payloads_are_refused(op: int, payload: bytes, why: str) -> None:

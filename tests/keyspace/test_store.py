@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from pion.errors import MisconfError, OOMError, WrongTypeError
 from pion.keyspace import DeleteKeys, KeyMutation, Keyspace, SetScores, SetString, SortedSet
-from pion.keyspace.entries import value_size
+from pion.keyspace.entries import KEY_OVERHEAD, value_size
 from pion.keyspace.scan import COMPACT_MIN_HOLES
 from pion.keyspace.strings import incr_by
 from pion.keyspace.zsets import ZAddFlags, zadd
@@ -115,7 +115,7 @@ def test_the_budget_is_asked_before_the_log() -> None:
         ks.set_string(b"big", b"x" * 2000)
     assert b"big" not in ks and len(rec.records) == 1
     ks.set_string(b"small", b"y" * 5)  # shrinking asks for nothing
-    assert asked == [len(b"small") + 10 + 176, len(b"big") + 2000 + 176]
+    assert asked == [len(b"small") + 10 + KEY_OVERHEAD, len(b"big") + 2000 + KEY_OVERHEAD]
 
 
 def test_records_carry_results_not_requests() -> None:

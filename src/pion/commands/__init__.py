@@ -19,6 +19,8 @@ from pion.commands import (
     generic,
     hashes,
     keys,
+    keys_more,
+    observe,
     persist,
     prefix,
     rollback,
@@ -26,6 +28,7 @@ from pion.commands import (
     strings,
     vstore,
     zsets,
+    zsets_more,
 )
 from pion.commands.state import Command, CommandTable
 
@@ -41,9 +44,12 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     attend.COMMANDS,
     ssm.COMMANDS,
     keys.COMMANDS,
+    keys_more.COMMANDS,
+    observe.COMMANDS,
     strings.COMMANDS,
     hashes.COMMANDS,
     zsets.COMMANDS,
+    zsets_more.COMMANDS,
 )
 
 

@@ -1,9 +1,11 @@
 """CONFIG GET|SET|RESETSTAT over a documented subset of the server's settings.
 
 Readable: bind, port, dir, requirepass, maxmemory, vstore-max-sessions, appendonly,
-appendfsync, save, databases, loglevel, worker-id, maxclients, maxmemory-clients.
-Settable at runtime: maxmemory, vstore-max-sessions, loglevel, maxclients,
-maxmemory-clients. Anything else answers an error naming the parameter, so a client
+appendfsync, save, databases, loglevel, worker-id, maxclients, maxmemory-clients,
+slowlog-log-slower-than, slowlog-max-len. Settable at runtime: maxmemory,
+vstore-max-sessions, loglevel, maxclients, maxmemory-clients, slowlog-log-slower-than,
+slowlog-max-len (the last two live in ``stats.py``'s slow log, not in the startup
+config). Anything else answers an error naming the parameter, so a client
 never believes a setting took effect when it did not. ``CONFIG SET`` with several
 pairs is atomic, as in Redis 7: all are checked first, then all applied, or none.
 """
@@ -63,6 +65,8 @@ def _getters(ctx: Context) -> dict[str, Callable[[], str]]:
         "worker-id": lambda: str(cfg.worker_id),
         "maxclients": lambda: str(cfg.maxclients),
         "maxmemory-clients": lambda: str(cfg.maxmemory_clients),
+        "slowlog-log-slower-than": lambda: str(ctx.state.stats.slowlog_threshold_us),
+        "slowlog-max-len": lambda: str(ctx.state.stats.slowlog.maxlen),
     }
 
 
@@ -125,6 +129,39 @@ def _maxmemory_clients(value: str) -> _Apply:
     return lambda state: _replace(state, maxmemory_clients=n)
 
 
+def _long_in(value: str, lo: int) -> int:
+    """Redis's long long config: an integer from ``lo`` to LLONG_MAX, its texts."""
+    try:
+        n = int(value, 10)
+    except ValueError:
+        raise PionError("argument couldn't be parsed into an integer") from None
+    if not lo <= n <= _LLONG_MAX:
+        raise PionError(f"argument must be between {lo} and {_LLONG_MAX} inclusive")
+    return n
+
+
+_LLONG_MAX = (1 << 63) - 1
+
+
+def _slowlog_threshold(value: str) -> _Apply:
+    n = _long_in(value, -1)
+
+    def apply(state: ServerState) -> None:
+        state.stats.slowlog_threshold_us = n
+
+    return apply
+
+
+def _slowlog_max_len(value: str) -> _Apply:
+    # Bounded by what a deque may hold; Redis's bound is LONG_MAX.
+    n = _long_in(value, 0)
+
+    def apply(state: ServerState) -> None:
+        state.stats.set_slowlog_max_len(n)
+
+    return apply
+
+
 _LEVELS = ("debug", "info", "notice", "warning", "error")
 _SETTABLE: dict[str, _Parser] = {
     "maxmemory": _maxmemory,
@@ -132,6 +169,8 @@ _SETTABLE: dict[str, _Parser] = {
     "loglevel": _loglevel,
     "maxclients": _maxclients,
     "maxmemory-clients": _maxmemory_clients,
+    "slowlog-log-slower-than": _slowlog_threshold,
+    "slowlog-max-len": _slowlog_max_len,
 }
 
 
@@ -180,6 +219,7 @@ def config(ctx: Context, args: Sequence[bytes]) -> Reply:
         ctx.state.counters.reset()
         ctx.state.receipt.reset()
         ctx.state.keyspace.reset_stats()
+        ctx.state.stats.reset()
         return Simple("OK")
     raise PionError(
         f"unknown subcommand or wrong number of arguments for '{sub.lower()}'. Try CONFIG HELP."

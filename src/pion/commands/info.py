@@ -1,8 +1,10 @@
 """INFO: the server's state as ``name:value`` lines grouped in ``# Section`` blocks.
 
-Sections: Server, Clients, Memory, Persistence, Stats, Pion, Tier, Keyspace. ``INFO`` and
-``INFO default``/``all``/``everything`` give all of them; ``INFO <section>...`` those
-named (case-insensitive); an unknown section gives an empty reply, as in Redis.
+Sections: Server, Clients, Memory, Persistence, Stats, Pion, Tier, Keyspace, and
+Commandstats and Errorstats (``pion.commands.stats``). ``INFO`` and ``INFO default``
+give all but the last two; ``INFO all``/``everything`` all of them, as in Redis;
+``INFO <section>...`` those named (case-insensitive); an unknown section gives an
+empty reply, as in Redis.
 
 Memory carries the fields operators' Redis tools read, with true values for this
 process (Linux ``/proc/self/status``; the peak RSS elsewhere):
@@ -118,6 +120,9 @@ def _clients(ctx: Context) -> list[str]:
     return [
         f"connected_clients:{len(ctx.state.clients)}",
         f"maxclients:{ctx.state.config.maxclients}",
+        # No command blocks (there is no BLPOP, BZPOPMIN or WAIT that waits); redis-cli
+        # --stat shows this column.
+        "blocked_clients:0",
     ]
 
 
@@ -186,6 +191,7 @@ def _stats(ctx: Context) -> list[str]:
         f"expired_keys:{ks.expired_keys}",
         f"keyspace_hits:{ks.hits}",
         f"keyspace_misses:{ks.misses}",
+        f"total_error_replies:{ctx.state.stats.error_replies}",
     ]
 
 
@@ -216,14 +222,21 @@ _SECTIONS: dict[str, tuple[str, Callable[[Context], list[str]]]] = {
     "pion": ("Pion", _pion),
     "tier": ("Tier", _tier),
     "keyspace": ("Keyspace", _keyspace),
+    "commandstats": ("Commandstats", lambda ctx: ctx.state.stats.commandstats_lines()),
+    "errorstats": ("Errorstats", lambda ctx: ctx.state.stats.errorstats_lines()),
 }
-_ALL = ("default", "all", "everything")
+# Redis leaves these out of INFO and INFO default.
+_NOT_DEFAULT = ("commandstats", "errorstats")
+_ALL = ("all", "everything")
 
 
 def info_command(ctx: Context, args: Sequence[bytes]) -> Reply:
     wanted = [a.decode("utf-8", "replace").lower() for a in args]
-    if not wanted or any(w in _ALL for w in wanted):
+    if any(w in _ALL for w in wanted):
         names = list(_SECTIONS)
+    elif not wanted or "default" in wanted:
+        extra = [w for w in wanted if w in _NOT_DEFAULT]
+        names = [n for n in _SECTIONS if n not in _NOT_DEFAULT] + extra
     else:
         names = [w for w in dict.fromkeys(wanted) if w in _SECTIONS]
     blocks = []

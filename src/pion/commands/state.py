@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pion.attend import AttentionTables
 from pion.commands.deferred import Deferred
+from pion.commands.stats import CommandStats
 from pion.config import ServerConfig
 from pion.export.cache import ExportCache
 from pion.keyspace import Keyspace
@@ -110,6 +111,8 @@ class ServerState:
     started: float = field(default_factory=time.time)
     started_monotonic: float = field(default_factory=time.monotonic)
     counters: ServerCounters = field(default_factory=ServerCounters)
+    # INFO commandstats/errorstats and the slow log (stats.py).
+    stats: CommandStats = field(default_factory=CommandStats)
     # Connected clients by id; the server adds and removes them, CLIENT LIST/KILL read.
     clients: dict[int, ClientState] = field(default_factory=dict)
     # Set while recovery replays the WAL: commands without the `loading` flag answer

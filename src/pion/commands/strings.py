@@ -1,6 +1,8 @@
 """String commands of the plain keyspace: GET, SET (EX/PX/EXAT/PXAT/NX/XX/KEEPTTL/GET),
-MGET, MSET, INCR, INCRBY, DECR, DECRBY. Replies and error texts are Redis 7.0's (an
-oracle test compares them byte for byte with redis-server).
+SETNX, SETEX, PSETEX, GETSET, GETDEL, GETEX, MGET, MSET, MSETNX, INCR, INCRBY, DECR,
+DECRBY, INCRBYFLOAT, STRLEN, APPEND, GETRANGE (and its older name SUBSTR), SETRANGE.
+Replies and error texts are Redis 7.0's (an oracle test compares them byte for byte
+with redis-server).
 
 Values are binary-safe and as large as the protocol's bulk limit (512 MB, Redis's
 proto-max-bulk-len); the stored value is the request's own buffer, never copied.
@@ -17,12 +19,22 @@ from pion.keyspace.strings import (
     INT64_MIN,
     Condition,
     ExpireUnit,
+    GetExOptions,
     SetOptions,
+    append,
     as_int,
+    getdel,
+    getex,
+    getrange,
+    getset,
     incr_by,
+    incr_by_float,
     mget,
     mset,
+    msetnx,
+    set_deadline_of,
     set_value,
+    setrange,
 )
 from pion.resp.reply import Reply, Simple
 
@@ -84,9 +96,7 @@ def _mget(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 
 def _mset(ctx: Context, args: Sequence[bytes]) -> Reply:
-    if len(args) % 2:
-        raise PionError("wrong number of arguments for 'mset' command")
-    mset(ctx.state.keyspace, [(args[i], args[i + 1]) for i in range(0, len(args), 2)])
+    mset(ctx.state.keyspace, _pairs("mset", args))
     return _OK
 
 
@@ -109,6 +119,91 @@ def _decrby(ctx: Context, args: Sequence[bytes]) -> Reply:
     return incr_by(ctx.state.keyspace, args[0], -delta)
 
 
+def _incrbyfloat(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return incr_by_float(ctx.state.keyspace, args[0], args[1])
+
+
+def _pairs(name: str, args: Sequence[bytes]) -> list[tuple[bytes, bytes]]:
+    if len(args) % 2:
+        raise PionError(f"wrong number of arguments for '{name}' command")
+    return [(args[i], args[i + 1]) for i in range(0, len(args), 2)]
+
+
+def _msetnx(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return int(msetnx(ctx.state.keyspace, _pairs("msetnx", args)))
+
+
+def _setnx(ctx: Context, args: Sequence[bytes]) -> Reply:
+    stored, _ = set_value(ctx.state.keyspace, args[0], args[1], SetOptions(condition="NX"))
+    return int(stored)
+
+
+def _setex_generic(ctx: Context, args: Sequence[bytes], name: str, unit: ExpireUnit) -> Reply:
+    ks = ctx.state.keyspace
+    deadline = set_deadline_of(name, unit, args[1], ks.clock())
+    ks.set_string(args[0], args[2], deadline)
+    return _OK
+
+
+def _setex(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return _setex_generic(ctx, args, "setex", "EX")
+
+
+def _psetex(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return _setex_generic(ctx, args, "psetex", "PX")
+
+
+def _getset(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return getset(ctx.state.keyspace, args[0], args[1])
+
+
+def _getdel(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return getdel(ctx.state.keyspace, args[0])
+
+
+def _parse_getex(cur: Args) -> GetExOptions:
+    """Redis 7.0's ``parseExtendedStringArgumentsOrReply`` for GETEX: one of EX, PX,
+    EXAT, PXAT (repeating the same one is allowed, the last wins) or PERSIST."""
+    unit: ExpireUnit | None = None
+    value = b""
+    persist = False
+    while not cur.done():
+        opt = cur.keyword()
+        has_next = not cur.done()
+        if opt == "PERSIST" and unit is None:
+            persist = True
+        elif opt in _UNITS and not persist and unit in (None, opt) and has_next:
+            unit = _UNITS[opt]
+            value = cur.arg("expire")
+        else:
+            raise PionError(_SYNTAX)
+    return GetExOptions(unit, value, persist)
+
+
+def _getex(ctx: Context, args: Sequence[bytes]) -> Reply:
+    cur = Args(args, "GETEX")
+    key = cur.arg("key")
+    return getex(ctx.state.keyspace, key, _parse_getex(cur))
+
+
+def _strlen(ctx: Context, args: Sequence[bytes]) -> Reply:
+    value = ctx.state.keyspace.string(args[0])
+    return 0 if value is None else len(value)
+
+
+def _append(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return append(ctx.state.keyspace, args[0], args[1])
+
+
+def _getrange(ctx: Context, args: Sequence[bytes]) -> Reply:
+    start, end = as_int(args[1]), as_int(args[2])
+    return getrange(ctx.state.keyspace, args[0], start, end)
+
+
+def _setrange(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return setrange(ctx.state.keyspace, args[0], as_int(args[1]), args[2])
+
+
 _READ = frozenset({"readonly", "fast"})
 _WRITE = frozenset({"write"})
 _WRITE_FAST = frozenset({"write", "fast"})
@@ -122,4 +217,17 @@ COMMANDS: list[Command] = [
     Command("INCRBY", _incrby, 3, _WRITE_FAST, "Increment an integer value"),
     Command("DECR", _decr, 2, _WRITE_FAST, "Decrement an integer value by one"),
     Command("DECRBY", _decrby, 3, _WRITE_FAST, "Decrement an integer value"),
+    Command("INCRBYFLOAT", _incrbyfloat, 3, _WRITE_FAST, "Increment a float value"),
+    Command("MSETNX", _msetnx, -3, _WRITE, "Set several values unless any key exists"),
+    Command("SETNX", _setnx, 3, _WRITE_FAST, "Set a value unless the key exists"),
+    Command("SETEX", _setex, 4, _WRITE, "Set a value with a time to live in seconds"),
+    Command("PSETEX", _psetex, 4, _WRITE, "Set a value with a time to live in ms"),
+    Command("GETSET", _getset, 3, _WRITE_FAST, "Set a value, returning the old one"),
+    Command("GETDEL", _getdel, 2, _WRITE_FAST, "Get a value and delete the key"),
+    Command("GETEX", _getex, -2, _WRITE_FAST, "Get a value and change its expiry"),
+    Command("STRLEN", _strlen, 2, _READ, "Length of a string value"),
+    Command("APPEND", _append, 3, _WRITE_FAST, "Append to a string value"),
+    Command("GETRANGE", _getrange, 4, frozenset({"readonly"}), "A substring of a value"),
+    Command("SUBSTR", _getrange, 4, frozenset({"readonly"}), "GETRANGE's older name"),
+    Command("SETRANGE", _setrange, 4, _WRITE, "Overwrite part of a string value"),
 ]

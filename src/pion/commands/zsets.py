@@ -1,7 +1,7 @@
 """Sorted-set commands of the plain keyspace: ZADD (NX/XX/GT/LT/CH/INCR), ZRANGE (by
 rank with negative indexes, BYSCORE, BYLEX, REV, LIMIT, WITHSCORES) and its older forms
-ZREVRANGE, ZRANGEBYSCORE, ZREVRANGEBYSCORE (what redis-py sends for some calls), ZREM,
-ZSCORE, ZCARD.
+ZREVRANGE, ZRANGEBYSCORE, ZREVRANGEBYSCORE, ZRANGEBYLEX, ZREVRANGEBYLEX (what redis-py
+sends for some calls), ZREM, ZSCORE, ZCARD. The others are in ``zsets_more.py``.
 
 Replies are Redis 7.0's: scores are doubles (``%.17g``; a bulk string in RESP2, a
 ``,`` double in RESP3), ZRANGE WITHSCORES is flat in RESP2 and ``[member, score]``
@@ -26,21 +26,21 @@ from pion.keyspace.zsets import (
 )
 from pion.resp.reply import Reply
 
-__all__ = ["COMMANDS"]
+__all__ = ["COMMANDS", "keyword", "long_arg", "with_scores"]
 
 _SYNTAX = "syntax error"
 _NOT_A_FLOAT = "value is not a valid float"
 _ZADD_OPTIONS = frozenset({"NX", "XX", "CH", "INCR", "GT", "LT"})
 
 
-def _keyword(raw: bytes) -> str:
+def keyword(raw: bytes) -> str:
     try:
         return raw.decode("ascii").upper()
     except UnicodeDecodeError:
         return ""
 
 
-def _long(raw: bytes) -> int:
+def long_arg(raw: bytes) -> int:
     value = parse_int64(raw)
     if value is None:
         raise PionError("value is not an integer or out of range")
@@ -51,7 +51,7 @@ def _zadd(ctx: Context, args: Sequence[bytes]) -> Reply:
     key = args[0]
     opts: set[str] = set()
     i = 1
-    while i < len(args) and (word := _keyword(args[i])) in _ZADD_OPTIONS:
+    while i < len(args) and (word := keyword(args[i])) in _ZADD_OPTIONS:
         opts.add(word)
         i += 1
     rest = args[i:]
@@ -76,7 +76,7 @@ def _zadd(ctx: Context, args: Sequence[bytes]) -> Reply:
     return res.added + res.updated if flags.ch else res.added
 
 
-def _with_scores(ctx: Context, entries: list[tuple[float, bytes]], scores: bool) -> Reply:
+def with_scores(ctx: Context, entries: list[tuple[float, bytes]], scores: bool) -> Reply:
     if not scores:
         return [m for _, m in entries]
     if ctx.client.proto == 3:
@@ -102,12 +102,12 @@ def _zrange_generic(
     offset, count = 0, -1
     i = 3
     while i < len(args):
-        word = _keyword(args[i])
+        word = keyword(args[i])
         left = len(args) - i - 1
         if word == "WITHSCORES":
             withscores = True
         elif word == "LIMIT" and left >= 2:
-            offset, count = _long(args[i + 1]), _long(args[i + 2])
+            offset, count = long_arg(args[i + 1]), long_arg(args[i + 2])
             i += 2
         elif word == "REV" and not rev and may_reverse:
             rev = True
@@ -143,12 +143,12 @@ def _zrange_generic(
         if z is None:
             return []
         rng = ScoreRange(low[0], low[1], high[0], high[1])
-        return _with_scores(ctx, zrange_by_score(z, rng, rev, offset, count), withscores)
-    start, stop = _long(low_raw), _long(high_raw)
+        return with_scores(ctx, zrange_by_score(z, rng, rev, offset, count), withscores)
+    start, stop = long_arg(low_raw), long_arg(high_raw)
     z = ctx.state.keyspace.zset(key)
     if z is None:
         return []
-    return _with_scores(ctx, zrange_by_rank(z, start, stop, rev), withscores)
+    return with_scores(ctx, zrange_by_rank(z, start, stop, rev), withscores)
 
 
 def _zrange(ctx: Context, args: Sequence[bytes]) -> Reply:
@@ -165,6 +165,14 @@ def _zrangebyscore(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 def _zrevrangebyscore(ctx: Context, args: Sequence[bytes]) -> Reply:
     return _zrange_generic(ctx, args, by="BYSCORE", rev=True)
+
+
+def _zrangebylex(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return _zrange_generic(ctx, args, by="BYLEX", rev=False)
+
+
+def _zrevrangebylex(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return _zrange_generic(ctx, args, by="BYLEX", rev=True)
 
 
 def _zrem(ctx: Context, args: Sequence[bytes]) -> Reply:
@@ -189,6 +197,8 @@ COMMANDS: list[Command] = [
     Command(
         "ZREVRANGEBYSCORE", _zrevrangebyscore, -4, frozenset({"readonly"}), "ZRANGE BYSCORE REV"
     ),
+    Command("ZRANGEBYLEX", _zrangebylex, -4, frozenset({"readonly"}), "ZRANGE BYLEX"),
+    Command("ZREVRANGEBYLEX", _zrevrangebylex, -4, frozenset({"readonly"}), "ZRANGE BYLEX REV"),
     Command("ZREM", _zrem, -3, frozenset({"write", "fast"}), "Remove members"),
     Command("ZSCORE", _zscore, 3, frozenset({"readonly", "fast"}), "A member's score"),
     Command("ZCARD", _zcard, 2, frozenset({"readonly", "fast"}), "Number of members"),

@@ -5,8 +5,8 @@ independent of it (DBSIZE, DEL, SCAN, KEYS, FLUSHDB act on the keyspace only).
 Reading order: ``store.py`` (the :class:`Keyspace`: values, writes, expiry, snapshot
 and replay), ``mutations.py`` (the records every change is made of), ``entries.py``
 (what a key is and costs), ``expiry.py`` (deadlines and the active sweep),
-``strings.py`` and ``zsets.py`` (the semantics of the commands that have some; hash
-commands are plain store operations), ``sortedset.py``, ``scan.py`` (SCAN cursors),
+``strings.py``, ``hashes.py`` and ``zsets.py`` (the semantics of the commands that
+have some), ``sortedset.py``, ``scan.py`` (SCAN cursors),
 ``glob.py`` (KEYS/SCAN patterns), ``numbers.py`` (Redis's integer and float parsing).
 
 Synchronous and pure: imports only ``errors``. Persistence is ``pion.persistence``'s
@@ -18,12 +18,14 @@ from __future__ import annotations
 from pion.keyspace.entries import Kind, Value
 from pion.keyspace.expiry import SWEEP_INTERVAL_S, SWEEP_MAX_KEYS, now_ms
 from pion.keyspace.mutations import (
+    CopyKey,
     DeleteFields,
     DeleteKeys,
     DeleteMembers,
     Flush,
     KeyMutation,
     NewKey,
+    RenameKey,
     SetDeadline,
     SetFields,
     SetScores,
@@ -37,6 +39,7 @@ __all__ = [
     "SWEEP_INTERVAL_S",
     "SWEEP_MAX_KEYS",
     "Budget",
+    "CopyKey",
     "DeleteFields",
     "DeleteKeys",
     "DeleteMembers",
@@ -46,6 +49,7 @@ __all__ = [
     "Keyspace",
     "Kind",
     "NewKey",
+    "RenameKey",
     "SetDeadline",
     "SetFields",
     "SetScores",

@@ -25,6 +25,7 @@ __all__ = [
     "Kind",
     "Value",
     "chunks",
+    "copy_value",
     "kind_of",
     "own",
     "value_size",
@@ -36,9 +37,9 @@ Value: TypeAlias = bytes | dict[bytes, bytes] | SortedSet
 Kind = Literal["string", "hash", "zset"]
 
 # One key beyond its own and its value's bytes: the dict slot and index (~50), the
-# key's bytes header (33), the Entry object (72), the SCAN slot (8) and an expiry heap
+# key's bytes header (33), the Entry object (80), the SCAN slot (8) and an expiry heap
 # pair's share.
-KEY_OVERHEAD = 176
+KEY_OVERHEAD = 184
 # A hash field: its dict slot (~50) and two bytes headers (2 x 33).
 FIELD_OVERHEAD = 120
 # A sorted-set member: its dict slot, bytes header, float object (24), order tuple
@@ -47,21 +48,32 @@ MEMBER_OVERHEAD = 180
 
 
 class Entry:
-    """One key: its value, SCAN slot, deadline (absolute Unix ms, 0 none) and size."""
+    """One key: its value, SCAN slot, deadline (absolute Unix ms, 0 none), size, and
+    when a command last touched it (Unix seconds, for OBJECT IDLETIME)."""
 
-    __slots__ = ("deadline", "size", "slot", "value")
+    __slots__ = ("deadline", "size", "slot", "touched", "value")
 
-    def __init__(self, value: Value, slot: int, deadline: int, size: int) -> None:
+    def __init__(self, value: Value, slot: int, deadline: int, size: int, touched: int) -> None:
         self.value = value
         self.slot = slot
         self.deadline = deadline
         self.size = size
+        self.touched = touched
 
 
 def kind_of(value: Value) -> Kind:
     if isinstance(value, bytes):
         return "string"
     return "hash" if isinstance(value, dict) else "zset"
+
+
+def copy_value(value: Value) -> Value:
+    """An independent copy (COPY): strings are immutable and shared."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, dict):
+        return dict(value)
+    return value.copy()
 
 
 def value_size(key: bytes, value: Value) -> int:

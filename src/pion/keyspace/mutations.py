@@ -5,7 +5,9 @@ to the journal and only then applies it, so replaying the journal through
 :meth:`Keyspace.apply` rebuilds the same state. Records carry *results*, never
 requests: the final value of an INCR, the final scores of a ZADD with GT/LT/INCR, the
 absolute deadline of an EXPIRE, so replay never depends on the clock or on what was
-stored before.
+stored before. RENAME and COPY are the two exceptions: their records name the keys,
+not the value (which may be a hash of millions of fields); replay applies them to the
+state the log rebuilt up to that point, which is the state they were applied to.
 
 Deadlines are absolute Unix times in milliseconds; 0 means "no expiry". Byte payloads
 (values, fields, members) are whatever buffer the command had; a journal that keeps
@@ -25,6 +27,10 @@ record               meaning
                      absent)
 ``DeleteMembers``    ZREM: members removed (a sorted set left empty disappears)
 ``Flush``            FLUSHDB/FLUSHALL: every key disappears
+``RenameKey``        RENAME: a key moves to a new name with its value and deadline,
+                     replacing whatever the new name held
+``CopyKey``          COPY: a key's value and deadline are copied to a new name,
+                     replacing whatever the new name held
 ``NewKey``           snapshots only: an empty hash or sorted set with a deadline,
                      filled by the SetFields/SetScores records after it
 ===================  ===========================================================
@@ -36,6 +42,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
 __all__ = [
+    "CopyKey",
     "DeleteFields",
     "DeleteKeys",
     "DeleteMembers",
@@ -44,6 +51,7 @@ __all__ = [
     "KeyMutation",
     "NewKey",
     "Payload",
+    "RenameKey",
     "SetDeadline",
     "SetFields",
     "SetScores",
@@ -110,6 +118,18 @@ class Flush:
 
 
 @dataclass(frozen=True, slots=True)
+class RenameKey:
+    source: bytes
+    destination: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CopyKey:
+    source: bytes
+    destination: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class NewKey:
     key: bytes
     kind: Literal["hash", "zset"]
@@ -127,4 +147,6 @@ KeyMutation: TypeAlias = (
     | DeleteMembers
     | Flush
     | NewKey
+    | RenameKey
+    | CopyKey
 )

@@ -8,6 +8,11 @@
 * :func:`parse_range_bound` is ``zslParseRange``'s reading of one ZRANGE BYSCORE bound:
   an optional ``(`` (exclusive), then plain ``strtod`` (which, unlike ``string2d``,
   takes leading spaces, an empty string as 0 and overflow as infinity).
+* :func:`parse_long_double` is Redis's ``string2ld`` (INCRBYFLOAT, HINCRBYFLOAT): like
+  ``string2d`` but C's ``strtold``, so the range is x87's 80-bit extended (``1e400``
+  is a number); :func:`format_long_double` is its ``ld2string`` in human mode
+  (``%.17Lf`` with the trailing zeros and dot removed). numpy's ``longdouble`` is that
+  same type on x86-64, and parses and prints it exactly.
 * :func:`parse_cursor` is ``parseScanCursorOrReply``: C's ``strtoul``, so ``+5``,
   ``007`` and even ``-1`` (wrapping to 2**64-1) are cursors, and an empty one is 0.
 """
@@ -16,8 +21,18 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 
-__all__ = ["parse_cursor", "parse_int64", "parse_range_bound", "parse_score"]
+import numpy as np
+
+__all__ = [
+    "format_long_double",
+    "parse_cursor",
+    "parse_int64",
+    "parse_long_double",
+    "parse_range_bound",
+    "parse_score",
+]
 
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
@@ -80,6 +95,33 @@ def parse_score(raw: bytes) -> float | None:
     if math.isnan(value) or (out_of_range and (math.isinf(value) or value == 0.0)):
         return None
     return value
+
+
+# Redis's MAX_LONG_DOUBLE_CHARS: string2ld refuses longer text.
+_MAX_LONG_DOUBLE_CHARS = 5 * 1024
+
+
+def parse_long_double(raw: bytes) -> np.longdouble | None:
+    """Redis's ``string2ld``; None for anything it refuses."""
+    if not raw or len(raw) >= _MAX_LONG_DOUBLE_CHARS or raw[0] in _SPACE:
+        return None
+    if _strtod_whole(raw) is None or _NAN.fullmatch(raw):
+        return None
+    with warnings.catch_warnings():
+        # numpy warns on overflow in conversion; the check below is Redis's answer.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        value = np.longdouble(raw.decode("ascii"))
+    if np.isinf(value) and _INF.fullmatch(raw) is None:
+        return None  # ERANGE overflow
+    if value == 0 and re.search(rb"[1-9a-fA-F]", raw.split(b"e")[0].split(b"E")[0].split(b"p")[0]):
+        return None  # ERANGE underflow to zero
+    return value
+
+
+def format_long_double(value: np.longdouble) -> bytes:
+    """Redis's ``ld2string(LD_STR_HUMAN)`` of a finite value."""
+    text = np.format_float_positional(value, precision=17, unique=False, trim="-")
+    return b"0" if text == "-0" else text.encode("ascii")
 
 
 def parse_range_bound(raw: bytes) -> tuple[float, bool] | None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from random import Random
 
 import numpy as np
 import numpy.typing as npt
@@ -65,6 +66,22 @@ class SlotTable:
     @property
     def holes(self) -> int:
         return self._holes
+
+    def sample(self, rng: Random) -> bytes:
+        """A live key chosen uniformly (the table must hold one). Random slots until
+        one is live: holes are at most half the slots once there are many of them
+        (compaction), so this takes two tries on average; a small table full of holes
+        is walked from a random slot instead."""
+        slots = self._slots
+        for _ in range(32):
+            key = slots[rng.randrange(len(slots))]
+            if key is not None:
+                return key
+        start = rng.randrange(len(slots))
+        for key in slots[start:] + slots[:start]:
+            if key is not None:
+                return key
+        raise LookupError("the slot table is empty")
 
     def add(self, key: bytes) -> int:
         self._slots.append(key)

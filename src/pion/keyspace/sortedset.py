@@ -31,6 +31,12 @@ class SortedSet:
     def __iter__(self) -> Iterator[tuple[float, bytes]]:
         return iter(self._order)
 
+    def copy(self) -> SortedSet:
+        out = SortedSet()
+        out.scores = dict(self.scores)
+        out._order = list(self._order)
+        return out
+
     def add(self, member: bytes, score: float) -> bool:
         """Set ``member``'s score; True when the member is new."""
         old = self.scores.get(member)
@@ -48,6 +54,11 @@ class SortedSet:
             return False
         del self._order[bisect_left(self._order, (old, member))]
         return True
+
+    def rank(self, member: bytes) -> int | None:
+        """The member's 0-based rank in ascending order, or None."""
+        score = self.scores.get(member)
+        return None if score is None else bisect_left(self._order, (score, member))
 
     def by_rank(self, start: int, stop: int) -> list[tuple[float, bytes]]:
         """Entries at ranks ``start..stop`` inclusive (already clamped, ascending)."""

@@ -21,12 +21,17 @@ never revives it. If the journal refuses that record (persistence failing), the 
 removed from memory anyway: its deadline is already durable.
 
 ``used_bytes`` is what ``--maxmemory`` counts for the keyspace (``entries.py``).
+
+Each key remembers when a command last looked it up (``Entry.touched``, in seconds of
+``lru_clock``, which :meth:`Keyspace.sweep` advances: Redis's LRU clock has the same
+one-second resolution), for OBJECT IDLETIME.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from random import Random
 from typing import Protocol, TypeAlias, cast
 
 from pion.errors import PionError, WrongTypeError
@@ -38,6 +43,7 @@ from pion.keyspace.entries import (
     Kind,
     Value,
     chunks,
+    copy_value,
     kind_of,
     own,
     value_size,
@@ -45,12 +51,14 @@ from pion.keyspace.entries import (
 from pion.keyspace.expiry import Deadlines, now_ms
 from pion.keyspace.glob import matches_all, stringmatch
 from pion.keyspace.mutations import (
+    CopyKey,
     DeleteFields,
     DeleteKeys,
     DeleteMembers,
     Flush,
     KeyMutation,
     NewKey,
+    RenameKey,
     SetDeadline,
     SetFields,
     SetScores,
@@ -89,6 +97,10 @@ class Keyspace:
         self._slots = SlotTable(self._relocate)
         self.deadlines = Deadlines()
         self.used_bytes = 0
+        # Seconds; a shared int, so every entry touched in one second holds one object.
+        self.lru_clock = clock() // 1000
+        # HRANDFIELD, ZRANDMEMBER, RANDOMKEY (tests may seed it).
+        self.rng = Random()
         # INFO Stats counters, from process start.
         self.expired_keys = 0
         self.hits = 0
@@ -118,13 +130,20 @@ class Keyspace:
 
     # -- reads -----------------------------------------------------------------------
 
-    def _entry(self, key: bytes) -> Entry | None:
+    def peek(self, key: bytes) -> Entry | None:
         """The key's entry, removing it first if its deadline has passed (Redis expires
-        a key once ``now > deadline``)."""
+        a key once ``now > deadline``); not touched (OBJECT, MEMORY USAGE)."""
         e = self._data.get(key)
         if e is not None and e.deadline and e.deadline < self.clock():
             self._expire((key,))
             return None
+        return e
+
+    def _entry(self, key: bytes) -> Entry | None:
+        """:meth:`peek`, marking the key as used now."""
+        e = self.peek(key)
+        if e is not None:
+            e.touched = self.lru_clock
         return e
 
     def lookup(self, key: bytes, *, read: bool = True) -> Value | None:
@@ -311,6 +330,41 @@ class Keyspace:
             self._apply_delete_members(key, gone)
         return len(gone)
 
+    def rename(self, source: bytes, destination: bytes) -> bool:
+        """RENAME: ``source`` moves to ``destination`` with its deadline, replacing
+        whatever that held; False when ``source`` does not exist."""
+        e = self._entry(source)
+        if e is None:
+            return False
+        if source == destination:
+            return True
+        d = self._entry(destination)
+        self._reserve(len(destination) - len(source) - (d.size if d is not None else 0))
+        self._journal(RenameKey(source, destination))
+        self._apply_rename(source, destination)
+        return True
+
+    def copy(self, source: bytes, destination: bytes, replace: bool) -> bool:
+        """COPY: ``destination`` gets a copy of ``source``'s value and deadline; False
+        when ``source`` is missing or ``destination`` exists and not ``replace``."""
+        e = self._entry(source)
+        d = self._entry(destination)
+        if e is None or (d is not None and not replace):
+            return False
+        grow = e.size + len(destination) - len(source) - (d.size if d is not None else 0)
+        self._reserve(grow)
+        self._journal(CopyKey(source, destination))
+        self._apply_copy(source, destination)
+        return True
+
+    def random_key(self) -> bytes | None:
+        """RANDOMKEY: a live key chosen uniformly (expired ones met are removed)."""
+        while self._data:
+            key = self._slots.sample(self.rng)
+            if self.peek(key) is not None:
+                return key
+        return None
+
     def flush(self) -> None:
         """FLUSHDB/FLUSHALL."""
         self._journal(Flush())
@@ -331,7 +385,8 @@ class Keyspace:
 
     def sweep(self, max_keys: int) -> int:
         """Remove up to ``max_keys`` keys whose deadline has passed, earliest first;
-        returns how many (``expiry.py`` decides how often)."""
+        returns how many (``expiry.py`` decides how often). Advances ``lru_clock``."""
+        self.lru_clock = self.clock() // 1000
         due = self.deadlines.due(self.clock(), max_keys, self._deadline_of)
         if due:
             self._expire(tuple(due))
@@ -396,6 +451,12 @@ class Keyspace:
                 self._apply_delete_members(m.key, m.members)
         elif isinstance(m, Flush):
             self._clear()
+        elif isinstance(m, RenameKey):
+            if m.source in self._data and m.source != m.destination:
+                self._apply_rename(m.source, m.destination)
+        elif isinstance(m, CopyKey):
+            if m.source in self._data and m.source != m.destination:
+                self._apply_copy(m.source, m.destination)
         else:
             self._put(m.key, {} if m.kind == "hash" else SortedSet(), m.deadline)
 
@@ -415,7 +476,7 @@ class Keyspace:
         if size < 0:
             size = value_size(key, value)
         if e is None:
-            e = self._data[key] = Entry(value, self._slots.add(key), 0, size)
+            e = self._data[key] = Entry(value, self._slots.add(key), 0, size, self.lru_clock)
             self.used_bytes += size
         else:
             self.used_bytes += size - e.size
@@ -438,6 +499,18 @@ class Keyspace:
             self.deadlines.discard(e.deadline)
         self._slots.remove(e.slot)
         self._slots.maybe_compact()
+
+    def _apply_rename(self, source: bytes, destination: bytes) -> None:
+        e = self._data[source]
+        value, deadline = e.value, e.deadline
+        size = e.size + len(destination) - len(source)
+        self._drop(source)
+        self._put(destination, value, deadline, size)
+
+    def _apply_copy(self, source: bytes, destination: bytes) -> None:
+        e = self._data[source]
+        size = e.size + len(destination) - len(source)
+        self._put(destination, copy_value(e.value), e.deadline, size)
 
     def _clear(self) -> None:
         self._data.clear()

@@ -21,7 +21,17 @@ Op codes and payloads::
     23 ZREM      blob key, u32 count >= 1, count x blob member
     24 FLUSH     (empty)
     25 KEY       blob key, u8 kind (1 hash, 2 sorted set), deadline; snapshot only
-    26..31       reserved for the keyspace
+    26 RENAME    blob source, blob destination: the source's value and deadline move
+                 to the destination, replacing what it held
+    27 COPY      blob source, blob destination: a copy of the source's value and
+                 deadline replaces what the destination held
+    28..31       reserved for the keyspace
+
+Ops 26 and 27 came with RENAME and COPY. As ``format.py`` rules, ops are only added,
+so the format stays version 1: a build that predates them meets one as a named
+``unknown op code`` error, never as a misread. Every other command added with them is
+logged with the older ops (INCRBYFLOAT as a SET of its result,
+ZPOPMIN as a ZREM of what it popped, GETEX as an EXPIREAT or a DEL).
 
 Each record is one command's whole effect (an MSET, a DEL of many keys, an HSET of
 many fields), so a command is atomic across a crash. A snapshot holds, per live key,
@@ -39,12 +49,14 @@ import struct
 from typing import Final
 
 from pion.keyspace import (
+    CopyKey,
     DeleteFields,
     DeleteKeys,
     DeleteMembers,
     Flush,
     KeyMutation,
     NewKey,
+    RenameKey,
     SetDeadline,
     SetFields,
     SetScores,
@@ -66,6 +78,8 @@ OP_ZADD: Final = 22
 OP_ZREM: Final = 23
 OP_FLUSH: Final = 24
 OP_KEY: Final = 25
+OP_RENAME: Final = 26
+OP_COPY: Final = 27
 
 OPS: Final = {
     OP_SET: "SET",
@@ -78,6 +92,8 @@ OPS: Final = {
     OP_ZREM: "ZREM",
     OP_FLUSH: "FLUSH",
     OP_KEY: "KEY",
+    OP_RENAME: "RENAME",
+    OP_COPY: "COPY",
 }
 UNIT_OPS: Final = frozenset({OP_SET, OP_KEY})
 
@@ -173,6 +189,9 @@ def encode(m: KeyMutation) -> tuple[int, list[Buffer]]:
     elif isinstance(m, NewKey):
         p.blob(m.key)
         p.raw(_U8.pack(_KINDS[m.kind]) + _I64.pack(m.deadline))
+    elif isinstance(m, (RenameKey, CopyKey)):
+        p.blob(m.source)
+        p.blob(m.destination)
     return op_of(m), p.done()
 
 
@@ -275,6 +294,10 @@ def decode(op: int, payload: Buffer) -> KeyMutation:
         if kind not in _KIND_NAMES:
             raise FormatError(f"unknown key kind {kind}")
         m = NewKey(key, "hash" if kind == 1 else "zset", r.deadline())
+    elif op in (OP_RENAME, OP_COPY):
+        source = r.key()
+        destination = r.key()
+        m = RenameKey(source, destination) if op == OP_RENAME else CopyKey(source, destination)
     else:
         raise FormatError(f"unknown op code {op}")
     r.done()
@@ -306,4 +329,6 @@ _OP_BY_TYPE: Final[dict[type, int]] = {
     DeleteMembers: OP_ZREM,
     Flush: OP_FLUSH,
     NewKey: OP_KEY,
+    RenameKey: OP_RENAME,
+    CopyKey: OP_COPY,
 }

@@ -8,6 +8,10 @@ handler *or by encoding what it returned*, is a Pion bug: logged once with its
 traceback, counted in ``internal_errors`` and answered ``-ERR internal error``, so the
 connection, the replies before it in the pipeline and its neighbours live on.
 
+Each command that runs is timed and counted (``pion.commands.stats``: INFO
+commandstats and errorstats, SLOWLOG); one refused before running is counted as
+rejected.
+
 A handler may return a :data:`~pion.commands.deferred.Deferred` (its number
 conversion runs off the event loop); :func:`execute` hands that back to the
 connection, and the ``finish`` of an :class:`~pion.commands.deferred.Offload` runs
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from time import perf_counter_ns
 from typing import Any
 
 from pion.commands.deferred import Deferred, Offload, Stream
@@ -67,7 +72,7 @@ def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
             _NAMES[raw] = name
     cmd = ctx.table.get(name)
     if cmd is None:
-        return _unknown(argv)
+        return state.stats.unknown(_unknown(argv))
     ctx.client.last_command = cmd.name
     try:
         if (
@@ -90,11 +95,19 @@ def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
             failure = state.persistence.write_refusal()
             if failure is not None:
                 raise MisconfError(failure)
-        return cmd.handler(ctx, argv[1:])
     except PionError as exc:
-        return ErrorReply(exc.resp_line())
+        return state.stats.rejected(cmd.name, ErrorReply(exc.resp_line()))
+    # INFO commandstats and SLOWLOG (pion.commands.stats) time the handler alone.
+    started = perf_counter_ns()
+    reply: Reply | Deferred
+    try:
+        reply = cmd.handler(ctx, argv[1:])
+    except PionError as exc:
+        reply = ErrorReply(exc.resp_line())
     except Exception:
-        return _internal_error(ctx, name, "in")
+        reply = _internal_error(ctx, name, "in")
+    state.stats.record(cmd.name, argv, reply, started, ctx.client)
+    return reply
 
 
 def execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int | Deferred:

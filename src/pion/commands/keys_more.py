@@ -1,0 +1,147 @@
+"""More generic key commands: RENAME, RENAMENX, COPY, RANDOMKEY, TOUCH, OBJECT
+ENCODING|FREQ|IDLETIME|REFCOUNT|HELP, with Redis 7.0's replies and error texts.
+
+There is one database (0): COPY's ``DB`` option takes only 0 and answers any other
+index "DB index is out of range", as SELECT does.
+
+OBJECT ENCODING names what Redis 7.0 would use for a value of this shape: a string is
+``int`` (an integer Redis's ``string2l`` reads, at most 20 bytes), ``embstr`` (at most
+44 bytes) or ``raw``; a hash ``listpack`` or ``hashtable``, a sorted set ``listpack`` or
+``skiplist``, by Redis's listpack limits (512 fields, 128 members, of at most 64 bytes
+each). Redis
+decides when a value is built and never converts back, so after APPEND or SETRANGE (it
+keeps those as ``raw``) or after a large hash shrank, Redis's answer can differ; Pion
+stores every value one way and the encoding is only a report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pion.commands.state import Command, Context
+from pion.errors import PionError
+from pion.keyspace.hashes import compact as compact_hash
+from pion.keyspace.numbers import parse_int64
+from pion.keyspace.sortedset import SortedSet
+from pion.keyspace.zsets_more import compact as compact_zset
+from pion.resp.reply import Reply, Simple
+
+__all__ = ["COMMANDS", "encoding_of"]
+
+# Redis's OBJ_ENCODING_EMBSTR_SIZE_LIMIT.
+_EMBSTR_LIMIT = 44
+_LFU_ERROR = (
+    "An LFU maxmemory policy is not selected, access frequency not tracked. Please note "
+    "that when switching between policies at runtime LRU and LFU data will take some "
+    "time to adjust."
+)
+_OBJECT_HELP = [
+    "OBJECT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "ENCODING <key>",
+    "    Return the kind of internal representation used in order to store the value",
+    "    associated with a <key>.",
+    "FREQ <key>",
+    "    Return the access frequency index of the <key>. The returned integer is",
+    "    proportional to the logarithm of the recent access frequency of the key.",
+    "IDLETIME <key>",
+    "    Return the idle time of the <key>, that is the approximated number of",
+    "    seconds elapsed since the last access to the key.",
+    "REFCOUNT <key>",
+    "    Return the number of references of the value associated with the specified",
+    "    <key>.",
+    "HELP",
+    "    Prints this help.",
+]
+
+
+def encoding_of(value: bytes | dict[bytes, bytes] | SortedSet) -> str:
+    if isinstance(value, bytes):
+        if len(value) <= 20 and parse_int64(value) is not None:
+            return "int"
+        return "embstr" if len(value) <= _EMBSTR_LIMIT else "raw"
+    if isinstance(value, dict):
+        return "listpack" if compact_hash(value) else "hashtable"
+    return "listpack" if compact_zset(value) else "skiplist"
+
+
+def _rename(ctx: Context, args: Sequence[bytes]) -> Reply:
+    if not ctx.state.keyspace.rename(args[0], args[1]):
+        raise PionError("no such key")
+    return Simple("OK")
+
+
+def _renamenx(ctx: Context, args: Sequence[bytes]) -> Reply:
+    ks = ctx.state.keyspace
+    if not ks.exists(args[0]):
+        raise PionError("no such key")
+    if args[0] == args[1] or ks.exists(args[1]):
+        return 0
+    ks.rename(args[0], args[1])
+    return 1
+
+
+def _copy(ctx: Context, args: Sequence[bytes]) -> Reply:
+    replace = False
+    i = 2
+    while i < len(args):
+        word = args[i].upper()
+        if word == b"REPLACE":
+            replace = True
+        elif word == b"DB" and i + 1 < len(args):
+            db = parse_int64(args[i + 1])
+            if db is None:
+                raise PionError("value is not an integer or out of range")
+            if not -(1 << 31) <= db < 1 << 31:
+                raise PionError(
+                    "value is out of range, value must between -2147483648 and 2147483647"
+                )
+            if db != 0:
+                raise PionError("DB index is out of range")
+            i += 1
+        else:
+            raise PionError("syntax error")
+        i += 1
+    if args[0] == args[1]:
+        raise PionError("source and destination objects are the same")
+    return int(ctx.state.keyspace.copy(args[0], args[1], replace))
+
+
+def _randomkey(ctx: Context, args: Sequence[bytes]) -> Reply:
+    return ctx.state.keyspace.random_key()
+
+
+def _touch(ctx: Context, args: Sequence[bytes]) -> Reply:
+    ks = ctx.state.keyspace
+    return sum(ks.exists(k) for k in args)  # a lookup marks the key used (IDLETIME 0)
+
+
+def _object(ctx: Context, args: Sequence[bytes]) -> Reply:
+    sub = args[0].decode("utf-8", "replace")
+    upper = sub.upper()
+    if upper not in ("ENCODING", "FREQ", "IDLETIME", "REFCOUNT", "HELP"):
+        raise PionError(f"unknown subcommand '{sub[:128]}'. Try OBJECT HELP.")
+    if len(args) != (1 if upper == "HELP" else 2):
+        raise PionError(f"wrong number of arguments for 'object|{sub.lower()}' command")
+    if upper == "HELP":
+        return [Simple(line) for line in _OBJECT_HELP]
+    ks = ctx.state.keyspace
+    e = ks.peek(args[1])
+    if e is None:
+        return None
+    if upper == "ENCODING":
+        return encoding_of(e.value).encode()
+    if upper == "FREQ":
+        raise PionError(_LFU_ERROR)  # the policy is allkeys-lru (INFO maxmemory_policy)
+    if upper == "IDLETIME":
+        return max(0, ks.clock() // 1000 - e.touched)
+    return 1  # every value is held once, by its key
+
+
+COMMANDS: list[Command] = [
+    Command("RENAME", _rename, 3, frozenset({"write"}), "Rename a key"),
+    Command("RENAMENX", _renamenx, 3, frozenset({"write", "fast"}), "Rename unless taken"),
+    Command("COPY", _copy, -3, frozenset({"write"}), "Copy a key's value"),
+    Command("TOUCH", _touch, -2, frozenset({"readonly", "fast"}), "Mark keys used; count them"),
+    Command("RANDOMKEY", _randomkey, 1, frozenset({"readonly"}), "A random key"),
+    Command("OBJECT", _object, -2, frozenset({"readonly"}), "ENCODING|FREQ|IDLETIME|REFCOUNT"),
+]
