@@ -24,6 +24,7 @@ from pion.commands import (
     rollback,
     ssm,
     strings,
+    transactions,
     vstore,
     zsets,
 )
@@ -44,6 +45,7 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     strings.COMMANDS,
     hashes.COMMANDS,
     zsets.COMMANDS,
+    transactions.COMMANDS,
 )
 
 

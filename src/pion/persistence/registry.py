@@ -16,6 +16,7 @@ from pion.persistence import keyspace_format
 from pion.persistence.format import OPS as VSTORE_OPS
 from pion.persistence.format import VSTORE_UNIT_OPS, Buffer, FormatError, decode_mutation
 from pion.persistence.ssm_durable import SSM_OPS, SSM_UNIT_OPS, describe_ssm
+from pion.persistence.txn_format import TXN_OPS, describe_txn
 from pion.vstore import DropSession
 
 __all__ = ["FAMILIES", "KNOWN_OPS", "UNIT_OPS", "RecordFamily", "describe", "family_of"]
@@ -46,6 +47,8 @@ FAMILIES: tuple[RecordFamily, ...] = (
     RecordFamily(
         "keyspace", keyspace_format.OPS, keyspace_format.UNIT_OPS, keyspace_format.describe
     ),
+    # Not a store: an EXEC's records as one (txn_format.py); recovery unpacks it.
+    RecordFamily("txn", TXN_OPS, frozenset(), describe_txn),
 )
 
 

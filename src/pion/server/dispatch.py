@@ -11,6 +11,11 @@ A handler may return a :data:`~pion.commands.deferred.Deferred` (its number
 conversion runs off the event loop); :func:`execute` hands that back to the
 connection, and the ``finish`` of an :class:`~pion.commands.deferred.Offload` runs
 through :func:`complete`, inside this same boundary.
+
+Inside MULTI a command that passed those checks is queued instead of run
+(``pion.commands.transactions``); one refused by them fails the transaction. While
+``CLIENT REPLY OFF|SKIP`` silences a client, :func:`execute` runs its commands to the
+end here (deferred parts too) and appends nothing (``pion.commands.clientctl``).
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from pion.commands.clientctl import begin_silent, silenced
 from pion.commands.deferred import Deferred, Offload, Stream
 from pion.commands.state import Context
+from pion.commands.transactions import IMMEDIATE, queue_command, settle
 from pion.errors import LoadingError, MisconfError, NoAuthError, PionError
 from pion.resp.encoder import Chunks, encode_error, encode_reply
 from pion.resp.reply import ErrorReply, Reply
@@ -37,7 +44,9 @@ _NAMES: dict[bytes, str] = {}
 _NAME_CACHE_SIZE = 1024
 
 
-def _unknown(argv: Sequence[bytes]) -> ErrorReply:
+def _unknown(ctx: Context, argv: Sequence[bytes]) -> ErrorReply:
+    if ctx.client.queued is not None:
+        ctx.client.queue_failed = True  # EXEC will answer -EXECABORT
     name = argv[0].decode("utf-8", "replace")[:128]
     shown = " ".join(f"'{a.decode('utf-8', 'replace')[:128]}'" for a in argv[1:8])
     return ErrorReply(f"ERR unknown command '{name}', with args beginning with: {shown}")
@@ -60,13 +69,15 @@ def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
         try:
             name = raw.decode("ascii").upper()
         except UnicodeDecodeError:
-            return _unknown(argv)
+            return _unknown(ctx, argv)
         if len(_NAMES) < _NAME_CACHE_SIZE:
             _NAMES[raw] = name
     cmd = ctx.table.get(name)
     if cmd is None:
-        return _unknown(argv)
-    ctx.client.last_command = cmd.name
+        return _unknown(ctx, argv)
+    client = ctx.client
+    client.last_command = cmd.name
+    queuing = client.queued is not None and cmd.name not in IMMEDIATE
     try:
         if (
             state.config.auth_required
@@ -82,8 +93,12 @@ def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
             failure = state.persistence.write_refusal()
             if failure is not None:
                 raise MisconfError(failure)
+        if queuing:
+            return queue_command(ctx, cmd, argv)
         return cmd.handler(ctx, argv[1:])
     except PionError as exc:
+        if queuing:
+            client.queue_failed = True
         return ErrorReply(exc.resp_line())
     except Exception:
         return _internal_error(ctx, name, "in")
@@ -97,10 +112,29 @@ def execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int | Deferred:
     Encoding is inside the boundary too: if the reply cannot be encoded, whatever it
     had appended is taken back and ``-ERR internal error`` goes out in its place, so
     the replies before it in ``out`` are kept and the framing stays intact."""
+    if ctx.client.reply_mode != "on":
+        return _silent(ctx, argv, out)
     reply = dispatch(ctx, argv)
     if isinstance(reply, Offload | Stream):
         return reply
     return _encode(ctx, argv, reply, out)
+
+
+def _silent(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int:
+    """CLIENT REPLY OFF or SKIP: run the command (its deferred part too), send nothing,
+    unless the command switched replies back on."""
+    begin_silent(ctx.client)
+    reply = dispatch(ctx, argv)
+    try:
+        value = settle(reply)
+    except PionError:
+        return 0
+    except Exception:
+        _internal_error(ctx, argv[0].decode("utf-8", "replace")[:64], "finishing")
+        return 0
+    if silenced(ctx.client):
+        return 0
+    return _encode(ctx, argv, value, out)
 
 
 def complete(
