@@ -48,7 +48,13 @@ def _unknown(ctx: Context, argv: Sequence[bytes]) -> ErrorReply:
     if ctx.client.queued is not None:
         ctx.client.queue_failed = True  # EXEC will answer -EXECABORT
     name = argv[0].decode("utf-8", "replace")[:128]
-    shown = " ".join(f"'{a.decode('utf-8', 'replace')[:128]}'" for a in argv[1:8])
+    # Redis's text: each argument quoted and followed by a space, while under 128
+    # characters.
+    shown = ""
+    for arg in argv[1:]:
+        if len(shown) >= 128:
+            break
+        shown += f"'{arg[: 128 - len(shown)].decode('utf-8', 'replace')}' "
     return ErrorReply(f"ERR unknown command '{name}', with args beginning with: {shown}")
 
 
