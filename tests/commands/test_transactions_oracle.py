@@ -73,13 +73,9 @@ SCENARIOS: dict[str, list[Step]] = {
     "watch-del-absent": _script("WATCH a", "1: DEL a", "MULTI", "SET a 3", "EXEC"),
     "watch-del": _script("SET a 1", "WATCH a", "1: DEL a", "MULTI", "SET a 3", "EXEC"),
     "watch-hash": _script("WATCH h", "1: HSET h f v", "MULTI", "HGET h f", "EXEC"),
-    "watch-hdel": _script(
-        "HSET h f v g w", "WATCH h", "1: HDEL h f", "MULTI", "HGETALL h", "EXEC"
-    ),
+    "watch-hdel": _script("HSET h f v g w", "WATCH h", "1: HDEL h f", "MULTI", "HGETALL h", "EXEC"),
     "watch-zset": _script("WATCH z", "1: ZADD z 1 m", "MULTI", "ZCARD z", "EXEC"),
-    "watch-expire": _script(
-        "SET a 1", "WATCH a", "1: EXPIRE a 1000", "MULTI", "TTL a", "EXEC"
-    ),
+    "watch-expire": _script("SET a 1", "WATCH a", "1: EXPIRE a 1000", "MULTI", "TTL a", "EXEC"),
     "watch-expire-past": _script("SET a 1", "WATCH a", "1: EXPIRE a 0", "MULTI", "GET a", "EXEC"),
     "watch-persist": _script(
         "SET a 1 EX 1000", "WATCH a", "1: PERSIST a", "MULTI", "GET a", "EXEC"
@@ -92,24 +88,39 @@ SCENARIOS: dict[str, list[Step]] = {
     "watch-twice": _script("WATCH a", "WATCH a", "1: SET a 2", "MULTI", "GET a", "EXEC"),
     "ping-echo": _script("MULTI", "PING", "ECHO x", "PING hi", "EXEC"),
     "mset-mget": _script("MULTI", "MSET a 1 b 2", "MGET a b c", "DEL a b c", "EXISTS a b", "EXEC"),
-    "client-reply-off": _script(
-        "CLIENT REPLY OFF", "SET a 1", "GET a", "CLIENT REPLY ON", "GET a"
-    ),
+    "client-reply-off": _script("CLIENT REPLY OFF", "SET a 1", "GET a", "CLIENT REPLY ON", "GET a"),
     "client-reply-skip": _script(
-        "CLIENT REPLY SKIP", "SET a 1", "GET a", "CLIENT REPLY SKIP", "CLIENT REPLY SKIP",
-        "PING", "PING x",
+        "CLIENT REPLY SKIP",
+        "SET a 1",
+        "GET a",
+        "CLIENT REPLY SKIP",
+        "CLIENT REPLY SKIP",
+        "PING",
+        "PING x",
     ),
     "client-reply-skip-on": _script("CLIENT REPLY SKIP", "CLIENT REPLY ON", "PING"),
     "client-reply-skip-off": _script(
-        "CLIENT REPLY SKIP", "CLIENT REPLY OFF", "PING", "CLIENT REPLY SKIP", "PING",
-        "CLIENT REPLY ON", "PING",
+        "CLIENT REPLY SKIP",
+        "CLIENT REPLY OFF",
+        "PING",
+        "CLIENT REPLY SKIP",
+        "PING",
+        "CLIENT REPLY ON",
+        "PING",
     ),
     "client-reply-errors": _script(
-        "CLIENT REPLY", "CLIENT REPLY MAYBE", "CLIENT REPLY ON ON", "CLIENT REPLY OFF",
-        "CLIENT REPLY MAYBE", "CLIENT REPLY ON",
+        "CLIENT REPLY",
+        "CLIENT REPLY MAYBE",
+        "CLIENT REPLY ON ON",
+        "CLIENT REPLY OFF",
+        "CLIENT REPLY MAYBE",
+        "CLIENT REPLY ON",
     ),
     "client-no-evict": _script(
-        "CLIENT NO-EVICT ON", "CLIENT NO-EVICT off", "CLIENT NO-EVICT maybe", "CLIENT NO-EVICT",
+        "CLIENT NO-EVICT ON",
+        "CLIENT NO-EVICT off",
+        "CLIENT NO-EVICT maybe",
+        "CLIENT NO-EVICT",
         "CLIENT NO-EVICT ON OFF",
     ),
     "client-kill-errors": _script(

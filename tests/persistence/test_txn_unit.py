@@ -239,7 +239,9 @@ def test_exec_under_always_is_acknowledged_after_the_fsync(
         pipe.execute()
     spy.fail = False
     # The log is failed now: EXEC refuses the queued write before running anything.
-    assert early.call("EXEC").raw.startswith(b"-EXECABORT Transaction discarded because of: MISCONF")
+    assert early.call("EXEC").raw.startswith(
+        b"-EXECABORT Transaction discarded because of: MISCONF"
+    )
     early.close()
     r2 = redis.Redis(port=srv.port, retry=no_retry())
     pipe = r2.pipeline()
