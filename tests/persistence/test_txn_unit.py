@@ -108,7 +108,7 @@ def test_a_unit_is_one_record_and_recovers_whole(tmp_path: Path) -> None:
 
 
 def test_a_unit_of_one_record_is_that_record(tmp_path: Path) -> None:
-    vs, ks, p = open_both(tmp_path)
+    _, ks, p = open_both(tmp_path)
     p.begin_unit()
     ks.set_string(b"a", b"1")
     p.end_unit()
@@ -186,7 +186,7 @@ def test_a_failed_unit_write_fails_the_log_until_a_snapshot(
 
 
 def test_a_refused_write_inside_a_unit_applies_nothing_of_it(tmp_path: Path) -> None:
-    vs, ks, p = open_both(tmp_path)
+    _, ks, p = open_both(tmp_path)
     wal = p.wal
     assert wal is not None
     p.begin_unit()
