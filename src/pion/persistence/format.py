@@ -67,12 +67,27 @@ is a u8 id of :mod:`pion.codecs.registry` (frozen there)::
     9  CREATE_ROPES  as CREATE, but each schema entry is (u8 fmt, u32 dim, u32 rope),
                n >= 1; written instead of CREATE when some layer has a rope (format
                bf16_rope_fp8_body), so logs without such layers are unchanged
+    48 TXN     log only: the records of one EXEC as a single record (below)
     127 END    snapshot only, last: u64 records before it, u64 sessions
-    10..15     reserved for the V-store; 16..31 the keyspace; 32..47 SSM/attention
+    10..15     reserved for the V-store; 16..31 the keyspace; 32..47 SSM/attention;
+               48..63 log-only framing records (no store owns them)
+
+TXN (op 48; ``txn_format.py``), the writes of one EXEC, so that a crash leaves all of
+them or none (one record: one sequence number, one payload CRC; a TXN cut short is a
+torn last record, dropped at recovery with the whole transaction)::
+
+    0    1     u8  layout  1
+    1    4     u32 count   inner records, >= 2 (a unit of one record is written as it)
+    5    ...   count x:  u8 op (1..47: a store's op, never TXN or END), u32 len,
+                         len bytes: the payload a plain record of that op holds
+
+Recovery applies the inner records in order, each through its store, all under the
+TXN's sequence number. Added in version 1 (ops are only added): a reader without it
+stops at ``unknown op code 48``.
 
 Op-code ranges, one per store, frozen (``stores.py``): 1..15 the V-store (above),
 16..31 the plain keyspace (specified in ``keyspace_format.py``), 32..47 SSM and
-attention state, 127 END. Every store's records share this framing and the log's one
+attention state, 48..63 log-only framing (TXN), 127 END. Every store's records share this framing and the log's one
 sequence; each store has its own snapshot file, ``pion.<store>.<w>``, with the header
 above; END counts the store's units (V-store: sessions, opened by CREATE or
 CREATE_ROPES).
