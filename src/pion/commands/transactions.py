@@ -84,9 +84,9 @@ _NAMESPACE_COMMANDS = {
 def queue_command(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply:
     """Queue ``cmd`` in the client's open transaction; raises (and the transaction then
     fails) for a command that cannot be queued."""
-    client = ctx.client
-    queued = client.queued
-    assert queued is not None
+    queued = ctx.client.queued
+    if queued is None:  # the dispatcher calls this only inside MULTI
+        raise PionError("EXEC without MULTI")
     if cmd.name in NOT_QUEUED:
         raise PionError(_NOT_ALLOWED)
     _check_local(ctx, cmd, argv)

@@ -171,7 +171,7 @@ class WriteAheadLog:
         if self.blocked is not None and not frame.drop:
             raise MisconfError(self.refusal())
         if self._unit is not None:
-            self._keep(frame)
+            self._keep(self._unit, frame)
             return
         self._write(frame.op, frame.parts)
 
@@ -195,7 +195,7 @@ class WriteAheadLog:
         self._unit = []
         self._unit_bytes = 0
 
-    def _keep(self, frame: Frame) -> None:
+    def _keep(self, unit: list[tuple[int, list[Buffer]]], frame: Frame) -> None:
         grow = frame.size + inner_overhead()
         total = self._unit_bytes + grow + 5
         if total > MAX_PAYLOAD:
@@ -206,8 +206,7 @@ class WriteAheadLog:
         # Payloads are valid only during append (a view of a request buffer or of a
         # layer the next command may change): the unit keeps copies.
         copies: list[Buffer] = [p if isinstance(p, bytes) else bytes(p) for p in frame.parts]
-        assert self._unit is not None
-        self._unit.append((frame.op, copies))
+        unit.append((frame.op, copies))
         self._unit_bytes += grow
 
     def end_unit(self) -> None:
