@@ -88,9 +88,9 @@ stops at ``unknown op code 48``.
 Op-code ranges, one per store, frozen (``stores.py``): 1..15 the V-store (above),
 16..31 the plain keyspace (specified in ``keyspace_format.py``), 32..47 SSM and
 attention state, 48..63 log-only framing (TXN), 127 END. Every store's records share
-this framing and the log's one sequence; each store has its own snapshot file, ``pion.<store>.<w>``, with the header
-above; END counts the store's units (V-store: sessions, opened by CREATE or
-CREATE_ROPES).
+this framing and the log's one sequence; each store has its own snapshot file,
+``pion.<store>.<w>``, with the header above; END counts the store's units (V-store:
+sessions, opened by CREATE or CREATE_ROPES).
 
 A V-store snapshot is SNAPIDS (when an id was ever issued), then per session in LRU
 order (least recent first, so loading restores the order): CREATE (or CREATE_ROPES),
