@@ -60,6 +60,11 @@ SCENARIOS: dict[str, list[Step]] = {
     ),
     "watch-inside-multi": _script("MULTI", "WATCH a", "SET a 1", "EXEC", "GET a"),
     "watch-arity": _script("WATCH", "MULTI", "UNWATCH", "EXEC"),
+    "watch-arity-inside-multi": _script("MULTI", "WATCH", "SET a 1", "EXEC", "GET a"),
+    "exec-arity": _script("MULTI", "SET a 1", "EXEC x", "EXEC", "GET a"),
+    "discard-arity": _script("MULTI", "DISCARD x", "EXEC"),
+    "multi-arity": _script("MULTI", "MULTI x", "EXEC"),
+    "unwatch-arity": _script("MULTI", "UNWATCH x", "EXEC", "UNWATCH x"),
     "discard": _script("MULTI", "SET a 1", "DISCARD", "GET a", "EXEC", "DISCARD"),
     "discard-unwatches": _script(
         "WATCH a", "MULTI", "DISCARD", "1: SET a 9", "MULTI", "GET a", "EXEC"

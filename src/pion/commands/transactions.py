@@ -50,7 +50,15 @@ from pion.resp.reply import ErrorReply, NullArray, Reply, Simple
 from pion.watch import WatchToken
 from pion.wire import namespace_sids
 
-__all__ = ["COMMANDS", "IMMEDIATE", "NOT_QUEUED", "forget_client", "queue_command"]
+__all__ = [
+    "COMMANDS",
+    "IMMEDIATE",
+    "NOT_QUEUED",
+    "forget_client",
+    "queue_command",
+    "refused_in_multi",
+    "settle",
+]
 
 log = logging.getLogger("pion.server")
 
@@ -97,6 +105,20 @@ def queue_command(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply:
         )
     queued.append((cmd, argv))
     return Simple("QUEUED")
+
+
+def refused_in_multi(ctx: Context, name: str, exc: PionError) -> ErrorReply:
+    """Inside MULTI, a command refused before it ran (or before it was queued): the
+    transaction fails, and a refused EXEC discards it at once, as Redis does (its
+    message then drops a plain ``ERR`` code: ``because of: wrong number of arguments
+    for 'exec' command``)."""
+    client = ctx.client
+    if name == "EXEC":
+        forget_client(ctx.state, client)
+        why = exc.message if exc.code == "ERR" else exc.resp_line()
+        return ErrorReply(f"EXECABORT Transaction discarded because of: {why}")
+    client.queue_failed = True
+    return ErrorReply(exc.resp_line())
 
 
 def _queued_bytes(queued: list[tuple[Command, Sequence[bytes]]]) -> int:

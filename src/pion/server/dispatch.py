@@ -27,7 +27,7 @@ from typing import Any
 from pion.commands.clientctl import begin_silent, silenced
 from pion.commands.deferred import Deferred, Offload, Stream
 from pion.commands.state import Context
-from pion.commands.transactions import IMMEDIATE, queue_command, settle
+from pion.commands.transactions import IMMEDIATE, queue_command, refused_in_multi, settle
 from pion.errors import LoadingError, MisconfError, NoAuthError, PionError
 from pion.resp.encoder import Chunks, encode_error, encode_reply
 from pion.resp.reply import ErrorReply, Reply
@@ -83,7 +83,7 @@ def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
         return _unknown(ctx, argv)
     client = ctx.client
     client.last_command = cmd.name
-    queuing = client.queued is not None and cmd.name not in IMMEDIATE
+    started = False
     try:
         if (
             state.config.auth_required
@@ -99,12 +99,13 @@ def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
             failure = state.persistence.write_refusal()
             if failure is not None:
                 raise MisconfError(failure)
-        if queuing:
+        if client.queued is not None and cmd.name not in IMMEDIATE:
             return queue_command(ctx, cmd, argv)
+        started = True
         return cmd.handler(ctx, argv[1:])
     except PionError as exc:
-        if queuing:
-            client.queue_failed = True
+        if client.queued is not None and not started:
+            return refused_in_multi(ctx, cmd.name, exc)
         return ErrorReply(exc.resp_line())
     except Exception:
         return _internal_error(ctx, name, "in")
