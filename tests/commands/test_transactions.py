@@ -61,6 +61,21 @@ def test_redis_py_pipeline_and_watch(srv: Any) -> None:
     assert r.get("x") == b"1" and r.get("y") == b"2"
 
 
+def test_redis_py_pipeline_in_resp3(srv: Any) -> None:
+    r = redis.Redis(port=srv.port, protocol=3, socket_timeout=30)
+    pipe = r.pipeline()
+    pipe.hset("h", mapping={"a": "1", "b": "2"}).hgetall("h").zadd("z", {"m": 2.5})
+    pipe.zscore("z", "m").set("k", "v").get("k")
+    assert pipe.execute() == [2, {b"a": b"1", b"b": b"2"}, 1, 2.5, True, b"v"]
+    with r.pipeline() as p:
+        p.watch("k")
+        _r(srv).set("k", "w")
+        p.multi()
+        p.get("k")
+        with pytest.raises(redis.WatchError):
+            p.execute()
+
+
 def _exec_after(srv: Any, name: str, change: Callable[[redis.Redis], object]) -> Any:
     """WATCH ``name``, let another client ``change`` something, then MULTI PING EXEC."""
     c = RawClient(srv.port)
