@@ -149,6 +149,25 @@ def test_vstore_and_registry_commands_inside_exec(srv: Any) -> None:
     assert isinstance(got[7], redis.ResponseError) and "blob size" in str(got[7])
 
 
+def test_client_reply_off_runs_deferred_commands_and_sends_nothing(srv: Any) -> None:
+    """An offloaded store and a streamed fetch under CLIENT REPLY OFF: both run (the
+    store is there afterwards), neither answers, and ON answers again."""
+    big = np.ones((OFFLOAD_MIN_BYTES // 32 + 1, 8), dtype=np.float32)
+    c = RawClient(srv.port)
+    assert c.call("V.CREATE", "s", 8, "VQUANT", "fp16").raw == b":0\r\n"
+    c.send("CLIENT", "REPLY", "OFF")
+    c.send("V.STOREBATCH", "s", 0, 0, len(big), big.tobytes())
+    c.send("V.FETCH", "s", 0, "RANGE", 0, len(big))
+    c.send("CLIENT", "REPLY", "SKIP")
+    c.send("CLIENT", "REPLY", "ON")
+    assert c.call("ECHO", "after").raw == b"+OK\r\n"  # ON's reply, then ECHO's
+    assert c.f.read(len(b"$5\r\nafter\r\n")) == b"$5\r\nafter\r\n"
+    fetched = c.call("V.FETCH", "s", 0, "RANGE", 0, 2)
+    assert fetched.raw.startswith(b"$64\r\n")
+    assert np.array_equal(np.frombuffer(fetched.value, "<f4"), np.ones(16, np.float32))
+    c.close()
+
+
 @pytest.mark.parametrize(
     "command",
     [

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pion.config import ServerConfig
 from pion.server.run import ServerThread
@@ -275,3 +277,47 @@ def test_client_kill_filters(servers: tuple[int, int]) -> None:
         assert me.f.read1(1) == b""
         me.close()
         other.close()
+
+
+# -- random sequences -------------------------------------------------------------------------
+
+_KEYS = [b"k0", b"k1", b"h"]
+_key = st.sampled_from(_KEYS)
+_command = st.one_of(
+    st.just([b"MULTI"]),
+    st.just([b"EXEC"]),
+    st.just([b"DISCARD"]),
+    st.just([b"UNWATCH"]),
+    st.lists(_key, min_size=1, max_size=2).map(lambda ks: [b"WATCH", *ks]),
+    st.tuples(_key, st.sampled_from([b"1", b"x", b"-3"])).map(lambda t: [b"SET", *t]),
+    _key.map(lambda k: [b"GET", k]),
+    _key.map(lambda k: [b"INCR", k]),
+    _key.map(lambda k: [b"DEL", k]),
+    _key.map(lambda k: [b"HSET", k, b"f", b"v"]),
+    _key.map(lambda k: [b"EXPIRE", k, b"0"]),
+    _key.map(lambda k: [b"EXPIRE", k, b"1000"]),
+    _key.map(lambda k: [b"PERSIST", k]),
+    st.just([b"FLUSHALL"]),
+    st.just([b"GET"]),
+    st.just([b"NOSUCH", b"x"]),
+    st.just([b"PING"]),
+)
+_step = st.tuples(st.sampled_from([0, 0, 1]), _command)
+
+
+@pytest.mark.parametrize("proto", [2, 3])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(_step, min_size=1, max_size=25))
+def test_random_transactions_match_redis(
+    servers: tuple[int, int], proto: int, steps: list[Step]
+) -> None:
+    """Two connections interleave MULTI/EXEC/DISCARD/WATCH with writes that may or may
+    not touch the watched keys; every reply is the same bytes on both servers."""
+    oracle, pion = servers
+    _flush(oracle)
+    _flush(pion)
+    want = _run(oracle, proto, steps)
+    got = _run(pion, proto, steps)
+    for i, (w, g) in enumerate(zip(want, got, strict=True)):
+        conn, cmd = steps[i]
+        assert w == g, f"\n{conn}: {b' '.join(cmd)!r}\nredis {w!r}\npion  {g!r}\nsteps {steps}"
