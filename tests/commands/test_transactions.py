@@ -235,6 +235,12 @@ def test_a_transaction_is_bounded(srv: Any, monkeypatch: pytest.MonkeyPatch) -> 
     c.call("MULTI")
     c.call("INCR", "n")
     assert c.call("EXEC").raw == b"*1\r\n:1\r\n"
+    monkeypatch.setattr(transactions, "MAX_QUEUED_BYTES", 1000)
+    c.call("MULTI")
+    assert c.call("SET", "a", b"x" * 900).raw == b"+QUEUED\r\n"
+    assert c.call("SET", "b", b"x" * 100).raw.startswith(b"-ERR a transaction holds")
+    assert c.call("EXEC").raw.startswith(b"-EXECABORT")
+    assert c.call("EXISTS", "a", "b").raw == b":0\r\n"
     c.close()
 
 

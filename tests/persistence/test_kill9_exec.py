@@ -1,9 +1,9 @@
 """The kill -9 loop for transactions: a writer sends redis-py's transactional pipeline
 (MULTI, four writes of two types, EXEC) to a real server under ``--appendfsync
 always`` (and ``everysec``), round after round, and the server is SIGKILLed at a
-random moment and restarted. After every restart the four writes agree (an EXEC is never half there),
-the last acknowledged EXEC is there, and the one in flight at the kill is wholly
-there or wholly absent.
+random moment and restarted. After every restart the four writes agree (an EXEC is
+never half there), the last acknowledged EXEC is there, and the one in flight at the
+kill is wholly there or wholly absent.
 """
 
 from __future__ import annotations

@@ -180,6 +180,7 @@ class ClientState:
     # aborts), and this client's WATCH token (None while it watches nothing).
     queued: list[tuple[Command, Sequence[bytes]]] | None = None
     queue_failed: bool = False
+    queued_bytes: int = 0  # the queued commands' argument bytes (bounded)
     watch: WatchToken | None = None
     # CLIENT REPLY: "on", "off", or "skip" (the next command's reply is dropped).
     reply_mode: str = "on"

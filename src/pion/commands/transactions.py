@@ -98,12 +98,15 @@ def queue_command(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply:
     if cmd.name in NOT_QUEUED:
         raise PionError(_NOT_ALLOWED)
     _check_local(ctx, cmd, argv)
-    if len(queued) >= MAX_QUEUED or _queued_bytes(queued) > MAX_QUEUED_BYTES:
+    size = sum(len(a) for a in argv)
+    client = ctx.client
+    if len(queued) >= MAX_QUEUED or client.queued_bytes + size > MAX_QUEUED_BYTES:
         raise PionError(
             f"a transaction holds at most {MAX_QUEUED} commands and {MAX_QUEUED_BYTES} "
             "bytes of arguments; EXEC it in smaller parts"
         )
     queued.append((cmd, argv))
+    client.queued_bytes += size
     return Simple("QUEUED")
 
 
@@ -119,13 +122,6 @@ def refused_in_multi(ctx: Context, name: str, exc: PionError) -> ErrorReply:
         return ErrorReply(f"EXECABORT Transaction discarded because of: {why}")
     client.queue_failed = True
     return ErrorReply(exc.resp_line())
-
-
-def _queued_bytes(queued: list[tuple[Command, Sequence[bytes]]]) -> int:
-    # Checked once per 1024 commands: summing every time would be quadratic.
-    if len(queued) % 1024:
-        return 0
-    return sum(len(a) for _, argv in queued for a in argv)
 
 
 def _check_local(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> None:
@@ -147,6 +143,7 @@ def forget_client(state: ServerState, client: ClientState) -> None:
     """The client disconnected: drop its transaction and its watches."""
     client.queued = None
     client.queue_failed = False
+    client.queued_bytes = 0
     _unwatch(state, client)
 
 
@@ -159,6 +156,7 @@ def _multi(ctx: Context, args: Sequence[bytes]) -> Reply:
         raise PionError("MULTI calls can not be nested")
     client.queued = []
     client.queue_failed = False
+    client.queued_bytes = 0
     return Simple("OK")
 
 
