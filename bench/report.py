@@ -80,6 +80,7 @@ SECTIONS: list[Entry] = [
     _entry("server.throughput", "vstore_throughput"),
     _entry("server.small_commands", "registry", "decoder"),
     _entry("server.keyspace", "keyspace"),
+    _entry("transactions.transactions", "transactions"),
     _entry("server.workers", "workers"),
     _entry("server.vstore_eviction", "vstore_eviction"),
     _entry("durability.persistence", "persistence"),

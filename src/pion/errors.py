@@ -17,6 +17,7 @@ Tree::
       OOMError                code OOM      (a write larger than --maxmemory)
       ColdMissError           code COLDMISS (attention slot demoted to the cold tier)
       WrongTypeError          code WRONGTYPE (a keyspace command on a key of another type)
+      ExecAbortError          code EXECABORT (EXEC refused: the transaction is discarded)
       CodecError              code ERR   a value a storage format cannot hold
       SessionNotFoundError    code ERR   unknown V-store session
       WrongWorkerError        code ERR   the session lives on another worker
@@ -36,6 +37,7 @@ import copy
 __all__ = [
     "CodecError",
     "ColdMissError",
+    "ExecAbortError",
     "LoadingError",
     "MisconfError",
     "NoAuthError",
@@ -116,6 +118,10 @@ class MisconfError(PionError):
 
 class OOMError(PionError):
     code = "OOM"
+
+
+class ExecAbortError(PionError):
+    code = "EXECABORT"
 
 
 class ColdMissError(PionError):

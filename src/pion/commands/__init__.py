@@ -26,6 +26,7 @@ from pion.commands import (
     rollback,
     ssm,
     strings,
+    transactions,
     vstore,
     zsets,
     zsets_more,
@@ -50,6 +51,7 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     hashes.COMMANDS,
     zsets.COMMANDS,
     zsets_more.COMMANDS,
+    transactions.COMMANDS,
 )
 
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pion import __version__
 from pion.commands import config_cmd
 from pion.commands.args import Args, parse_int
+from pion.commands.clientctl import client_kill, client_no_evict, client_reply
 from pion.commands.info import info_command
 from pion.commands.state import Command, Context
 from pion.errors import NoAuthError, NoProtoError, PionError, WrongPassError
@@ -167,47 +168,19 @@ def _client(ctx: Context, args: Sequence[bytes]) -> Reply:
         return _client_line(ctx, ctx.client.id) + "\n"
     if sub == "LIST":
         return "".join(_client_line(ctx, cid) + "\n" for cid in sorted(ctx.state.clients))
-    if sub == "KILL" and len(cur) >= 1:
-        return _client_kill(ctx, cur)
-    if sub in ("NO-EVICT", "NO-TOUCH") and len(cur) == 1:
-        flag = cur.keyword()
-        if flag not in ("ON", "OFF"):
+    if sub == "KILL":
+        return client_kill(ctx, cur)
+    if sub == "NO-EVICT":
+        return client_no_evict(ctx, cur)
+    if sub == "NO-TOUCH" and len(cur) == 1:
+        if cur.keyword() not in ("ON", "OFF"):
             raise PionError("syntax error")
-        if sub == "NO-EVICT":  # exempt from the maxmemory-clients bound, as in Redis
-            ctx.client.no_evict = flag == "ON"
         return Simple("OK")
-    if sub == "REPLY" and len(cur) == 1 and cur.peek_keyword() == "ON":
-        return Simple("OK")
+    if sub == "REPLY":
+        return client_reply(ctx, cur)
     raise PionError(
         f"unknown subcommand or wrong number of arguments for '{sub.lower()}'. Try CLIENT HELP."
     )
-
-
-def _client_kill(ctx: Context, cur: Args) -> Reply:
-    kill = ctx.state.kill_client
-    if kill is None:
-        raise PionError("CLIENT KILL is not available")
-    if len(cur) == 1:  # old form: CLIENT KILL addr:port
-        addr = cur.text("addr")
-        for cid, c in list(ctx.state.clients.items()):
-            if c.addr == addr:
-                kill(cid)
-                return Simple("OK")
-        raise PionError("No such client")
-    killed = 0
-    while not cur.done():
-        opt = cur.keyword()
-        value = cur.arg(opt.lower())
-        if opt == "ID":
-            target = parse_int(value, "client id")
-            killed += int(kill(target)) if target in ctx.state.clients else 0
-        elif opt == "ADDR":
-            for cid, c in list(ctx.state.clients.items()):
-                if c.addr == value.decode("utf-8", "replace"):
-                    killed += int(kill(cid))
-        else:
-            raise PionError("syntax error")
-    return killed
 
 
 def _dbsize(ctx: Context, args: Sequence[bytes]) -> Reply:

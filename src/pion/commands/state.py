@@ -31,6 +31,7 @@ from pion.prefix.registry import PrefixRegistry
 from pion.resp.reply import Reply
 from pion.ssm import SsmStore
 from pion.vstore import VStore
+from pion.watch import WatchToken
 
 if TYPE_CHECKING:  # imported only where --tier is given (it pulls in redis-py)
     from pion.tier import Tier
@@ -72,6 +73,14 @@ class Durability(Protocol):
 
     def save(self, path: str | None = None) -> None:
         """Write an atomic snapshot (KV.PREFIX.SAVE, SHUTDOWN SAVE)."""
+
+    def begin_unit(self) -> None:
+        """EXEC starts: the records of the mutations until :meth:`end_unit` are kept
+        and written as one log record (``pion.persistence.wal``)."""
+
+    def end_unit(self) -> None:
+        """EXEC ends: write the unit's records as one; raises MisconfError when the
+        log cannot take it (the log is then failed: memory holds the changes)."""
 
     def info(self) -> dict[str, int | str]:
         """Fields of INFO's Persistence section and the wal_* fields of
@@ -170,6 +179,15 @@ class ClientState:
     last_command: str = ""
     closing: bool = False  # set by QUIT / CLIENT KILL: close after the reply
     no_evict: bool = False  # CLIENT NO-EVICT ON: exempt from maxmemory-clients
+    # MULTI .. EXEC (pion.commands.transactions): the queued commands while a
+    # transaction is open (None otherwise), whether queuing one failed (EXEC then
+    # aborts), and this client's WATCH token (None while it watches nothing).
+    queued: list[tuple[Command, Sequence[bytes]]] | None = None
+    queue_failed: bool = False
+    queued_bytes: int = 0  # the queued commands' argument bytes (bounded)
+    watch: WatchToken | None = None
+    # CLIENT REPLY: "on", "off", or "skip" (the next command's reply is dropped).
+    reply_mode: str = "on"
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,12 @@ removed from memory anyway: its deadline is already durable.
 Each key remembers when a command last looked it up (``Entry.touched``, in seconds of
 ``lru_clock``, which :meth:`Keyspace.sweep` advances: Redis's LRU clock has the same
 one-second resolution), for OBJECT IDLETIME.
+
+WATCH: every change of a key reaches one of the internal primitives at the bottom
+(``_put``, ``_drop``, ``_set_deadline``, the field and member primitives, ``_clear``),
+and each tells ``watchers`` (:mod:`pion.watch`) which key changed. A command built on
+the store's writes is watched without doing anything; replay changes keys through the
+same primitives while nobody watches.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ from pion.keyspace.mutations import (
 )
 from pion.keyspace.scan import SlotTable
 from pion.keyspace.sortedset import SortedSet
+from pion.watch import Watchers
 
 __all__ = ["Budget", "KeyJournal", "Keyspace"]
 
@@ -101,6 +108,8 @@ class Keyspace:
         self.lru_clock = clock() // 1000
         # HRANDFIELD, ZRANDMEMBER, RANDOMKEY (tests may seed it).
         self.rng = Random()
+        # Clients watching keys (WATCH); told of every change by the primitives below.
+        self.watchers = Watchers()
         # INFO Stats counters, from process start.
         self.expired_keys = 0
         self.hits = 0
@@ -186,6 +195,12 @@ class Keyspace:
 
     def exists(self, key: bytes) -> bool:
         return self._entry(key) is not None
+
+    def past_deadline(self, key: bytes) -> bool:
+        """True when ``key`` is held but its deadline has passed (not removed yet):
+        logically gone. Changes nothing (WATCH and EXEC ask)."""
+        e = self._data.get(key)
+        return e is not None and bool(e.deadline) and e.deadline < self.clock()
 
     def keys(self, pattern: bytes) -> list[bytes]:
         """Live keys matching ``pattern`` (expired ones are skipped, not removed)."""
@@ -380,7 +395,7 @@ class Keyspace:
             # back is a snapshot from memory, which must not hold these keys.
             log.debug("expiring %d keys without a log record: %s", len(keys), exc.message)
         for k in keys:
-            self._drop(k)
+            self._drop(k, expiring=True)
         self.expired_keys += len(keys)
 
     def sweep(self, max_keys: int) -> int:
@@ -472,6 +487,8 @@ class Keyspace:
         self._data[key].slot = slot
 
     def _put(self, key: bytes, value: Value, deadline: int, size: int = -1) -> None:
+        if self.watchers.names:
+            self.watchers.touch(key)
         e = self._data.get(key)
         if size < 0:
             size = value_size(key, value)
@@ -486,13 +503,17 @@ class Keyspace:
     def _set_deadline(self, key: bytes, e: Entry, deadline: int) -> None:
         if not deadline and not e.deadline:
             return
+        if self.watchers.names:
+            self.watchers.touch(key)
         if e.deadline:
             self.deadlines.discard(e.deadline)
         e.deadline = deadline
         if deadline:
             self.deadlines.add(key, deadline)
 
-    def _drop(self, key: bytes) -> None:
+    def _drop(self, key: bytes, *, expiring: bool = False) -> None:
+        if self.watchers.names:
+            self.watchers.touch(key, expiring=expiring)
         e = self._data.pop(key)
         self.used_bytes -= e.size
         if e.deadline:
@@ -513,6 +534,8 @@ class Keyspace:
         self._put(destination, copy_value(e.value), e.deadline, size)
 
     def _clear(self) -> None:
+        if self.watchers.names:
+            self.watchers.touch_held(self._data)
         self._data.clear()
         self._slots.clear()
         self.deadlines.clear()
@@ -526,6 +549,8 @@ class Keyspace:
         return e
 
     def _apply_fields(self, key: bytes, items: Iterable[tuple[bytes, bytes]]) -> None:
+        if self.watchers.names:
+            self.watchers.touch(key)
         e = self._container(key, dict)
         h = cast(dict[bytes, bytes], e.value)  # the caller checked the type
         grow = 0
@@ -537,6 +562,8 @@ class Keyspace:
         self.used_bytes += grow
 
     def _apply_delete_fields(self, key: bytes, fields: Iterable[bytes]) -> None:
+        if self.watchers.names:
+            self.watchers.touch(key)
         e = self._data[key]
         h = cast(dict[bytes, bytes], e.value)
         shrink = 0
@@ -550,6 +577,8 @@ class Keyspace:
             self._drop(key)
 
     def _apply_scores(self, key: bytes, items: Iterable[tuple[float, bytes]]) -> None:
+        if self.watchers.names:
+            self.watchers.touch(key)
         e = self._container(key, SortedSet)
         z = cast(SortedSet, e.value)
         grow = 0
@@ -560,6 +589,8 @@ class Keyspace:
         self.used_bytes += grow
 
     def _apply_delete_members(self, key: bytes, members: Iterable[bytes]) -> None:
+        if self.watchers.names:
+            self.watchers.touch(key)
         e = self._data[key]
         z = cast(SortedSet, e.value)
         shrink = 0

@@ -343,6 +343,16 @@ class Persistence:
             self.wal.append_frame(frame)
         self.changes += 1
 
+    def begin_unit(self) -> None:
+        """EXEC starts: its records become one log record (``wal.py``)."""
+        if self.wal is not None:
+            self.wal.begin_unit()
+
+    def end_unit(self) -> None:
+        """EXEC ends: write its records as one; MisconfError if the log cannot."""
+        if self.wal is not None:
+            self.wal.end_unit()
+
     # -- Durability ------------------------------------------------------------------
 
     def write_refusal(self) -> str | None:

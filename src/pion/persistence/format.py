@@ -49,11 +49,24 @@ flip in a length can never make a reader skip valid records or swallow the tail.
 
 Op-code ranges, one per store, frozen (``stores.py``): 1..15 the V-store (specified in
 ``vstore_format.py``), 16..31 the plain keyspace (``keyspace_format.py``), 32..47 SSM
-and attention state, 127 END (a snapshot's last record: u64 records before it, u64
-units). Every store's records share this framing and the log's one
-sequence; each store has its own snapshot file, ``pion.<store>.<w>``, with the header
-above; END counts the store's units (V-store: sessions, opened by CREATE or
-CREATE_ROPES).
+and attention state, 48..63 log-only framing records that no store owns (48 TXN, below),
+127 END (a snapshot's last record: u64 records before it, u64 units). Every store's
+records share this framing and the log's one sequence; each store has its own snapshot
+file, ``pion.<store>.<w>``, with the header above; END counts the store's units
+(V-store: sessions, opened by CREATE or CREATE_ROPES).
+
+TXN (op 48; ``txn_format.py``), the writes of one EXEC, so that a crash leaves all of
+them or none (one record: one sequence number, one payload CRC; a TXN cut short is a
+torn last record, dropped at recovery with the whole transaction)::
+
+    0    1     u8  layout  1
+    1    4     u32 count   inner records, >= 2 (a unit of one record is written as it)
+    5    ...   count x:  u8 op (1..47: a store's op, never TXN or END), u32 len,
+                         len bytes: the payload a plain record of that op holds
+
+Recovery applies the inner records in order, each through its store, all under the
+TXN's sequence number. Added in version 1 (ops are only added): a reader without it
+stops at ``unknown op code 48``.
 
 Version. Both files are version 1, and version 1 is the V-store's ops 1..9, the other
 stores' ops (each specified in its own module: ``vstore_format.py``,

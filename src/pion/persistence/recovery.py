@@ -53,9 +53,10 @@ from typing import BinaryIO
 from pion.errors import PionError
 from pion.persistence import faults
 from pion.persistence.format import WAL_HEADER, FormatError, SnapshotHeader, WalHeader
-from pion.persistence.reader import LogDamage, read_records
+from pion.persistence.reader import LogDamage, Record, read_records
 from pion.persistence.snapshot import SNAPSHOT_HEADER_SIZE, iter_frames
 from pion.persistence.stores import DurableStore, SizesSnapshots
+from pion.persistence.txn_format import OP_TXN, decode_txn
 from pion.persistence.vstore_durable import VStoreDurable
 from pion.vstore import VStore
 
@@ -270,15 +271,9 @@ def _replay_log(
         try:
             for rec in read_records(f, WAL_HEADER_SIZE, size, header.start):
                 seq = rec.seq
-                store = owners.get(rec.op)
-                if store is None:
-                    res.foreign += 1
-                    continue
-                if seq <= covered[store.name]:
-                    res.skipped += 1
-                    continue
                 try:
-                    store.apply_frame(rec.op, rec.payload)
+                    if not _apply_record(owners, covered, rec, res):
+                        continue
                 except PionError as exc:
                     raise RecoveryError(
                         f"{path}: record {seq} at offset {rec.offset} cannot be replayed: "
@@ -328,6 +323,30 @@ def _replay_log(
     # needs the log, so it continues.
     continues = seq > oldest or (seq == oldest and res.skipped == 0)
     res.wal_action = "continue" if continues else "reset"
+
+
+def _apply_record(
+    owners: dict[int, DurableStore],
+    covered: dict[str, int],
+    rec: Record,
+    res: RecoveryResult,
+) -> bool:
+    """Apply one log record (a TXN: each of its records in order, txn_format.py);
+    False when nothing of it was for this worker's stores or all was covered."""
+    seq = rec.seq
+    records = decode_txn(rec.payload) if rec.op == OP_TXN else ((rec.op, rec.payload),)
+    applied = False
+    for inner_op, body in records:
+        store = owners.get(inner_op)
+        if store is None:
+            res.foreign += 1
+            continue
+        if seq <= covered[store.name]:
+            res.skipped += 1
+            continue
+        store.apply_frame(inner_op, body)
+        applied = True
+    return applied
 
 
 def _holds_records(f: BinaryIO, size: int, start: int) -> bool:

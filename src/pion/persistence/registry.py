@@ -17,6 +17,7 @@ from pion.persistence.format import Buffer, FormatError
 from pion.persistence.ssm_durable import SSM_OPS, SSM_UNIT_OPS, describe_ssm
 from pion.persistence.vstore_format import OPS as VSTORE_OPS
 from pion.persistence.vstore_format import VSTORE_UNIT_OPS, decode_mutation
+from pion.persistence.txn_format import TXN_OPS, describe_txn
 from pion.vstore import DropSession
 
 __all__ = ["FAMILIES", "KNOWN_OPS", "UNIT_OPS", "RecordFamily", "describe", "family_of"]
@@ -47,6 +48,8 @@ FAMILIES: tuple[RecordFamily, ...] = (
     RecordFamily(
         "keyspace", keyspace_format.OPS, keyspace_format.UNIT_OPS, keyspace_format.describe
     ),
+    # Not a store: an EXEC's records as one (txn_format.py); recovery unpacks it.
+    RecordFamily("txn", TXN_OPS, frozenset(), describe_txn),
 )
 
 

@@ -18,6 +18,16 @@ policy decides is power loss:
               one second (plus one fsync's duration) of acknowledged writes.
 ``no``        the kernel writes back when it likes (typically within 30 s).
 
+Transactions. Between :meth:`WriteAheadLog.begin_unit` and
+:meth:`~WriteAheadLog.end_unit` (one EXEC) appended records are checked as usual and
+kept, their payloads copied, instead of written; ``end_unit`` writes them as one TXN
+record (``txn_format.py``), so a crash leaves all of them in the log or none. The
+stores apply each mutation when it is appended, as outside a unit: memory runs ahead
+of the file only while EXEC runs, and nothing can be acknowledged before
+``end_unit``. If that one write fails, memory holds changes the log lacks, so the log
+is *failed* (not merely blocked, even for lack of room): writes are refused until a
+snapshot from memory replaces it.
+
 Failures come in two kinds.
 
 *Out of space* (a write fails with ``ENOSPC`` or ``EDQUOT``): the kernel refused the
@@ -56,13 +66,15 @@ import logging
 import os
 import shutil
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from pion.config import AppendFsync
-from pion.errors import MisconfError
+from pion.errors import MisconfError, PionError
 from pion.persistence.files import UncertainRename, create_atomically, fdatasync, write_all
-from pion.persistence.format import WalHeader, encode_frame
+from pion.persistence.format import MAX_PAYLOAD, Buffer, WalHeader, encode_frame
 from pion.persistence.stores import FREEING_COMMANDS, Frame
+from pion.persistence.txn_format import OP_TXN, encode_txn, inner_overhead
 from pion.persistence.vstore_durable import vstore_frame
 from pion.vstore import Mutation
 
@@ -99,6 +111,9 @@ class WriteAheadLog:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # The records of the open unit (an EXEC), payloads copied; None outside one.
+        self._unit: list[tuple[int, list[Buffer]]] | None = None
+        self._unit_bytes = 0
 
     # -- opening ---------------------------------------------------------------------
 
@@ -168,8 +183,14 @@ class WriteAheadLog:
             raise MisconfError("the write-ahead log is not open")
         if self.blocked is not None and not frame.drop:
             raise MisconfError(self.refusal())
+        if self._unit is not None:
+            self._keep(self._unit, frame)
+            return
+        self._write(frame.op, frame.parts)
+
+    def _write(self, op: int, payload: Sequence[Buffer]) -> None:
         seq = self.last_seq + 1
-        parts, size = encode_frame(seq, frame.op, frame.parts)
+        parts, size = encode_frame(seq, op, payload)
         try:
             write_all(self._fd, parts, size)
         except OSError as exc:
@@ -185,6 +206,51 @@ class WriteAheadLog:
         self.appended += 1
         # Published last: the fsync thread reads last_seq to know what it has covered.
         self.last_seq = seq
+
+    # -- transactions (module docstring) ----------------------------------------------
+
+    def begin_unit(self) -> None:
+        """Keep the records appended from now until :meth:`end_unit` (one EXEC)."""
+        self._unit = []
+        self._unit_bytes = 0
+
+    def _keep(self, unit: list[tuple[int, list[Buffer]]], frame: Frame) -> None:
+        grow = frame.size + inner_overhead()
+        total = self._unit_bytes + grow + 5
+        if total > MAX_PAYLOAD:
+            raise PionError(
+                f"a transaction's writes of {total} bytes exceed the write-ahead log's "
+                f"record limit of {MAX_PAYLOAD} bytes; send them in smaller transactions"
+            )
+        # Payloads are valid only during append (a view of a request buffer or of a
+        # layer the next command may change): the unit keeps copies.
+        copies: list[Buffer] = [p if isinstance(p, bytes) else bytes(p) for p in frame.parts]
+        unit.append((frame.op, copies))
+        self._unit_bytes += grow
+
+    def end_unit(self) -> None:
+        """Write the unit's records as one TXN record (a single record as itself; none:
+        nothing). If that write fails the log is failed and MisconfError raised: the
+        stores already hold the unit's changes, which only a snapshot can now keep."""
+        unit, self._unit = self._unit, None
+        self._unit_bytes = 0
+        if not unit:
+            return
+        if self.failure is not None:
+            raise MisconfError(self.refusal())
+        try:
+            if len(unit) == 1:
+                self._write(*unit[0])
+            else:
+                self._write(OP_TXN, encode_txn(unit))
+        except MisconfError:
+            if self.failure is None:
+                self.failure = (
+                    f"a transaction's record could not be written to {self.path.name} "
+                    f"({self.blocked or 'write failed'})"
+                )
+                log.error("write-ahead log %s: %s; refusing writes", self.path, self.failure)
+            raise MisconfError(self.refusal()) from None
 
     # -- durability ------------------------------------------------------------------
 

@@ -52,6 +52,7 @@ from typing import Any, cast
 
 from pion.commands.deferred import Deferred, Offload
 from pion.commands.state import ClientState, CommandTable, Context, ServerState
+from pion.commands.transactions import forget_client
 from pion.errors import ProtocolError
 from pion.resp.decoder import SCRATCH_BYTES, RequestDecoder
 from pion.resp.encoder import Chunks, encode_error
@@ -164,6 +165,7 @@ class Connection(asyncio.BufferedProtocol):
         if self._registered:
             self._registered = False
             self._memory.forget(self)
+            forget_client(self._state, self.client)  # its transaction and WATCHes
             self._state.clients.pop(self.client.id, None)
             self._registry.pop(self.client.id, None)
 

@@ -16,6 +16,11 @@ A handler may return a :data:`~pion.commands.deferred.Deferred` (its number
 conversion runs off the event loop); :func:`execute` hands that back to the
 connection, and the ``finish`` of an :class:`~pion.commands.deferred.Offload` runs
 through :func:`complete`, inside this same boundary.
+
+Inside MULTI a command that passed those checks is queued instead of run
+(``pion.commands.transactions``); one refused by them fails the transaction. While
+``CLIENT REPLY OFF|SKIP`` silences a client, :func:`execute` runs its commands to the
+end here (deferred parts too) and appends nothing (``pion.commands.clientctl``).
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ from collections.abc import Sequence
 from time import perf_counter_ns
 from typing import Any
 
+from pion.commands.clientctl import begin_silent, silenced
 from pion.commands.deferred import Deferred, Offload, Stream
 from pion.commands.state import Context
+from pion.commands.transactions import IMMEDIATE, queue_command, refused_in_multi, settle
 from pion.errors import LoadingError, MisconfError, NoAuthError, PionError
 from pion.persistence.stores import FREEING_COMMANDS
 from pion.resp.encoder import Chunks, encode_error, encode_reply
@@ -44,9 +51,17 @@ _NAMES: dict[bytes, str] = {}
 _NAME_CACHE_SIZE = 1024
 
 
-def _unknown(argv: Sequence[bytes]) -> ErrorReply:
+def _unknown(ctx: Context, argv: Sequence[bytes]) -> ErrorReply:
+    if ctx.client.queued is not None:
+        ctx.client.queue_failed = True  # EXEC will answer -EXECABORT
     name = argv[0].decode("utf-8", "replace")[:128]
-    shown = " ".join(f"'{a.decode('utf-8', 'replace')[:128]}'" for a in argv[1:8])
+    # Redis's text: each argument quoted and followed by a space, while under 128
+    # characters.
+    shown = ""
+    for arg in argv[1:]:
+        if len(shown) >= 128:
+            break
+        shown += f"'{arg[: 128 - len(shown)].decode('utf-8', 'replace')}' "
     return ErrorReply(f"ERR unknown command '{name}', with args beginning with: {shown}")
 
 
@@ -67,19 +82,16 @@ def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
         try:
             name = raw.decode("ascii").upper()
         except UnicodeDecodeError:
-            return _unknown(argv)
+            return _unknown(ctx, argv)
         if len(_NAMES) < _NAME_CACHE_SIZE:
             _NAMES[raw] = name
     cmd = ctx.table.get(name)
     if cmd is None:
-        return state.stats.unknown(_unknown(argv))
-    ctx.client.last_command = cmd.name
+        return state.stats.unknown(_unknown(ctx, argv))
+    client = ctx.client
+    client.last_command = cmd.name
     try:
-        if (
-            state.config.auth_required
-            and not ctx.client.authenticated
-            and "noauth" not in cmd.flags
-        ):
+        if state.config.auth_required and not client.authenticated and "noauth" not in cmd.flags:
             raise NoAuthError()
         if not cmd.arity_ok(len(argv) - 1):
             raise PionError(f"wrong number of arguments for '{name.lower()}' command")
@@ -95,7 +107,11 @@ def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
             failure = state.persistence.write_refusal()
             if failure is not None:
                 raise MisconfError(failure)
+        if client.queued is not None and cmd.name not in IMMEDIATE:
+            return queue_command(ctx, cmd, argv)
     except PionError as exc:
+        if client.queued is not None:
+            return state.stats.rejected(cmd.name, refused_in_multi(ctx, cmd.name, exc))
         return state.stats.rejected(cmd.name, ErrorReply(exc.resp_line()))
     # INFO commandstats and SLOWLOG (pion.commands.stats) time the handler alone.
     started = perf_counter_ns()
@@ -118,10 +134,29 @@ def execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int | Deferred:
     Encoding is inside the boundary too: if the reply cannot be encoded, whatever it
     had appended is taken back and ``-ERR internal error`` goes out in its place, so
     the replies before it in ``out`` are kept and the framing stays intact."""
+    if ctx.client.reply_mode != "on":
+        return _silent(ctx, argv, out)
     reply = dispatch(ctx, argv)
     if isinstance(reply, Offload | Stream):
         return reply
     return _encode(ctx, argv, reply, out)
+
+
+def _silent(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int:
+    """CLIENT REPLY OFF or SKIP: run the command (its deferred part too), send nothing,
+    unless the command switched replies back on."""
+    begin_silent(ctx.client)
+    reply = dispatch(ctx, argv)
+    try:
+        value = settle(reply)
+    except PionError:
+        return 0
+    except Exception:
+        _internal_error(ctx, argv[0].decode("utf-8", "replace")[:64], "finishing")
+        return 0
+    if silenced(ctx.client):
+        return 0
+    return _encode(ctx, argv, value, out)
 
 
 def complete(

@@ -49,6 +49,10 @@ Mutations follow one order: validate everything -> encode -> ``journal.append`` 
 apply (see ``journal.py``); :meth:`VStore.apply` replays a record without journaling.
 The surface is kept narrow on purpose (create, store, fetch, drop, enumerate, blocks)
 so the WAL and a cluster tier plug in behind it.
+
+WATCH: every mutation of a session (client writes, drops, evictions, rollback) passes
+through ``_journal``, which tells ``watchers`` (:mod:`pion.watch`) the session id once
+the journal accepted it.
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ from pion.vstore.session import (
     validate_create,
 )
 from pion.vstore.views import BlockTable, SessionInfo, namespace_of
+from pion.watch import Watchers
 
 __all__ = ["MAX_REPLY_BYTES", "MAX_RUNS", "MAX_ZERO_FILL_BYTES", "VStore"]
 
@@ -143,6 +148,8 @@ class VStore:
         # file cache removes stale files at once). A listener must not raise, nor call
         # back into the store.
         self.change_listeners: list[Callable[[bytes], None]] = []
+        # Clients watching sessions (WATCH): told by _journal of every mutation.
+        self.watchers = Watchers()
 
     # -- limits and enumeration ------------------------------------------------------
 
@@ -568,6 +575,8 @@ class VStore:
     def _journal(self, m: Mutation) -> None:
         if self.journal is not None:
             self.journal.append(m)
+        if self.watchers.names and not isinstance(m, SnapshotIds):
+            self.watchers.touch(m.sid)
 
     def _check_layer(self, layer: int) -> None:
         if not 0 <= layer < self.limits.max_layers:

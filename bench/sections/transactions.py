@@ -1,0 +1,64 @@
+"""The section on transactions: MULTI/EXEC and redis-py's default pipeline against
+redis-server (``bench/transactions.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sections._base import Result, Section, bars, figure, parity, ratio
+from sections._text import join
+
+
+def transactions(results: Mapping[str, Result]) -> Section:
+    data = results["transactions"]
+    target = float(data.get("target", 0.5))
+    rows, labels, vs_redis, vs_aof, losses = [], [], [], [], []
+    for r in data.get("results", []):
+        m = r["median"]
+        base = m["redis"]
+        labels.append(r["case"])
+        vs_redis.append(m["pion"] / base)
+        vs_aof.append(m["pion"] / m["redis-aof"])
+        rows.append(
+            [
+                r["case"],
+                r["unit"],
+                m["pion"],
+                base,
+                m["redis-aof"],
+                ratio(m["pion"] / base),
+                ratio(m["pion"] / m["redis-aof"]),
+            ]
+        )
+        if m["pion"] / base < target:
+            losses.append(f"{r['case']} {ratio(m['pion'] / base)}")
+    fig, (ax,) = figure(width=8)
+    bars(ax, labels, {"x redis (no persistence)": vs_redis, "x redis (AOF everysec)": vs_aof})
+    parity(ax)
+    ax.axhline(target, color="red", linewidth=0.8, linestyle=":", label=f"target {target}x")
+    ax.legend(fontsize=8)
+    ax.set_ylabel("pion-server x redis-server")
+    ax.set_title("Transactions: MULTI/EXEC and redis-py's default pipeline")
+    return Section(
+        title="How fast are transactions (MULTI/EXEC, redis-py's pipeline) against redis-server?",
+        intro=(
+            "MULTI, 4 SETs, EXEC over "
+            f"{data.get('connections', '?')} connections, 64 transactions per round trip "
+            "(P64) and one (P1), and redis-py's default (transactional) pipeline of 100 "
+            "SETs from as many threads; pion-server with one worker and its log "
+            "(`everysec`; an EXEC is one log record) against redis-server without "
+            f"persistence and with an `everysec` AOF, medians of {data.get('rounds', '?')} "
+            f"rounds. Target: {target}x redis-server."
+        ),
+        headers=["case", "unit", "pion", "redis", "redis AOF", "pion x redis", "pion x AOF"],
+        rows=rows,
+        losses=(
+            f"Below the {target}x target: {join(losses)}. The server's per-command cost "
+            "in Python (dispatch, the keyspace write, the log record) is what separates "
+            "it from redis-server when many commands arrive per round trip."
+            if losses
+            else ""
+        ),
+        command="python bench/transactions.py",
+        figure=fig,
+    )

@@ -1,0 +1,289 @@
+"""Transactions (docs/protocol.md, "Transactions"): MULTI, EXEC, DISCARD, WATCH,
+UNWATCH, with Redis 7's semantics and error texts.
+
+After MULTI the dispatcher (``pion.server.dispatch``) hands every command to
+:func:`queue_command` instead of running it, once the checks that run before any
+command passed (unknown command, authentication, arity, loading, MISCONF): a command
+refused by one of those, or one that cannot be queued, makes the transaction fail, and
+EXEC then answers ``-EXECABORT`` and runs nothing. The commands in :data:`IMMEDIATE`
+run at once even inside MULTI (MULTI, EXEC, DISCARD, WATCH and QUIT, as in Redis).
+
+What can be queued: every keyspace, ``V.*``, ``KV.PREFIX.*``, ``SSM.*``, ``ATTEND.*``
+and server command, except those in :data:`NOT_QUEUED`: the connection-state commands
+(AUTH, HELLO, SELECT, CLIENT), SHUTDOWN, and KV.PREFIX.SAVE and KV.PREFIX.COMMIT, which
+act on the log the transaction is being written to. Those answer
+``-ERR Command not allowed inside a transaction`` and fail the transaction.
+
+EXEC runs the queued commands one after the other on the event loop thread, with no
+other client's command in between (the loop does not yield inside a handler), so
+nobody sees the transaction half-applied. A command whose conversion is normally
+offloaded runs inline. A runtime error fails that command only: its reply is the error
+and the others run. Their log records become one unit (``begin_unit``/``end_unit`` of
+the persistence layer; ``pion.persistence.txn_format``): a crash leaves all of an
+EXEC's writes in the log or none, and under ``appendfsync always`` the EXEC reply waits
+for the fsync of that one record like any write's reply.
+
+Refused before anything runs, the transaction discarded: a log that is failing while
+the transaction holds a write command (``-EXECABORT Transaction discarded because of:
+MISCONF ...``, as Redis), and under ``-w N`` a command on a session or namespace
+another worker owns (``-EXECABORT Transaction discarded because of: ERR ... session
+lives on worker N``; that command's queuing already answered the redirect).
+
+WATCH is bookkeeping in the stores (:mod:`pion.watch`): a name is watched as a
+keyspace key, as a V-store session id, and as a registry namespace (its two sessions
+``<name>_pk`` and ``<name>_pv``). Any change through the stores' mutation primitives
+(write, delete, expiry, eviction, flush) by anyone, this client included, makes EXEC
+answer nil (``*-1`` in RESP2, ``_`` in RESP3); so does a watched key's deadline passing
+before EXEC. EXEC, DISCARD, UNWATCH and disconnecting forget the client's watches.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from pion.commands.deferred import Deferred, LazyBulk, Offload, Stream
+from pion.commands.state import ClientState, Command, Context, ServerState
+from pion.commands.workers import redirect_namespace, redirect_session
+from pion.errors import ExecAbortError, MisconfError, PionError
+from pion.resp.reply import ErrorReply, NullArray, Reply, Simple
+from pion.watch import WatchToken
+from pion.wire import namespace_sids
+
+__all__ = [
+    "COMMANDS",
+    "IMMEDIATE",
+    "NOT_QUEUED",
+    "forget_client",
+    "queue_command",
+    "refused_in_multi",
+    "settle",
+]
+
+log = logging.getLogger("pion.server")
+
+# Run at once inside MULTI (Redis: exec, discard, multi, watch, quit, reset).
+IMMEDIATE = frozenset({"MULTI", "EXEC", "DISCARD", "WATCH", "QUIT"})
+# Refused inside MULTI, failing the transaction (module docstring).
+NOT_QUEUED = frozenset(
+    {"AUTH", "HELLO", "SELECT", "CLIENT", "SHUTDOWN", "KV.PREFIX.SAVE", "KV.PREFIX.COMMIT"}
+)
+# What one client's open transaction may hold: a bound, so MULTI followed by an endless
+# stream of commands cannot grow the server without limit.
+MAX_QUEUED = 100_000
+MAX_QUEUED_BYTES = 512 << 20
+
+_NOT_ALLOWED = "Command not allowed inside a transaction"
+_ABORTED = "Transaction discarded because of previous errors."
+# KV.PREFIX commands whose arguments from the first on are namespaces (DROP: all of
+# them; the others: the first), refused under -w N when another worker owns one.
+_NAMESPACE_COMMANDS = {
+    "KV.PREFIX.REGISTER": 1,
+    "KV.PREFIX.BLOCKS": 1,
+    "KV.PREFIX.MEMBERSHIP": 1,
+    "KV.PREFIX.WARM": 1,
+    "KV.PREFIX.DROP": -1,
+}
+
+
+# -- queuing (called by the dispatcher) --------------------------------------------------
+
+
+def queue_command(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply:
+    """Queue ``cmd`` in the client's open transaction; raises (and the transaction then
+    fails) for a command that cannot be queued."""
+    queued = ctx.client.queued
+    if queued is None:  # the dispatcher calls this only inside MULTI
+        raise PionError("EXEC without MULTI")
+    if cmd.name in NOT_QUEUED:
+        raise PionError(_NOT_ALLOWED)
+    _check_local(ctx, cmd, argv)
+    size = sum(len(a) for a in argv)
+    client = ctx.client
+    if len(queued) >= MAX_QUEUED or client.queued_bytes + size > MAX_QUEUED_BYTES:
+        raise PionError(
+            f"a transaction holds at most {MAX_QUEUED} commands and {MAX_QUEUED_BYTES} "
+            "bytes of arguments; EXEC it in smaller parts"
+        )
+    queued.append((cmd, argv))
+    client.queued_bytes += size
+    return Simple("QUEUED")
+
+
+def refused_in_multi(ctx: Context, name: str, exc: PionError) -> ErrorReply:
+    """Inside MULTI, a command refused before it ran (or before it was queued): the
+    transaction fails, and a refused EXEC discards it at once, as Redis does (its
+    message then drops a plain ``ERR`` code: ``because of: wrong number of arguments
+    for 'exec' command``)."""
+    client = ctx.client
+    if name == "EXEC":
+        forget_client(ctx.state, client)
+        why = exc.message if exc.code == "ERR" else exc.resp_line()
+        return ErrorReply(f"EXECABORT Transaction discarded because of: {why}")
+    client.queue_failed = True
+    return ErrorReply(exc.resp_line())
+
+
+def _check_local(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> None:
+    """Under -w N: raise the redirect when ``cmd`` acts on a session or namespace
+    another worker owns (a no-op on a single-process server)."""
+    if ctx.state.registry.directory is None or len(argv) < 2:
+        return
+    name = cmd.name
+    if name.startswith("V."):
+        redirect_session(ctx, argv[1], name)
+        return
+    first = _NAMESPACE_COMMANDS.get(name)
+    if first is not None:
+        for ns in argv[1:] if first < 0 else argv[1:2]:
+            redirect_namespace(ctx, ns, name)
+
+
+def forget_client(state: ServerState, client: ClientState) -> None:
+    """The client disconnected: drop its transaction and its watches."""
+    client.queued = None
+    client.queue_failed = False
+    client.queued_bytes = 0
+    _unwatch(state, client)
+
+
+# -- the commands --------------------------------------------------------------------------
+
+
+def _multi(ctx: Context, args: Sequence[bytes]) -> Reply:
+    client = ctx.client
+    if client.queued is not None:
+        raise PionError("MULTI calls can not be nested")
+    client.queued = []
+    client.queue_failed = False
+    client.queued_bytes = 0
+    return Simple("OK")
+
+
+def _discard(ctx: Context, args: Sequence[bytes]) -> Reply:
+    client = ctx.client
+    if client.queued is None:
+        raise PionError("DISCARD without MULTI")
+    forget_client(ctx.state, client)
+    return Simple("OK")
+
+
+def _watch(ctx: Context, args: Sequence[bytes]) -> Reply:
+    client = ctx.client
+    if client.queued is not None:
+        raise PionError("WATCH inside MULTI is not allowed")
+    state = ctx.state
+    token = client.watch
+    if token is None:
+        token = client.watch = WatchToken()
+    keyspace, vstore = state.keyspace, state.vstore
+    for raw in args:
+        name = bytes(raw)
+        if name not in token.keys:
+            token.keys[name] = keyspace.past_deadline(name)
+            keyspace.watchers.add(name, token)
+        for sid in (name, *namespace_sids(name)):
+            if sid not in token.sessions:
+                token.sessions.add(sid)
+                vstore.watchers.add(sid, token)
+    return Simple("OK")
+
+
+def _unwatch_cmd(ctx: Context, args: Sequence[bytes]) -> Reply:
+    _unwatch(ctx.state, ctx.client)
+    return Simple("OK")
+
+
+def _unwatch(state: ServerState, client: ClientState) -> None:
+    token = client.watch
+    if token is None:
+        return
+    client.watch = None
+    for key in token.keys:
+        state.keyspace.watchers.remove(key, token)
+    for sid in token.sessions:
+        state.vstore.watchers.remove(sid, token)
+
+
+def _changed(state: ServerState, token: WatchToken | None) -> bool:
+    """A watched name changed, or a watched key live at WATCH is past its deadline."""
+    if token is None:
+        return False
+    if token.dirty:
+        return True
+    keyspace = state.keyspace
+    return any(not was and keyspace.past_deadline(k) for k, was in token.keys.items())
+
+
+def _exec(ctx: Context, args: Sequence[bytes]) -> Reply:
+    client, state = ctx.client, ctx.state
+    queued = client.queued
+    if queued is None:
+        raise PionError("EXEC without MULTI")
+    failed = client.queue_failed
+    changed = _changed(state, client.watch)
+    forget_client(state, client)
+    if failed:
+        raise ExecAbortError(_ABORTED)
+    if changed:
+        return NullArray()
+    try:
+        if state.persistence is not None and any("write" in c.flags for c, _ in queued):
+            refusal = state.persistence.write_refusal()
+            if refusal is not None:
+                raise MisconfError(refusal)
+        for cmd, argv in queued:
+            _check_local(ctx, cmd, argv)
+    except PionError as exc:
+        raise ExecAbortError(f"Transaction discarded because of: {exc.resp_line()}") from None
+    persistence = state.persistence
+    if persistence is not None:
+        persistence.begin_unit()
+    try:
+        replies = [_call(ctx, cmd, argv) for cmd, argv in queued]
+    finally:
+        if persistence is not None:
+            persistence.end_unit()
+    return replies
+
+
+def _call(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply:
+    """Run one queued command; its errors become its reply."""
+    ctx.state.counters.total_commands_processed += 1
+    ctx.client.last_command = cmd.name
+    try:
+        return settle(cmd.handler(ctx, argv[1:]))
+    except PionError as exc:
+        return ErrorReply(exc.resp_line())
+    except Exception:
+        ctx.state.counters.internal_errors += 1
+        log.exception("internal error in %s inside EXEC", cmd.name)
+        return ErrorReply("ERR internal error")
+
+
+def settle(reply: Reply | Deferred) -> Reply:
+    """A handler's reply, its deferred part run here, on the calling thread (inside
+    EXEC, or for a client whose replies are switched off)."""
+    if isinstance(reply, Offload):
+        try:
+            result: object = reply.work()
+        except Exception as exc:
+            result = exc
+        return reply.finish(result)
+    if isinstance(reply, Stream):
+        items: list[Reply] = [None if b is None else _join(b) for b in reply.items]
+        return items if reply.array else items[0]
+    return reply
+
+
+def _join(bulk: LazyBulk) -> bytes:
+    return b"".join(memoryview(piece()).cast("B").tobytes() for piece in bulk.pieces)
+
+
+COMMANDS = (
+    Command("MULTI", _multi, 1, frozenset({"fast", "loading"}), "Start a transaction"),
+    Command("EXEC", _exec, 1, frozenset({"loading"}), "Run the queued commands"),
+    Command("DISCARD", _discard, 1, frozenset({"fast", "loading"}), "Drop the transaction"),
+    Command("WATCH", _watch, -2, frozenset({"fast", "loading"}), "Watch keys and sessions"),
+    Command("UNWATCH", _unwatch_cmd, 1, frozenset({"fast", "loading"}), "Forget watches"),
+)
