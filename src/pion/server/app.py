@@ -23,6 +23,7 @@ from pion.server.clientmem import ClientMemory
 from pion.server.connection import Connection
 from pion.server.offload import Offloader
 from pion.server.replies import ReplySink
+from pion.server.slices import Turns
 from pion.server.tls import HANDSHAKE_TIMEOUT_S, server_context
 
 __all__ = ["PionServer"]
@@ -40,6 +41,8 @@ class PionServer:
         self.sink = ReplySink(state.persistence)
         self.offload = Offloader()
         self._scratch = memoryview(bytearray(SCRATCH_BYTES))
+        # The loop's turns, by which every connection's slice is measured.
+        self.turns = Turns()
         # One TLS context for every listener of this server (None: plain TCP).
         self.ssl = server_context(state.config)
         self.connections: dict[int, Connection] = {}
@@ -77,6 +80,7 @@ class PionServer:
             memory=self.client_memory,
             offload=self.offload,
             scratch=self._scratch,
+            turns=self.turns,
         )
 
     async def wait_stopped(self) -> None:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
 import time
 from collections.abc import Sequence
@@ -58,7 +59,8 @@ from pion.resp.encoder import Chunks, encode_error
 from pion.server.clientmem import ClientMemory
 from pion.server.dispatch import complete, execute
 from pion.server.offload import Offloader, piece_bytes, stream_parts
-from pion.server.replies import ReplySink
+from pion.server.replies import ReplySink, coalesce
+from pion.server.slices import CHECK_EVERY, SLICE_S, Turns
 from pion.server.streaming import StreamSender
 
 __all__ = ["Connection"]
@@ -69,6 +71,9 @@ log = logging.getLogger("pion.server")
 # of PINGs then costs one writelines per 64 KiB, not one per command.
 _FLUSH_BYTES = 64 * 1024
 _FLUSH_CHUNKS = 4096
+# What a reply piece held for the client costs beyond its payload (a bytes object's
+# header and its slot in a list), counted in its unsent reply bytes.
+PIECE_OVERHEAD = 64
 # Redis's reply to a connection past maxclients.
 _MAX_CLIENTS_REPLY = b"-ERR max number of clients reached\r\n"
 # A flood of refused connections logs one line per this many seconds, not one each.
@@ -88,6 +93,7 @@ class Connection(asyncio.BufferedProtocol):
         memory: ClientMemory,
         offload: Offloader | None = None,
         scratch: memoryview | None = None,
+        turns: Turns | None = None,
     ) -> None:
         self._state = state
         self._sink = sink
@@ -119,6 +125,15 @@ class Connection(asyncio.BufferedProtocol):
         self._next_bytes = 0
         # The streamed reply being sent, while one is.
         self._streamer: StreamSender | None = None
+        # This connection's share of the loop (pion.server.slices): the turn it last
+        # ran in, the seconds of its slice left in that turn, and whether it stopped
+        # for the turn (a callback of the next turn goes on). Without ``turns`` (a
+        # connection driven alone, in unit tests) there is nobody to share with: no
+        # slices.
+        self._turns = turns
+        self._slice_turn = -1
+        self._slice_left = 0.0
+        self._yielded = False
         self.client = ClientState(id=client_id, created=time.time())
         self._ctx = Context(state=state, client=self.client, table=table)
 
@@ -157,15 +172,35 @@ class Connection(asyncio.BufferedProtocol):
         transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None and not self._closed:
+            # The socket failed under us (a read or a write): never silent.
+            self._io_error("the connection failed", exc)
         self._closed = True
         self._decoder.clear()
         self._next = None
         self._next_error = None
+        self._unregister()
+
+    def _unregister(self) -> None:
+        """Leave the registry and the memory accounting (at once on eviction: the
+        transport's own teardown comes later)."""
         if self._registered:
             self._registered = False
             self._memory.forget(self)
             self._state.clients.pop(self.client.id, None)
             self._registry.pop(self.client.id, None)
+
+    def _io_error(self, what: str, exc: BaseException) -> None:
+        self._state.counters.io_errors += 1
+        peer_gone = isinstance(exc, (ConnectionResetError, BrokenPipeError))
+        log.log(
+            logging.INFO if peer_gone else logging.WARNING,
+            "client id=%d addr=%s: %s: %r",
+            self.client.id,
+            self.client.addr,
+            what,
+            exc,
+        )
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._decoder.get_buffer(self._scratch)
@@ -214,8 +249,20 @@ class Connection(asyncio.BufferedProtocol):
 
     def _process(self) -> None:
         transport = self._transport
-        if transport is None:
-            return
+        if transport is None or self._yielded:
+            return  # (yielded: the next turn's callback goes on)
+        clock = time.perf_counter
+        started = clock()
+        if self._turns is not None:
+            turn = self._turns.current()
+            if turn != self._slice_turn:
+                self._slice_turn = turn
+                self._slice_left = SLICE_S
+            deadline = started + self._slice_left
+        else:
+            deadline = math.inf
+        ran = 0
+        yielded = False
         decoder = self._decoder
         client = self.client
         out: Chunks = []
@@ -235,6 +282,10 @@ class Connection(asyncio.BufferedProtocol):
             if self._next_error is not None:
                 proto_error, self._next_error = self._next_error, None
                 break
+            if ran % CHECK_EVERY == 0 and clock() >= deadline:
+                yielded = True  # this turn's slice is used: the rest waits a turn
+                break
+            ran += 1
             argv = self._next
             if argv is not None:
                 self._next, self._next_bytes = None, 0
@@ -286,8 +337,19 @@ class Connection(asyncio.BufferedProtocol):
             self._sink.close_after_send(self)
         if self._busy is not None:
             self._parse_ahead()
+        self._slice_left -= clock() - started
+        if yielded and not close_after:
+            self._yielded = True
+            self._state.counters.slices_yielded += 1
+            asyncio.get_running_loop().call_soon(self._next_slice)
         self._update_reading()
         self._report()
+
+    def _next_slice(self) -> None:
+        """A turn after this connection used its slice: go on where it stopped."""
+        self._yielded = False
+        if not self._closed:
+            self._process()
 
     # -- deferred commands (module docstring) -------------------------------------
 
@@ -372,6 +434,10 @@ class Connection(asyncio.BufferedProtocol):
     # -- sending and flow control ---------------------------------------------------
 
     def _send(self, out: Chunks, nbytes: int) -> None:
+        # Coalesced here, once: the sink may hold them (group commit), and the
+        # transport must never be handed more pieces than it takes (replies.py).
+        out = coalesce(out)
+        nbytes += len(out) * PIECE_OVERHEAD
         self._held += nbytes
         self._sink.send(self, out, nbytes)
 
@@ -389,7 +455,7 @@ class Connection(asyncio.BufferedProtocol):
         waiting = self._busy is not None and (
             self._next is not None or self._next_error is not None
         )
-        stop = self._writing_paused or self._backlogged or waiting
+        stop = self._writing_paused or self._backlogged or waiting or self._yielded
         if stop and not self._reading_paused:
             self._reading_paused = True
             transport.pause_reading()
@@ -426,7 +492,13 @@ class Connection(asyncio.BufferedProtocol):
         self._held -= nbytes
         transport = self._transport
         if transport is not None and not transport.is_closing():
-            transport.writelines(chunks)
+            try:
+                transport.writelines(chunks)
+            except (OSError, RuntimeError) as exc:
+                # A reply that cannot be written is never dropped silently.
+                self._io_error("writing a reply failed", exc)
+                self.abort()
+                return
         if self._backlogged and (self._writing_paused or self._unsent() <= self._high_water):
             # Released by the sink. If the transport is now over the mark itself, its
             # resume_writing() takes over; else run the commands that waited, after
@@ -441,6 +513,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def evict(self) -> None:
         self.abort()
+        self._unregister()
 
     def close(self) -> None:
         self._closed = True
