@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pion.commands.chunked import pairs_reply
+from pion.commands.deferred import Steps
 from pion.commands.state import Command, Context
 from pion.errors import PionError
 from pion.resp.reply import Reply, Simple
@@ -44,12 +46,11 @@ def _hdel(ctx: Context, args: Sequence[bytes]) -> Reply:
     return ctx.state.keyspace.hash_delete(args[0], args[1:])
 
 
-def _hgetall(ctx: Context, args: Sequence[bytes]) -> Reply:
+def _hgetall(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
+    # The items are taken in one step; a long reply is encoded in steps.
     h = ctx.state.keyspace.hash(args[0])
-    out: dict[str | bytes, Reply] = {}
-    for field, value in (h or {}).items():
-        out[field] = value
-    return out
+    items: list[tuple[Reply, Reply]] = list((h or {}).items())
+    return pairs_reply(items, ctx.client.proto, "map")
 
 
 def _hlen(ctx: Context, args: Sequence[bytes]) -> Reply:

@@ -51,16 +51,18 @@ import time
 from collections.abc import Sequence
 from typing import Any, cast
 
-from pion.commands.deferred import Deferred, Offload
+from pion.commands.deferred import Deferred, Offload, Steps
 from pion.commands.state import ClientState, CommandTable, Context, ServerState
 from pion.errors import ProtocolError
 from pion.resp.decoder import SCRATCH_BYTES, RequestDecoder
-from pion.resp.encoder import Chunks, encode_error
+from pion.resp.encoder import Chunks, encode_error, encode_reply
+from pion.resp.reply import Reply
 from pion.server.clientmem import ClientMemory
-from pion.server.dispatch import complete, execute
+from pion.server.dispatch import complete, error_reply, execute
 from pion.server.offload import Offloader, piece_bytes, stream_parts
 from pion.server.replies import ReplySink, coalesce
 from pion.server.slices import CHECK_EVERY, SLICE_S, Turns
+from pion.server.steps import StepRunner
 from pion.server.streaming import StreamSender
 
 __all__ = ["Connection"]
@@ -124,7 +126,7 @@ class Connection(asyncio.BufferedProtocol):
         self._next_error: ProtocolError | None = None
         self._next_bytes = 0
         # The streamed reply being sent, while one is.
-        self._streamer: StreamSender | None = None
+        self._streamer: StreamSender | StepRunner | None = None
         # This connection's share of the loop (pion.server.slices): the turn it last
         # ran in, the seconds of its slice left in that turn, and whether it stopped
         # for the turn (a callback of the next turn goes on). Without ``turns`` (a
@@ -299,7 +301,9 @@ class Connection(asyncio.BufferedProtocol):
                     break
             result = execute(self._ctx, argv, out)
             if not isinstance(result, int):
-                if self._offload is not None:
+                if self._offload is not None or (
+                    isinstance(result, Steps) and self._turns is not None
+                ):
                     # Replies before it leave first; it runs off the loop.
                     if out:
                         self._send(out, out_bytes)
@@ -354,13 +358,25 @@ class Connection(asyncio.BufferedProtocol):
     # -- deferred commands (module docstring) -------------------------------------
 
     def _start(self, argv: Sequence[bytes], deferred: Deferred) -> None:
+        self._busy = deferred
+        self._busy_argv = argv
+        self._busy_bytes = sum(len(arg) for arg in argv)
+        if isinstance(deferred, Steps):
+            self._streamer = StepRunner(
+                deferred,
+                send=self._send,
+                encode=self._encode,
+                fail=lambda exc: error_reply(self._ctx, argv, exc),
+                behind=self._behind,
+                alive=lambda: not self._closed,
+                done=self._streamed,
+            )
+            self._streamer.pump()
+            return
         offload = self._offload
         if offload is None:  # pragma: no cover - _process runs them inline then
             return
         self._state.counters.offloaded_commands += 1
-        self._busy = deferred
-        self._busy_argv = argv
-        self._busy_bytes = sum(len(arg) for arg in argv)
         if isinstance(deferred, Offload):
             offload.submit(deferred.work, lambda result: self._finished(deferred, result))
             return
@@ -418,15 +434,30 @@ class Connection(asyncio.BufferedProtocol):
             return
         self._process()
 
+    def _encode(self, value: Reply) -> Chunks:
+        out: Chunks = []
+        encode_reply(value, self.client.proto, out)
+        return out
+
     def _run_inline(self, argv: Sequence[bytes], deferred: Deferred, out: Chunks) -> int:
         """A deferred command without a worker pool: run it here, append its reply."""
+        mark = len(out)
+        if isinstance(deferred, Steps):
+            try:
+                while True:
+                    out += next(deferred.run)
+            except StopIteration as stop:
+                out += self._encode(stop.value)
+            except Exception as exc:  # the command's error boundary
+                del out[mark:]
+                out += self._encode(error_reply(self._ctx, argv, exc))
+            return sum(c.nbytes if isinstance(c, memoryview) else len(c) for c in out[mark:])
         if isinstance(deferred, Offload):
             try:
                 result: object = deferred.work()
             except Exception as exc:
                 result = exc
             return complete(self._ctx, argv, deferred, result, out)
-        mark = len(out)
         for part in stream_parts(deferred, self.client.proto):
             out.append(part if isinstance(part, bytes) else piece_bytes(part[1]))
         return sum(c.nbytes if isinstance(c, memoryview) else len(c) for c in out[mark:])

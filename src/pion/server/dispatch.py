@@ -19,13 +19,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from pion.commands.deferred import Deferred, Offload, Stream
+from pion.commands.deferred import Deferred, Offload, Steps, Stream
 from pion.commands.state import Context
 from pion.errors import LoadingError, MisconfError, NoAuthError, PionError
 from pion.resp.encoder import Chunks, encode_error, encode_reply
 from pion.resp.reply import ErrorReply, Reply
 
-__all__ = ["complete", "dispatch", "execute"]
+__all__ = ["complete", "dispatch", "error_reply", "execute"]
 
 log = logging.getLogger("pion.server")
 
@@ -98,7 +98,7 @@ def execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int | Deferred:
     had appended is taken back and ``-ERR internal error`` goes out in its place, so
     the replies before it in ``out`` are kept and the framing stays intact."""
     reply = dispatch(ctx, argv)
-    if isinstance(reply, Offload | Stream):
+    if isinstance(reply, Offload | Stream | Steps):
         return reply
     return _encode(ctx, argv, reply, out)
 
@@ -117,6 +117,17 @@ def complete(
     except Exception:
         reply = _internal_error(ctx, name, "finishing")
     return _encode(ctx, argv, reply, out)
+
+
+def error_reply(ctx: Context, argv: Sequence[bytes], exc: BaseException) -> ErrorReply:
+    """The reply to an exception a command raised after its handler returned (a step
+    of a :class:`~pion.commands.deferred.Steps`): the same boundary as above."""
+    if isinstance(exc, PionError):
+        return ErrorReply(exc.resp_line())
+    name = argv[0].decode("utf-8", "replace")[:64] if argv else "?"
+    ctx.state.counters.internal_errors += 1
+    log.error("internal error in a step of %s", name, exc_info=exc)
+    return ErrorReply(_INTERNAL_ERROR)
 
 
 def _encode(ctx: Context, argv: Sequence[bytes], reply: Reply, out: Chunks) -> int:
