@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ServerProcess, encode_command, running_server
+from support import ServerProcess, encode_command, running_server
 
 _PONG = b"+PONG\r\n"
 
