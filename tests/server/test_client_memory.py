@@ -20,6 +20,7 @@ BOUND = 32 * MiB
 def _pipeline_without_reading(port: int, stop: threading.Event, password: str) -> None:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    s.settimeout(1)  # a send blocked by back-pressure gives up: the test can stop
     s.connect(("127.0.0.1", port))
     batch = encode_command("GET", "v") * 20_000  # 1 KiB replies for 20-byte commands
     try:

@@ -33,8 +33,8 @@ command, not once per read:
 - before it authenticates to a server with a password, the decoder's unauthenticated
   limits apply (10 arguments, 16 KB bulks);
 - all connections together report to :class:`ClientMemory` (``maxmemory-clients``);
-- past ``maxclients`` a new connection is answered
-  ``-ERR max number of clients reached`` and closed.
+- past ``maxclients`` (RESP and binary-lane clients together, ``clients.py``) a new
+  connection is answered ``-ERR max number of clients reached`` and closed.
 
 A connection's collaborators are explicit: the worker's state, the command table, the
 reply sink, the registry of live connections (for CLIENT KILL and shutdown) and the
@@ -46,7 +46,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import socket
 import time
 from collections.abc import Sequence
 from typing import Any, cast
@@ -58,6 +57,12 @@ from pion.resp.decoder import SCRATCH_BYTES, RequestDecoder
 from pion.resp.encoder import Chunks, encode_error, encode_reply
 from pion.resp.reply import Reply
 from pion.server.clientmem import ClientMemory
+from pion.server.clients import (
+    MAX_CLIENTS_REPLY,
+    ClientConnection,
+    admit_connection,
+    peer_addresses,
+)
 from pion.server.dispatch import complete, error_reply, execute
 from pion.server.offload import Offloader, piece_bytes, stream_parts
 from pion.server.replies import ReplySink, coalesce
@@ -76,11 +81,6 @@ _FLUSH_CHUNKS = 4096
 # What a reply piece held for the client costs beyond its payload (a bytes object's
 # header and its slot in a list), counted in its unsent reply bytes.
 PIECE_OVERHEAD = 64
-# Redis's reply to a connection past maxclients.
-_MAX_CLIENTS_REPLY = b"-ERR max number of clients reached\r\n"
-# A flood of refused connections logs one line per this many seconds, not one each.
-_REFUSAL_LOG_EVERY_S = 10.0
-_last_refusal_log = 0.0
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -90,7 +90,7 @@ class Connection(asyncio.BufferedProtocol):
         table: CommandTable,
         sink: ReplySink,
         client_id: int,
-        registry: dict[int, Connection],
+        registry: dict[int, ClientConnection],
         *,
         memory: ClientMemory,
         offload: Offloader | None = None,
@@ -145,33 +145,15 @@ class Connection(asyncio.BufferedProtocol):
         # uvloop's transports implement asyncio.Transport without subclassing it.
         transport = cast(asyncio.Transport, transport)
         self._transport = transport
-        if len(self._registry) >= self._state.config.maxclients:
-            self._refuse(transport)
+        if not admit_connection(self._state, transport, MAX_CLIENTS_REPLY):
+            self._closed = True
             return
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.client.addr = _fmt_addr(transport.get_extra_info("peername"))
-        self.client.laddr = _fmt_addr(transport.get_extra_info("sockname"))
+        peer_addresses(transport, self.client)
         transport.set_write_buffer_limits(high=self._high_water)
         self._state.counters.total_connections_received += 1
         self._state.clients[self.client.id] = self.client
         self._registry[self.client.id] = self
         self._registered = True
-
-    def _refuse(self, transport: asyncio.Transport) -> None:
-        global _last_refusal_log
-        self._closed = True
-        self._state.counters.rejected_connections += 1
-        now = time.monotonic()
-        if now - _last_refusal_log >= _REFUSAL_LOG_EVERY_S:
-            _last_refusal_log = now
-            log.warning(
-                "refusing connections: max number of clients reached (maxclients %d)",
-                self._state.config.maxclients,
-            )
-        transport.write(_MAX_CLIENTS_REPLY)
-        transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if exc is not None and not self._closed:
@@ -559,9 +541,3 @@ class Connection(asyncio.BufferedProtocol):
     @property
     def transport(self) -> asyncio.Transport | None:
         return self._transport
-
-
-def _fmt_addr(addr: object) -> str:
-    if isinstance(addr, tuple) and len(addr) >= 2:
-        return f"{addr[0]}:{addr[1]}"
-    return str(addr or "")

@@ -20,12 +20,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from pion.commands.deferred import Deferred, Offload, Steps, Stream
-from pion.commands.state import Context
+from pion.commands.state import Command, Context
 from pion.errors import LoadingError, MisconfError, NoAuthError, PionError
 from pion.resp.encoder import Chunks, encode_error, encode_reply
 from pion.resp.reply import ErrorReply, Reply
 
-__all__ = ["complete", "dispatch", "error_reply", "execute"]
+__all__ = ["admit", "complete", "dispatch", "error_reply", "execute"]
 
 log = logging.getLogger("pion.server")
 
@@ -49,6 +49,24 @@ def _internal_error(ctx: Context, name: str, what: str) -> ErrorReply:
     return ErrorReply(_INTERNAL_ERROR)
 
 
+def admit(ctx: Context, cmd: Command, nargs: int | None) -> None:
+    """The checks every command passes before its handler runs, whichever lane it
+    came by (RESP, or the binary lane's frames): authentication, arity (``nargs``
+    arguments after the name; None when the lane's framing fixed them), loading, then
+    whether persistence still accepts writes. Raises the error to answer."""
+    state = ctx.state
+    if state.config.auth_required and not ctx.client.authenticated and "noauth" not in cmd.flags:
+        raise NoAuthError()
+    if nargs is not None and not cmd.arity_ok(nargs):
+        raise PionError(f"wrong number of arguments for '{cmd.name.lower()}' command")
+    if state.loading and "loading" not in cmd.flags:
+        raise LoadingError()
+    if "write" in cmd.flags and state.persistence is not None:
+        failure = state.persistence.write_refusal()
+        if failure is not None:
+            raise MisconfError(failure)
+
+
 def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
     """Run one command; returns a reply value (errors as :class:`ErrorReply`), or the
     handler's :data:`Deferred`."""
@@ -68,20 +86,7 @@ def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
         return _unknown(argv)
     ctx.client.last_command = cmd.name
     try:
-        if (
-            state.config.auth_required
-            and not ctx.client.authenticated
-            and "noauth" not in cmd.flags
-        ):
-            raise NoAuthError()
-        if not cmd.arity_ok(len(argv) - 1):
-            raise PionError(f"wrong number of arguments for '{name.lower()}' command")
-        if state.loading and "loading" not in cmd.flags:
-            raise LoadingError()
-        if "write" in cmd.flags and state.persistence is not None:
-            failure = state.persistence.write_refusal()
-            if failure is not None:
-                raise MisconfError(failure)
+        admit(ctx, cmd, len(argv) - 1)
         return cmd.handler(ctx, argv[1:])
     except PionError as exc:
         return ErrorReply(exc.resp_line())

@@ -199,7 +199,7 @@ async def _serve(
 ) -> None:
     server = PionServer(state, table)
     await server.start(sockets)
-    await lane.start(binary_sockets)
+    await lane.start(binary_sockets, server)
     if on_listening is not None:
         on_listening(server)
     persistence = state.persistence
