@@ -9,6 +9,10 @@ Tree::
 
     PionError                 code ERR   generic command error (bad argument, ...)
       ProtocolError           code ERR   malformed RESP; the connection is closed after it
+        FrameError            code ERR   not binary-lane frames (bad magic, oversized
+                                         or truncated frame); answered, then closed
+      BodyError               code ERR   a binary-lane frame whose body does not parse
+                                         (answered MISS; the connection goes on)
       NoAuthError             code NOAUTH
       NoProtoError            code NOPROTO  (HELLO with a protocol version other than 2|3)
       WrongPassError          code WRONGPASS
@@ -35,9 +39,11 @@ from __future__ import annotations
 import copy
 
 __all__ = [
+    "BodyError",
     "CodecError",
     "ColdMissError",
     "ExecAbortError",
+    "FrameError",
     "LoadingError",
     "MisconfError",
     "NoAuthError",
@@ -80,6 +86,16 @@ class ProtocolError(PionError):
 
     def resp_line(self) -> str:
         return f"ERR Protocol error: {self.message}"
+
+
+class FrameError(ProtocolError):
+    """The binary lane's byte stream is not (or no longer) frames: answered with an
+    ERROR frame, then the connection is closed."""
+
+
+class BodyError(PionError):
+    """A complete binary-lane frame whose body does not hold its declared fields:
+    answered MISS, the connection goes on (the frame boundary is known)."""
 
 
 class NoAuthError(PionError):

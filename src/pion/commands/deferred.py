@@ -13,6 +13,13 @@ one of these instead of a reply, after it has parsed and checked every argument:
   bytes are produced later, piece by piece, on a worker thread (decoding a stored
   layer to fp32). Each piece must read only what the handler captured (copy-on-write
   views of the V-store, ``pion.vstore.layer``), never live state.
+- :class:`Steps`: a long command cut into steps run on the event loop, a slice of
+  the loop at a time, other clients' commands in between (``pion.server.steps``).
+  Each ``next()`` of its generator does a bounded piece of work and yields reply
+  chunks ready to send (possibly none); what it returns is the rest of the reply.
+  Atomicity is the command's to keep: a step that reads live state must not rely on
+  it across a yield, so a command reads or changes the state in one step and only
+  encodes (or frees) what it took in the later ones.
 
 The connection (``pion.server.connection``) runs them: it starts no further command of
 that client until the reply has been handed on, so a pipeline's commands still run and
@@ -24,13 +31,14 @@ results.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeAlias, TypeVar
 
+from pion.resp.encoder import Chunks
 from pion.resp.reply import Reply
 
-__all__ = ["Deferred", "LazyBulk", "Offload", "Piece", "Stream"]
+__all__ = ["Deferred", "LazyBulk", "Offload", "Piece", "Steps", "Stream"]
 
 T = TypeVar("T")
 
@@ -64,4 +72,13 @@ class Stream:
     array: bool
 
 
-Deferred: TypeAlias = Offload[Any] | Stream
+@dataclass(frozen=True, slots=True)
+class Steps:
+    """Work in steps on the event loop: each ``next(run)`` yields encoded chunks to
+    send now; the generator's return value is encoded and sent last (None: nothing
+    more). A PionError raised before any chunk was yielded is the command's reply."""
+
+    run: Generator[Chunks, None, Reply]
+
+
+Deferred: TypeAlias = Offload[Any] | Stream | Steps

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pion.commands.chunked import pairs_reply
+from pion.commands.deferred import Steps
 from pion.commands.scan_args import scan_cursor, scan_options
 from pion.commands.state import Command, Context
 from pion.errors import PionError
@@ -49,12 +51,11 @@ def _hdel(ctx: Context, args: Sequence[bytes]) -> Reply:
     return ctx.state.keyspace.hash_delete(args[0], args[1:])
 
 
-def _hgetall(ctx: Context, args: Sequence[bytes]) -> Reply:
+def _hgetall(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
+    # The items are taken in one step; a long reply is encoded in steps.
     h = ctx.state.keyspace.hash(args[0])
-    out: dict[str | bytes, Reply] = {}
-    for field, value in (h or {}).items():
-        out[field] = value
-    return out
+    items: list[tuple[Reply, Reply]] = list((h or {}).items())
+    return pairs_reply(items, ctx.client.proto, "map")
 
 
 def _hlen(ctx: Context, args: Sequence[bytes]) -> Reply:
@@ -114,23 +115,23 @@ def random_count(raw: bytes, rest: Sequence[bytes], option: str) -> tuple[int, b
     return count, with_values
 
 
-def pairs_reply(ctx: Context, pairs: list[tuple[bytes, Reply]], with_values: bool) -> Reply:
+def picked_reply(
+    ctx: Context, pairs: list[tuple[bytes, Reply]], with_values: bool
+) -> Reply | Steps:
     """Picked pairs: names only, flat pairs (RESP2) or [name, value] pairs (RESP3)."""
-    if not with_values:
-        return [name for name, _ in pairs]
-    if ctx.client.proto == 3:
-        return [[name, value] for name, value in pairs]
-    return [x for pair in pairs for x in pair]
+    proto = ctx.client.proto
+    shape = "first" if not with_values else ("nested" if proto == 3 else "flat")
+    return pairs_reply(pairs, proto, shape)
 
 
-def _hrandfield(ctx: Context, args: Sequence[bytes]) -> Reply:
+def _hrandfield(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
     if len(args) == 1:
         picked = hrandfield(ctx.state.keyspace, args[0], None)
         return None if not picked else picked[0][0]
     count, with_values = random_count(args[1], args[2:], "WITHVALUES")
     found = hrandfield(ctx.state.keyspace, args[0], count) or []
     out: list[tuple[bytes, Reply]] = list(found)
-    return pairs_reply(ctx, out, with_values)
+    return picked_reply(ctx, out, with_values)
 
 
 def _hscan(ctx: Context, args: Sequence[bytes]) -> Reply:

@@ -180,6 +180,8 @@ def _stats(ctx: Context) -> list[str]:
         f"total_protocol_errors:{c.protocol_errors}",
         f"total_internal_errors:{c.internal_errors}",
         f"offloaded_commands:{c.offloaded_commands}",
+        f"client_io_errors:{c.io_errors}",
+        f"client_slices_yielded:{c.slices_yielded}",
         f"vstore_total_fetches:{vs.total_fetches}",
         f"vstore_evictions:{vs.evictions}",
         f"sdpa_warm:{tables.warm_count}",

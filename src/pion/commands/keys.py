@@ -9,10 +9,13 @@ are Redis 7.0's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 
+from pion.commands.chunked import BIG_REPLY, STEP_ITEMS, reply, work_steps
+from pion.commands.deferred import Steps
 from pion.commands.state import Command, Context
 from pion.errors import PionError
+from pion.keyspace.entries import Entry
 from pion.keyspace.glob import matches_all
 from pion.keyspace.numbers import parse_cursor, parse_int64
 from pion.resp.reply import Reply, Simple
@@ -24,6 +27,9 @@ _INT64_MAX = (1 << 63) - 1
 _INT64_MIN = -(1 << 63)
 # Redis's SCAN default COUNT.
 SCAN_DEFAULT_COUNT = 10
+# COUNT is a hint (Redis returns more or fewer); a step looks at no more slots than
+# this, so a SCAN with a huge COUNT is a SCAN of a few milliseconds, not a KEYS.
+SCAN_MAX_COUNT = 4096
 
 
 def _keyword(raw: bytes) -> str:
@@ -155,7 +161,7 @@ def _scan(ctx: Context, args: Sequence[bytes]) -> Reply:
                 raise PionError("value is not an integer or out of range")
             if value < 1:
                 raise PionError(_SYNTAX)
-            count = value
+            count = min(value, SCAN_MAX_COUNT)
         elif word == "MATCH" and i + 1 < len(args):
             pattern = None if matches_all(args[i + 1]) else args[i + 1]
         elif word == "TYPE" and i + 1 < len(args):
@@ -168,17 +174,30 @@ def _scan(ctx: Context, args: Sequence[bytes]) -> Reply:
     return [str(nxt).encode(), found]
 
 
-def _keys(ctx: Context, args: Sequence[bytes]) -> Reply:
+def _keys(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
+    # The matching names are taken in one step (the keyspace of one instant, as in
+    # Redis); the reply, most of the cost, is encoded in steps.
     out: list[Reply] = list(ctx.state.keyspace.keys(args[0]))
-    return out
+    return reply(out, ctx.client.proto)
 
 
-def _flush(ctx: Context, args: Sequence[bytes]) -> Reply:
-    # [SYNC|ASYNC]; ASYNC is accepted and runs synchronously here: freeing is cheap
-    # for a dict of references.
+def _flush(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
+    # [SYNC|ASYNC], both as Redis's ASYNC: the keyspace is emptied at once (one swap),
+    # and what it held is freed in steps before the reply, so neither this client
+    # nor any other waits for the whole of it at once.
     if len(args) > 1 or (args and _keyword(args[0]) not in ("SYNC", "ASYNC")):
         raise PionError(_SYNTAX)
-    ctx.state.keyspace.flush()
+    old = ctx.state.keyspace.flush()
+    if len(old) <= BIG_REPLY:
+        return Simple("OK")
+    return work_steps(_free(old))
+
+
+def _free(old: dict[bytes, Entry]) -> Generator[None, None, Reply]:
+    while old:
+        for _ in range(min(len(old), STEP_ITEMS)):
+            old.popitem()
+        yield
     return Simple("OK")
 
 

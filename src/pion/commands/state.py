@@ -100,6 +100,10 @@ class ServerCounters:
     evicted_clients: int = 0  # disconnected by the maxmemory-clients bound
     # Commands whose number conversion ran on a worker thread (pion.commands.deferred).
     offloaded_commands: int = 0
+    # Connections lost to a socket error, and replies that could not be written.
+    io_errors: int = 0
+    # Times a connection stopped for the turn, its slice of the loop used up.
+    slices_yielded: int = 0
 
     def reset(self) -> None:
         self.total_connections_received = 0
@@ -109,6 +113,8 @@ class ServerCounters:
         self.internal_errors = 0
         self.evicted_clients = 0
         self.offloaded_commands = 0
+        self.io_errors = 0
+        self.slices_yielded = 0
 
 
 @dataclass

@@ -41,12 +41,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from time import perf_counter_ns
 
-from pion.commands.deferred import Deferred, LazyBulk, Offload, Stream
+from pion.commands.deferred import Deferred, LazyBulk, Offload, Steps, Stream
 from pion.commands.state import ClientState, Command, Context, ServerState
 from pion.commands.workers import redirect_namespace, redirect_session
 from pion.errors import ExecAbortError, MisconfError, PionError
-from pion.resp.reply import ErrorReply, NullArray, Reply, Simple
+from pion.resp.encoder import Chunks, encode_reply
+from pion.resp.reply import Encoded, ErrorReply, NullArray, Reply, Simple
 from pion.watch import WatchToken
 from pion.wire import namespace_sids
 
@@ -251,19 +253,36 @@ def _call(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply:
     """Run one queued command; its errors become its reply."""
     ctx.state.counters.total_commands_processed += 1
     ctx.client.last_command = cmd.name
+    # Timed and counted as the dispatcher does (INFO commandstats, SLOWLOG).
+    started = perf_counter_ns()
+    reply: Reply
     try:
-        return settle(cmd.handler(ctx, argv[1:]))
+        reply = settle(cmd.handler(ctx, argv[1:]), ctx.client.proto)
     except PionError as exc:
-        return ErrorReply(exc.resp_line())
+        reply = ErrorReply(exc.resp_line())
     except Exception:
         ctx.state.counters.internal_errors += 1
         log.exception("internal error in %s inside EXEC", cmd.name)
-        return ErrorReply("ERR internal error")
+        reply = ErrorReply("ERR internal error")
+    ctx.state.stats.record(cmd.name, argv, reply, started, ctx.client)
+    return reply
 
 
-def settle(reply: Reply | Deferred) -> Reply:
+def settle(reply: Reply | Deferred, proto: int) -> Reply:
     """A handler's reply, its deferred part run here, on the calling thread (inside
-    EXEC, or for a client whose replies are switched off)."""
+    EXEC, or for a client whose replies are switched off); the steps of a long reply
+    are run to the end and their bytes kept as they are (``proto``: the client's)."""
+    if isinstance(reply, Steps):
+        chunks: Chunks = []
+        try:
+            while True:
+                chunks += next(reply.run)
+        except StopIteration as stop:
+            final: Reply = stop.value
+        if not chunks:
+            return final
+        encode_reply(final, proto, chunks)
+        return Encoded(b"".join(chunks))
     if isinstance(reply, Offload):
         try:
             result: object = reply.work()

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pion.commands.chunked import pairs_reply
+from pion.commands.deferred import Steps
 from pion.commands.state import Command, Context
 from pion.errors import PionError
 from pion.keyspace.numbers import parse_int64, parse_range_bound, parse_score
@@ -76,20 +78,18 @@ def _zadd(ctx: Context, args: Sequence[bytes]) -> Reply:
     return res.added + res.updated if flags.ch else res.added
 
 
-def with_scores(ctx: Context, entries: list[tuple[float, bytes]], scores: bool) -> Reply:
+def with_scores(ctx: Context, entries: list[tuple[float, bytes]], scores: bool) -> Reply | Steps:
+    # (score, member) entries, taken from the set in one step; a long reply is
+    # encoded in steps (pion.commands.chunked).
+    proto = ctx.client.proto
     if not scores:
-        return [m for _, m in entries]
-    if ctx.client.proto == 3:
-        return [[m, s] for s, m in entries]
-    flat: list[Reply] = []
-    for s, m in entries:
-        flat += [m, s]
-    return flat
+        return pairs_reply(entries, proto, "first", swap=True)
+    return pairs_reply(entries, proto, "nested" if proto == 3 else "flat", swap=True)
 
 
 def _zrange_generic(
     ctx: Context, args: Sequence[bytes], by: str | None = None, rev: bool | None = None
-) -> Reply:
+) -> Reply | Steps:
     """Redis 7.0's ``zrangeGenericCommand``: options first, then the range, then the
     key (so argument errors win over WRONGTYPE, and a missing key is an empty array).
     ZREVRANGE, ZRANGEBYSCORE and ZREVRANGEBYSCORE preset ``by``/``rev``; an option
@@ -132,7 +132,8 @@ def _zrange_generic(
         z = ctx.state.keyspace.zset(key)
         if z is None:
             return []
-        return [m for _, m in zrange_by_lex(z, low_lex, high_lex, rev, offset=offset, count=count)]
+        picked = zrange_by_lex(z, low_lex, high_lex, rev, offset=offset, count=count)
+        return pairs_reply(picked, ctx.client.proto, "first", swap=True)
     if by == "BYSCORE":
         if rev:
             low_raw, high_raw = high_raw, low_raw
@@ -151,27 +152,27 @@ def _zrange_generic(
     return with_scores(ctx, zrange_by_rank(z, start, stop, rev), withscores)
 
 
-def _zrange(ctx: Context, args: Sequence[bytes]) -> Reply:
+def _zrange(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
     return _zrange_generic(ctx, args)
 
 
-def _zrevrange(ctx: Context, args: Sequence[bytes]) -> Reply:
+def _zrevrange(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
     return _zrange_generic(ctx, args, by="RANK", rev=True)
 
 
-def _zrangebyscore(ctx: Context, args: Sequence[bytes]) -> Reply:
+def _zrangebyscore(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
     return _zrange_generic(ctx, args, by="BYSCORE", rev=False)
 
 
-def _zrevrangebyscore(ctx: Context, args: Sequence[bytes]) -> Reply:
+def _zrevrangebyscore(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
     return _zrange_generic(ctx, args, by="BYSCORE", rev=True)
 
 
-def _zrangebylex(ctx: Context, args: Sequence[bytes]) -> Reply:
+def _zrangebylex(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
     return _zrange_generic(ctx, args, by="BYLEX", rev=False)
 
 
-def _zrevrangebylex(ctx: Context, args: Sequence[bytes]) -> Reply:
+def _zrevrangebylex(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
     return _zrange_generic(ctx, args, by="BYLEX", rev=True)
 
 

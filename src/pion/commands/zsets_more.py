@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pion.commands.hashes import pairs_reply, random_count
+from pion.commands.deferred import Steps
+from pion.commands.hashes import picked_reply, random_count
 from pion.commands.scan_args import scan_cursor, scan_options
 from pion.commands.state import Command, Context
 from pion.commands.zsets import keyword, long_arg
@@ -141,7 +142,7 @@ def _zremrangebylex(ctx: Context, args: Sequence[bytes]) -> Reply:
     return zremrange_by_lex(ctx.state.keyspace, args[0], low, high)
 
 
-def _zrandmember(ctx: Context, args: Sequence[bytes]) -> Reply:
+def _zrandmember(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
     ks = ctx.state.keyspace
     if len(args) == 1:
         picked = zrandmember(ks, args[0], None)
@@ -149,7 +150,7 @@ def _zrandmember(ctx: Context, args: Sequence[bytes]) -> Reply:
     count, with_scores = random_count(args[1], args[2:], "WITHSCORES")
     found = zrandmember(ks, args[0], count) or []
     pairs: list[tuple[bytes, Reply]] = [(m, s) for s, m in found]
-    return pairs_reply(ctx, pairs, with_scores)
+    return picked_reply(ctx, pairs, with_scores)
 
 
 def _zscan(ctx: Context, args: Sequence[bytes]) -> Reply:

@@ -15,9 +15,9 @@ from types import MappingProxyType
 from pion.persistence import keyspace_format
 from pion.persistence.format import Buffer, FormatError
 from pion.persistence.ssm_durable import SSM_OPS, SSM_UNIT_OPS, describe_ssm
+from pion.persistence.txn_format import TXN_OPS, describe_txn
 from pion.persistence.vstore_format import OPS as VSTORE_OPS
 from pion.persistence.vstore_format import VSTORE_UNIT_OPS, decode_mutation
-from pion.persistence.txn_format import TXN_OPS, describe_txn
 from pion.vstore import DropSession
 
 __all__ = ["FAMILIES", "KNOWN_OPS", "UNIT_OPS", "RecordFamily", "describe", "family_of"]

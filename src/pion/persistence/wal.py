@@ -186,16 +186,16 @@ class WriteAheadLog:
         if self._unit is not None:
             self._keep(self._unit, frame)
             return
-        self._write(frame.op, frame.parts)
+        self._write(frame.op, frame.parts, drop=frame.drop)
 
-    def _write(self, op: int, payload: Sequence[Buffer]) -> None:
+    def _write(self, op: int, payload: Sequence[Buffer], *, drop: bool = False) -> None:
         seq = self.last_seq + 1
         parts, size = encode_frame(seq, op, payload)
         try:
             write_all(self._fd, parts, size)
         except OSError as exc:
             self._write_failed(exc, size)
-            if not frame.drop:
+            if not drop:
                 raise MisconfError(self.refusal()) from None
             # Applied without its record: from here on the file lacks what memory
             # holds, so it is failed, and only a snapshot from memory brings it back.

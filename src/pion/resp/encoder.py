@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import TypeAlias
 
-from pion.resp.reply import ErrorReply, NoReply, NullArray, Reply, Simple, Verbatim
+from pion.resp.reply import Encoded, ErrorReply, NoReply, NullArray, Reply, Simple, Verbatim
 
 __all__ = ["Chunks", "encode_error", "encode_reply"]
 
@@ -59,6 +59,8 @@ def encode_reply(value: Reply, proto: int, out: Chunks) -> None:
         out.append(_OK if value == "OK" else b"+" + value.encode() + _CRLF)
     elif isinstance(value, ErrorReply):
         out.append(encode_error(str(value)))
+    elif type(value) is Encoded:
+        out.append(value)
     elif isinstance(value, Verbatim):
         data = value.encode("utf-8")
         if proto == 3:

@@ -15,6 +15,7 @@ Python value                RESP2                   RESP3
 ``list`` / ``tuple``        array                   array
 ``dict``                    flat array k1 v1 ...    map ``%n``
 ``Verbatim("txt")``         bulk string             ``=n txt:...``
+``Encoded(b"...")``         as it is                as it is
 ==========================  ======================  =====================
 
 Handlers never build wire bytes themselves: the encoder owns the format, so the same
@@ -25,7 +26,16 @@ from __future__ import annotations
 
 from typing import TypeAlias, Union
 
-__all__ = ["NO_REPLY", "ErrorReply", "NoReply", "NullArray", "Reply", "Simple", "Verbatim"]
+__all__ = [
+    "NO_REPLY",
+    "Encoded",
+    "ErrorReply",
+    "NoReply",
+    "NullArray",
+    "Reply",
+    "Simple",
+    "Verbatim",
+]
 
 
 class Simple(str):
@@ -43,6 +53,14 @@ class ErrorReply(str):
 
 class Verbatim(str):
     """Human-readable text (INFO): a verbatim string in RESP3, a bulk string in RESP2."""
+
+    __slots__ = ()
+
+
+class Encoded(bytes):
+    """A reply already encoded, for the protocol of the client it goes to: what the
+    steps of a long reply sent (``pion.commands.deferred.Steps``), collected when the
+    command ran inside EXEC or with replies switched off."""
 
     __slots__ = ()
 

@@ -20,9 +20,11 @@ from pion.commands import COMMAND_TABLE
 from pion.commands.state import CommandTable, ServerState
 from pion.resp.decoder import SCRATCH_BYTES
 from pion.server.clientmem import ClientMemory
+from pion.server.clients import ClientConnection
 from pion.server.connection import Connection
 from pion.server.offload import Offloader
 from pion.server.replies import ReplySink
+from pion.server.slices import Turns
 from pion.server.tls import HANDSHAKE_TIMEOUT_S, server_context
 
 __all__ = ["PionServer"]
@@ -40,11 +42,15 @@ class PionServer:
         self.sink = ReplySink(state.persistence)
         self.offload = Offloader()
         self._scratch = memoryview(bytearray(SCRATCH_BYTES))
+        # The loop's turns, by which every connection's slice is measured.
+        self.turns = Turns()
         # One TLS context for every listener of this server (None: plain TCP).
         self.ssl = server_context(state.config)
-        self.connections: dict[int, Connection] = {}
+        # Every client of both lanes, by id (clients.py).
+        self.connections: dict[int, ClientConnection] = {}
         self.client_memory = ClientMemory(state, self.connections)
-        self._ids = itertools.count(1)
+        # Client ids, for both lanes.
+        self.ids = itertools.count(1)
         self._servers: list[asyncio.Server] = []
         self._stopped = asyncio.Event()
         self._save_on_shutdown = False
@@ -72,11 +78,12 @@ class PionServer:
             self.state,
             self.table,
             self.sink,
-            next(self._ids),
+            next(self.ids),
             self.connections,
             memory=self.client_memory,
             offload=self.offload,
             scratch=self._scratch,
+            turns=self.turns,
         )
 
     async def wait_stopped(self) -> None:

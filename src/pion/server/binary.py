@@ -5,40 +5,50 @@ falls back to RESP for good on any failure, so the lane is narrow on purpose: PI
 ATTEND.PREFIX.QUERY_FUSED and AUTH. The frame format and the request parser are
 ``binary_wire.py``; this module is the asyncio side.
 
-Rules, each the same as on the RESP port:
+A lane connection is a client like a RESP one (``clients.py``): it has an id from the
+same counter and a ClientState (CLIENT LIST, INFO clients, metrics), counts against
+``maxclients`` (refused past it with an ERROR frame) and reports what it holds to
+the ``maxmemory-clients`` accounting, which may evict it. Its frames pass the RESP
+lane's own code:
 
-- One request at a time per frame, replies in order. The query runs the same code as
-  ``ATTEND.PREFIX.QUERY_FUSED`` (:func:`pion.attend.queries.query_fused`); its errors
-  come back as ERROR frames whose body is the RESP error line, ``-COLDMISS`` as status
-  COLDMISS.
-- With ``--requirepass``, a connection gets nothing but PING and AUTH until an AUTH
-  frame carries the password (then it may send frames up to the body limit; before,
-  Redis's pre-auth bulk limit of 16 KB applies).
-- While the server loads its data directory, queries answer ERROR ``LOADING``.
+- An AUTH frame is run as the command ``AUTH <password>`` through the dispatcher,
+  and every other frame but PING (the lane's liveness check, answered before AUTH
+  too) first passes the dispatcher's :func:`admit` (authentication, loading, ...):
+  one implementation of each rule for both lanes.
+  The query runs the same code as ``ATTEND.PREFIX.QUERY_FUSED``
+  (:func:`pion.attend.queries.query_fused`); errors come back as ERROR frames whose
+  body is the RESP error line, ``-COLDMISS`` as status COLDMISS.
+- Before AUTH (with ``--requirepass``), frames are held to Redis's pre-auth bulk
+  limit of 16 KB, as RESP bulks are.
 - A bad magic, a body length over the limit (``max_binary_body``, the RESP bulk
   limit) and a truncated frame at end of input are answered with an ERROR frame and
-  the connection is closed; a stalled or desynchronised peer never keeps a half-read
-  stream. An unknown opcode or a body that does not hold its declared fields is
-  answered MISS and the connection goes on (the frame boundary is known).
-- Replies leave through the transport as views of the result arrays; when the peer
-  stops reading we stop reading too (the RESP connection's back-pressure rule).
+  the connection is closed (:class:`~pion.errors.FrameError`). An unknown opcode or a
+  body that does not hold its declared fields is answered MISS and the connection
+  goes on (:class:`~pion.errors.BodyError`).
+- Frames are served in slices of the loop (``slices.py``); replies are gathered and
+  coalesced into one write per slice; when the peer stops reading we stop reading
+  (the RESP connection's high-water mark).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import socket
+import time
 from collections.abc import Iterable
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from pion.attend import queries
-from pion.commands.state import ServerState
-from pion.errors import ColdMissError, LoadingError, NoAuthError, PionError, WrongPassError
+from pion.commands.state import ClientState, Context, ServerState
+from pion.errors import BodyError, ColdMissError, FrameError, PionError
+from pion.resp.encoder import Chunks
+from pion.resp.reply import ErrorReply
 from pion.server.binary_wire import (
+    HEADER,
+    MAGIC,
     OP_AUTH,
     OP_PING,
     OP_QUERY_FUSED,
@@ -46,14 +56,19 @@ from pion.server.binary_wire import (
     STATUS_ERROR,
     STATUS_MISS,
     STATUS_OK,
-    BodyError,
     Frame,
-    FrameError,
     FrameParser,
     encode_frame,
     parse_query_fused,
 )
+from pion.server.clients import admit_connection, peer_addresses
+from pion.server.dispatch import admit, dispatch
+from pion.server.replies import coalesce
+from pion.server.slices import CHECK_EVERY, SLICE_S
 from pion.server.tls import HANDSHAKE_TIMEOUT_S, server_context
+
+if TYPE_CHECKING:
+    from pion.server.app import PionServer
 
 __all__ = ["MAX_PREAUTH_BODY", "BinaryConnection", "BinaryLane"]
 
@@ -62,44 +77,64 @@ log = logging.getLogger("pion.server")
 # Redis refuses bulks over 16 KB from a client that has not authenticated; an AUTH or
 # PING body never needs more.
 MAX_PREAUTH_BODY = 16 * 1024
-# As the RESP connection: let a few large replies queue before we stop reading.
-_WRITE_HIGH_WATER = 64 * 1024 * 1024
-_NO_PASSWORD = (
-    "AUTH <password> called without any password configured for the default user. "
-    "Are you sure your configuration is correct?"
-)
 _COMMAND = "ATTEND.PREFIX.QUERY_FUSED"
+# Past maxclients: Redis's error line in an ERROR frame.
+_BODY = b"ERR max number of clients reached"
+_MAX_CLIENTS_FRAME = HEADER.pack(MAGIC, STATUS_ERROR, len(_BODY)) + _BODY
 
 
 class BinaryConnection(asyncio.Protocol):
-    """One binary-lane connection."""
+    """One binary-lane connection: a client of the server (module docstring)."""
 
-    def __init__(self, state: ServerState, registry: set[BinaryConnection]) -> None:
-        self._state = state
-        self._registry = registry
-        self._authenticated = state.config.requirepass is None
+    def __init__(self, server: PionServer) -> None:
+        self._server = server
+        self._state = state = server.state
+        self.client = ClientState(id=next(server.ids), created=time.time())
+        self.client.authenticated = not state.config.auth_required
+        self._ctx = Context(state=state, client=self.client, table=server.table)
         limit = state.config.protocol.max_binary_body
-        self._parser = FrameParser(limit if self._authenticated else MAX_PREAUTH_BODY)
+        self._parser = FrameParser(limit if self.client.authenticated else MAX_PREAUTH_BODY)
         self._transport: asyncio.Transport | None = None
-        self._paused = False
+        self._writing_paused = False
+        self._reading_paused = False
+        self._yielded = False
+        self._slice_turn = -1
+        self._slice_left = 0.0
         self._closed = False
+        self._registered = False
 
     # -- asyncio callbacks ------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)
         self._transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
-        self._registry.add(self)
+        if not admit_connection(self._state, transport, _MAX_CLIENTS_FRAME):
+            self._closed = True
+            return
+        peer_addresses(transport, self.client)
+        transport.set_write_buffer_limits(high=self._state.config.protocol.reply_high_water)
+        self._state.counters.total_connections_received += 1
+        self._state.clients[self.client.id] = self.client
+        self._server.connections[self.client.id] = self
+        self._registered = True
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None and not self._closed:
+            self._state.counters.io_errors += 1
+            log.info("binary lane client id=%d: the connection failed: %r", self.client.id, exc)
         self._closed = True
-        self._registry.discard(self)
+        self._unregister()
+
+    def _unregister(self) -> None:
+        if self._registered:
+            self._registered = False
+            self._server.client_memory.forget(self)
+            self._state.clients.pop(self.client.id, None)
+            self._server.connections.pop(self.client.id, None)
 
     def data_received(self, data: bytes) -> None:
+        if self._closed:
+            return
         self._parser.feed(data)
         self._process()
 
@@ -107,19 +142,34 @@ class BinaryConnection(asyncio.Protocol):
         # The peer will send nothing more: a partial frame can never complete.
         missing = self._parser.truncated()
         if missing is not None and not self._closed:
-            self._fail(missing)
+            self._fail(FrameError(missing), [])
         return False
 
     def pause_writing(self) -> None:
-        self._paused = True
-        if self._transport is not None:
-            self._transport.pause_reading()
+        self._writing_paused = True
+        self._update_reading()
 
     def resume_writing(self) -> None:
-        self._paused = False
-        if self._transport is not None and not self._closed:
-            self._transport.resume_reading()
+        self._writing_paused = False
+        if not self._closed:
             self._process()
+
+    # -- what the server needs of a client (clients.py) ---------------------------
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        return self._transport
+
+    def buffer_usage(self) -> tuple[int, int]:
+        transport = self._transport
+        unsent = transport.get_write_buffer_size() if transport is not None else 0
+        return self._parser.buffered, unsent
+
+    def evict(self) -> None:
+        self._closed = True
+        if self._transport is not None:
+            self._transport.abort()
+        self._unregister()
 
     def close(self) -> None:
         self._closed = True
@@ -129,46 +179,97 @@ class BinaryConnection(asyncio.Protocol):
     # -- processing -------------------------------------------------------------
 
     def _process(self) -> None:
-        while not self._paused and not self._closed:
+        transport = self._transport
+        if transport is None or self._yielded:
+            return
+        clock = time.thread_time
+        started = clock()
+        turn = self._server.turns.current()
+        if turn != self._slice_turn:
+            self._slice_turn, self._slice_left = turn, SLICE_S
+        deadline = started + self._slice_left
+        out: Chunks = []
+        ran = 0
+        while not (self._closed or self._writing_paused):
+            if ran % CHECK_EVERY == 0 and clock() >= deadline:
+                self._yielded = True  # the slice is used: the rest waits a turn
+                self._state.counters.slices_yielded += 1
+                asyncio.get_running_loop().call_soon(self._next_slice)
+                break
             try:
                 frame = self._parser.next()
             except FrameError as exc:
-                self._fail(exc.message)
+                self._fail(exc, out)
                 return
             if frame is None:
-                return
+                break
+            ran += 1
             self._state.counters.total_commands_processed += 1
             status, body = self._answer(frame)
-            self._send(status, body)
+            out += encode_frame(status, body)
+        self._slice_left -= clock() - started
+        self._write(out)
+        self._update_reading()
+        self._report()
 
-    def _fail(self, message: str) -> None:
+    def _next_slice(self) -> None:
+        self._yielded = False
+        if not self._closed:
+            self._process()
+
+    def _update_reading(self) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing() or self._closed:
+            return
+        stop = self._writing_paused or self._yielded
+        if stop and not self._reading_paused:
+            self._reading_paused = True
+            transport.pause_reading()
+        elif not stop and self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+
+    def _report(self) -> None:
+        if self._registered and not self._closed:
+            self._server.client_memory.update(self, sum(self.buffer_usage()))
+
+    def _fail(self, exc: FrameError, out: Chunks) -> None:
         self._state.counters.protocol_errors += 1
-        log.info("binary lane protocol error: %s", message)
-        self._send(STATUS_ERROR, f"ERR Protocol error: {message}".encode())
+        log.info("binary lane protocol error from %s: %s", self.client.addr, exc.message)
+        self._write([*out, *encode_frame(STATUS_ERROR, exc.resp_line().encode())])
         self.close()
 
-    def _send(self, status: int, body: bytes | memoryview) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.writelines(encode_frame(status, body))
+    def _write(self, out: Chunks) -> None:
+        transport = self._transport
+        if not out or transport is None or transport.is_closing():
+            return
+        try:
+            transport.writelines(coalesce(out))
+        except (OSError, RuntimeError) as exc:
+            self._state.counters.io_errors += 1
+            log.warning("binary lane client id=%d: writing a reply failed: %r", self.client.id, exc)
+            self.evict()
 
     def _answer(self, frame: Frame) -> tuple[int, bytes | memoryview]:
         """The reply to one frame; never raises (this is the lane's error boundary)."""
         try:
             if frame.opcode == OP_PING:
+                # The lane's liveness check, answered before AUTH too (the client
+                # probes the lane with it before it authenticates).
                 return STATUS_OK, b""
             if frame.opcode == OP_AUTH:
-                self._auth(bytes(frame.body))
-                return STATUS_OK, b""
-            if not self._authenticated:
-                raise NoAuthError()
+                status, body = self._run(b"AUTH", bytes(frame.body))
+                if self.client.authenticated:
+                    self._parser.max_body = self._state.config.protocol.max_binary_body
+                return status, body
+            admit(self._ctx, self._server.table[_COMMAND], None)  # NOAUTH, LOADING, ...
             if frame.opcode != OP_QUERY_FUSED:
                 return STATUS_MISS, f"ERR unknown opcode 0x{frame.opcode:02X}".encode()
-            if self._state.loading:
-                raise LoadingError()
+            self.client.last_command = _COMMAND
             try:
                 req = parse_query_fused(frame.body)
             except BodyError as exc:
-                return STATUS_MISS, f"ERR {exc.message}".encode()
+                return STATUS_MISS, exc.resp_line().encode()
             state = self._state
             out = queries.query_fused(state.attention, _COMMAND, req, state.config.fa_window)
             return STATUS_OK, np.ascontiguousarray(out).data.cast("B")
@@ -181,14 +282,12 @@ class BinaryConnection(asyncio.Protocol):
             log.exception("internal error on the binary lane (opcode 0x%02X)", frame.opcode)
             return STATUS_ERROR, b"ERR internal error"
 
-    def _auth(self, password: bytes) -> None:
-        expected = self._state.config.requirepass
-        if expected is None:
-            raise PionError(_NO_PASSWORD)
-        if not hmac.compare_digest(password, expected.encode("utf-8")):
-            raise WrongPassError()
-        self._authenticated = True
-        self._parser.max_body = self._state.config.protocol.max_binary_body
+    def _run(self, *argv: bytes) -> tuple[int, bytes]:
+        """A frame run as the RESP command ``argv`` through the dispatcher."""
+        reply = dispatch(self._ctx, argv)
+        if isinstance(reply, ErrorReply):
+            return STATUS_ERROR, str(reply).encode()
+        return STATUS_OK, b""
 
 
 class BinaryLane:
@@ -196,27 +295,31 @@ class BinaryLane:
 
     def __init__(self, state: ServerState) -> None:
         self.state = state
-        self.connections: set[BinaryConnection] = set()
         self._servers: list[asyncio.Server] = []
+        self._server: PionServer | None = None
 
-    async def start(self, sockets: Iterable[socket.socket]) -> None:
+    async def start(self, sockets: Iterable[socket.socket], server: PionServer) -> None:
+        """Serve the lane on ``sockets``, its clients those of ``server``."""
+        self._server = server
         loop = asyncio.get_running_loop()
         # TLS as on the RESP port (--tls-cert/--tls-key/--tls-ca), else plain TCP.
         context = server_context(self.state.config)
         for sock in sockets:
             sock.setblocking(False)
-            server = await loop.create_server(
-                lambda: BinaryConnection(self.state, self.connections),
+            listener = await loop.create_server(
+                lambda: BinaryConnection(server),
                 sock=sock,
                 backlog=1024,
                 ssl=context,
                 ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if context is not None else None,
             )
-            self._servers.append(server)
+            self._servers.append(listener)
 
     def close(self) -> None:
         """Stop accepting and close every connection (shutdown)."""
-        for server in self._servers:
-            server.close()
-        for conn in list(self.connections):
-            conn.close()
+        for listener in self._servers:
+            listener.close()
+        if self._server is not None:
+            for conn in list(self._server.connections.values()):
+                if isinstance(conn, BinaryConnection):
+                    conn.close()

@@ -21,6 +21,9 @@ The QUERY_FUSED body, little-endian::
 The optional ``fa_window`` is packed unsigned by Pion's client and read signed here,
 so ``0xFFFFFFFF`` is -1 (the server default). The reply body is ``[H_q, M, D]`` fp32.
 
+Errors are :class:`~pion.errors.FrameError` (a :class:`~pion.errors.ProtocolError`)
+and :class:`~pion.errors.BodyError`, in the tree of ``pion.errors``.
+
 Invariant of :class:`FrameParser`: whatever bytes are fed, :meth:`FrameParser.next`
 returns a complete frame, None (need more bytes) or raises :class:`FrameError`; a
 frame error is final (the connection answers it and closes). It is raised as soon as
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 from typing import Final, NoReturn
 
 from pion.attend.queries import FusedQuery
+from pion.errors import BodyError, FrameError
 from pion.vstore import MAX_SID_LEN
 
 __all__ = [
@@ -71,22 +75,6 @@ _FUSED_FIXED: Final = struct.Struct("<HHHHII")
 _FA_WINDOW: Final = struct.Struct("<i")
 # Compact the receive buffer once this much of it has been consumed.
 _COMPACT_AT = 1 << 16
-
-
-class FrameError(Exception):
-    """The byte stream is not (or no longer) frames: answer it and close."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-class BodyError(Exception):
-    """A complete frame whose body does not parse: answered MISS, connection kept."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,8 +33,8 @@ command, not once per read:
 - before it authenticates to a server with a password, the decoder's unauthenticated
   limits apply (10 arguments, 16 KB bulks);
 - all connections together report to :class:`ClientMemory` (``maxmemory-clients``);
-- past ``maxclients`` a new connection is answered
-  ``-ERR max number of clients reached`` and closed.
+- past ``maxclients`` (RESP and binary-lane clients together, ``clients.py``) a new
+  connection is answered ``-ERR max number of clients reached`` and closed.
 
 A connection's collaborators are explicit: the worker's state, the command table, the
 reply sink, the registry of live connections (for CLIENT KILL and shutdown) and the
@@ -45,21 +45,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
+import math
 import time
 from collections.abc import Sequence
 from typing import Any, cast
 
-from pion.commands.deferred import Deferred, Offload
+from pion.commands.deferred import Deferred, Offload, Steps
 from pion.commands.state import ClientState, CommandTable, Context, ServerState
 from pion.commands.transactions import forget_client
 from pion.errors import ProtocolError
 from pion.resp.decoder import SCRATCH_BYTES, RequestDecoder
-from pion.resp.encoder import Chunks, encode_error
+from pion.resp.encoder import Chunks, encode_error, encode_reply
+from pion.resp.reply import Reply
 from pion.server.clientmem import ClientMemory
-from pion.server.dispatch import complete, execute
+from pion.server.clients import (
+    MAX_CLIENTS_REPLY,
+    ClientConnection,
+    admit_connection,
+    peer_addresses,
+)
+from pion.server.dispatch import complete, error_reply, execute
 from pion.server.offload import Offloader, piece_bytes, stream_parts
-from pion.server.replies import ReplySink
+from pion.server.replies import ReplySink, coalesce
+from pion.server.slices import CHECK_EVERY, SLICE_S, Turns
+from pion.server.steps import StepRunner
 from pion.server.streaming import StreamSender
 
 __all__ = ["Connection"]
@@ -70,11 +79,9 @@ log = logging.getLogger("pion.server")
 # of PINGs then costs one writelines per 64 KiB, not one per command.
 _FLUSH_BYTES = 64 * 1024
 _FLUSH_CHUNKS = 4096
-# Redis's reply to a connection past maxclients.
-_MAX_CLIENTS_REPLY = b"-ERR max number of clients reached\r\n"
-# A flood of refused connections logs one line per this many seconds, not one each.
-_REFUSAL_LOG_EVERY_S = 10.0
-_last_refusal_log = 0.0
+# What a reply piece held for the client costs beyond its payload (a bytes object's
+# header and its slot in a list), counted in its unsent reply bytes.
+PIECE_OVERHEAD = 64
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -84,11 +91,12 @@ class Connection(asyncio.BufferedProtocol):
         table: CommandTable,
         sink: ReplySink,
         client_id: int,
-        registry: dict[int, Connection],
+        registry: dict[int, ClientConnection],
         *,
         memory: ClientMemory,
         offload: Offloader | None = None,
         scratch: memoryview | None = None,
+        turns: Turns | None = None,
     ) -> None:
         self._state = state
         self._sink = sink
@@ -119,7 +127,16 @@ class Connection(asyncio.BufferedProtocol):
         self._next_error: ProtocolError | None = None
         self._next_bytes = 0
         # The streamed reply being sent, while one is.
-        self._streamer: StreamSender | None = None
+        self._streamer: StreamSender | StepRunner | None = None
+        # This connection's share of the loop (pion.server.slices): the turn it last
+        # ran in, the seconds of its slice left in that turn, and whether it stopped
+        # for the turn (a callback of the next turn goes on). Without ``turns`` (a
+        # connection driven alone, in unit tests) there is nobody to share with: no
+        # slices.
+        self._turns = turns
+        self._slice_turn = -1
+        self._slice_left = 0.0
+        self._yielded = False
         self.client = ClientState(id=client_id, created=time.time())
         self._ctx = Context(state=state, client=self.client, table=table)
 
@@ -129,45 +146,47 @@ class Connection(asyncio.BufferedProtocol):
         # uvloop's transports implement asyncio.Transport without subclassing it.
         transport = cast(asyncio.Transport, transport)
         self._transport = transport
-        if len(self._registry) >= self._state.config.maxclients:
-            self._refuse(transport)
+        if not admit_connection(self._state, transport, MAX_CLIENTS_REPLY):
+            self._closed = True
             return
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.client.addr = _fmt_addr(transport.get_extra_info("peername"))
-        self.client.laddr = _fmt_addr(transport.get_extra_info("sockname"))
+        peer_addresses(transport, self.client)
         transport.set_write_buffer_limits(high=self._high_water)
         self._state.counters.total_connections_received += 1
         self._state.clients[self.client.id] = self.client
         self._registry[self.client.id] = self
         self._registered = True
 
-    def _refuse(self, transport: asyncio.Transport) -> None:
-        global _last_refusal_log
-        self._closed = True
-        self._state.counters.rejected_connections += 1
-        now = time.monotonic()
-        if now - _last_refusal_log >= _REFUSAL_LOG_EVERY_S:
-            _last_refusal_log = now
-            log.warning(
-                "refusing connections: max number of clients reached (maxclients %d)",
-                self._state.config.maxclients,
-            )
-        transport.write(_MAX_CLIENTS_REPLY)
-        transport.close()
-
     def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None and not self._closed:
+            # The socket failed under us (a read or a write): never silent.
+            self._io_error("the connection failed", exc)
         self._closed = True
         self._decoder.clear()
         self._next = None
         self._next_error = None
+        self._unregister()
+
+    def _unregister(self) -> None:
+        """Leave the registry and the memory accounting (at once on eviction: the
+        transport's own teardown comes later)."""
         if self._registered:
             self._registered = False
             self._memory.forget(self)
             forget_client(self._state, self.client)  # its transaction and WATCHes
             self._state.clients.pop(self.client.id, None)
             self._registry.pop(self.client.id, None)
+
+    def _io_error(self, what: str, exc: BaseException) -> None:
+        self._state.counters.io_errors += 1
+        peer_gone = isinstance(exc, (ConnectionResetError, BrokenPipeError))
+        log.log(
+            logging.INFO if peer_gone else logging.WARNING,
+            "client id=%d addr=%s: %s: %r",
+            self.client.id,
+            self.client.addr,
+            what,
+            exc,
+        )
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._decoder.get_buffer(self._scratch)
@@ -216,8 +235,20 @@ class Connection(asyncio.BufferedProtocol):
 
     def _process(self) -> None:
         transport = self._transport
-        if transport is None:
-            return
+        if transport is None or self._yielded:
+            return  # (yielded: the next turn's callback goes on)
+        clock = time.thread_time  # CPU time: a preempted slice is not a used one
+        started = clock()
+        if self._turns is not None:
+            turn = self._turns.current()
+            if turn != self._slice_turn:
+                self._slice_turn = turn
+                self._slice_left = SLICE_S
+            deadline = started + self._slice_left
+        else:
+            deadline = math.inf
+        ran = 0
+        yielded = False
         decoder = self._decoder
         client = self.client
         out: Chunks = []
@@ -237,6 +268,10 @@ class Connection(asyncio.BufferedProtocol):
             if self._next_error is not None:
                 proto_error, self._next_error = self._next_error, None
                 break
+            if ran % CHECK_EVERY == 0 and clock() >= deadline:
+                yielded = True  # this turn's slice is used: the rest waits a turn
+                break
+            ran += 1
             argv = self._next
             if argv is not None:
                 self._next, self._next_bytes = None, 0
@@ -250,7 +285,9 @@ class Connection(asyncio.BufferedProtocol):
                     break
             result = execute(self._ctx, argv, out)
             if not isinstance(result, int):
-                if self._offload is not None:
+                if self._offload is not None or (
+                    isinstance(result, Steps) and self._turns is not None
+                ):
                     # Replies before it leave first; it runs off the loop.
                     if out:
                         self._send(out, out_bytes)
@@ -288,19 +325,42 @@ class Connection(asyncio.BufferedProtocol):
             self._sink.close_after_send(self)
         if self._busy is not None:
             self._parse_ahead()
+        self._slice_left -= clock() - started
+        if yielded and not close_after:
+            self._yielded = True
+            self._state.counters.slices_yielded += 1
+            asyncio.get_running_loop().call_soon(self._next_slice)
         self._update_reading()
         self._report()
+
+    def _next_slice(self) -> None:
+        """A turn after this connection used its slice: go on where it stopped."""
+        self._yielded = False
+        if not self._closed:
+            self._process()
 
     # -- deferred commands (module docstring) -------------------------------------
 
     def _start(self, argv: Sequence[bytes], deferred: Deferred) -> None:
+        self._busy = deferred
+        self._busy_argv = argv
+        self._busy_bytes = sum(len(arg) for arg in argv)
+        if isinstance(deferred, Steps):
+            self._streamer = StepRunner(
+                deferred,
+                send=self._send,
+                encode=self._encode,
+                fail=lambda exc: error_reply(self._ctx, argv, exc),
+                behind=self._behind,
+                alive=lambda: not self._closed,
+                done=self._streamed,
+            )
+            self._streamer.pump()
+            return
         offload = self._offload
         if offload is None:  # pragma: no cover - _process runs them inline then
             return
         self._state.counters.offloaded_commands += 1
-        self._busy = deferred
-        self._busy_argv = argv
-        self._busy_bytes = sum(len(arg) for arg in argv)
         if isinstance(deferred, Offload):
             offload.submit(deferred.work, lambda result: self._finished(deferred, result))
             return
@@ -358,15 +418,30 @@ class Connection(asyncio.BufferedProtocol):
             return
         self._process()
 
+    def _encode(self, value: Reply) -> Chunks:
+        out: Chunks = []
+        encode_reply(value, self.client.proto, out)
+        return out
+
     def _run_inline(self, argv: Sequence[bytes], deferred: Deferred, out: Chunks) -> int:
         """A deferred command without a worker pool: run it here, append its reply."""
+        mark = len(out)
+        if isinstance(deferred, Steps):
+            try:
+                while True:
+                    out += next(deferred.run)
+            except StopIteration as stop:
+                out += self._encode(stop.value)
+            except Exception as exc:  # the command's error boundary
+                del out[mark:]
+                out += self._encode(error_reply(self._ctx, argv, exc))
+            return sum(c.nbytes if isinstance(c, memoryview) else len(c) for c in out[mark:])
         if isinstance(deferred, Offload):
             try:
                 result: object = deferred.work()
             except Exception as exc:
                 result = exc
             return complete(self._ctx, argv, deferred, result, out)
-        mark = len(out)
         for part in stream_parts(deferred, self.client.proto):
             out.append(part if isinstance(part, bytes) else piece_bytes(part[1]))
         return sum(c.nbytes if isinstance(c, memoryview) else len(c) for c in out[mark:])
@@ -374,6 +449,10 @@ class Connection(asyncio.BufferedProtocol):
     # -- sending and flow control ---------------------------------------------------
 
     def _send(self, out: Chunks, nbytes: int) -> None:
+        # Coalesced here, once: the sink may hold them (group commit), and the
+        # transport must never be handed more pieces than it takes (replies.py).
+        out = coalesce(out)
+        nbytes += len(out) * PIECE_OVERHEAD
         self._held += nbytes
         self._sink.send(self, out, nbytes)
 
@@ -391,7 +470,7 @@ class Connection(asyncio.BufferedProtocol):
         waiting = self._busy is not None and (
             self._next is not None or self._next_error is not None
         )
-        stop = self._writing_paused or self._backlogged or waiting
+        stop = self._writing_paused or self._backlogged or waiting or self._yielded
         if stop and not self._reading_paused:
             self._reading_paused = True
             transport.pause_reading()
@@ -428,7 +507,13 @@ class Connection(asyncio.BufferedProtocol):
         self._held -= nbytes
         transport = self._transport
         if transport is not None and not transport.is_closing():
-            transport.writelines(chunks)
+            try:
+                transport.writelines(chunks)
+            except (OSError, RuntimeError) as exc:
+                # A reply that cannot be written is never dropped silently.
+                self._io_error("writing a reply failed", exc)
+                self.abort()
+                return
         if self._backlogged and (self._writing_paused or self._unsent() <= self._high_water):
             # Released by the sink. If the transport is now over the mark itself, its
             # resume_writing() takes over; else run the commands that waited, after
@@ -443,6 +528,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def evict(self) -> None:
         self.abort()
+        self._unregister()
 
     def close(self) -> None:
         self._closed = True
@@ -457,9 +543,3 @@ class Connection(asyncio.BufferedProtocol):
     @property
     def transport(self) -> asyncio.Transport | None:
         return self._transport
-
-
-def _fmt_addr(addr: object) -> str:
-    if isinstance(addr, tuple) and len(addr) >= 2:
-        return f"{addr[0]}:{addr[1]}"
-    return str(addr or "")

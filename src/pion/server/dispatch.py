@@ -31,15 +31,15 @@ from time import perf_counter_ns
 from typing import Any
 
 from pion.commands.clientctl import begin_silent, silenced
-from pion.commands.deferred import Deferred, Offload, Stream
-from pion.commands.state import Context
+from pion.commands.deferred import Deferred, Offload, Steps, Stream
+from pion.commands.state import Command, Context
 from pion.commands.transactions import IMMEDIATE, queue_command, refused_in_multi, settle
 from pion.errors import LoadingError, MisconfError, NoAuthError, PionError
 from pion.persistence.stores import FREEING_COMMANDS
 from pion.resp.encoder import Chunks, encode_error, encode_reply
 from pion.resp.reply import ErrorReply, Reply
 
-__all__ = ["complete", "dispatch", "execute"]
+__all__ = ["admit", "complete", "dispatch", "error_reply", "execute"]
 
 log = logging.getLogger("pion.server")
 
@@ -71,6 +71,26 @@ def _internal_error(ctx: Context, name: str, what: str) -> ErrorReply:
     return ErrorReply(_INTERNAL_ERROR)
 
 
+def admit(ctx: Context, cmd: Command, nargs: int | None) -> None:
+    """The checks every command passes before its handler runs, whichever lane it
+    came by (RESP, or the binary lane's frames): authentication, arity (``nargs``
+    arguments after the name; None when the lane's framing fixed them), loading, then
+    whether persistence still accepts writes. Raises the error to answer."""
+    state = ctx.state
+    if state.config.auth_required and not ctx.client.authenticated and "noauth" not in cmd.flags:
+        raise NoAuthError()
+    if nargs is not None and not cmd.arity_ok(nargs):
+        raise PionError(f"wrong number of arguments for '{cmd.name.lower()}' command")
+    if state.loading and "loading" not in cmd.flags:
+        raise LoadingError()
+    # Commands that only free space pass a failing log (it writes their records when
+    # it can): removing data is how an operator makes room.
+    if "write" in cmd.flags and state.persistence is not None and cmd.name not in FREEING_COMMANDS:
+        failure = state.persistence.write_refusal()
+        if failure is not None:
+            raise MisconfError(failure)
+
+
 def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
     """Run one command; returns a reply value (errors as :class:`ErrorReply`), or the
     handler's :data:`Deferred`."""
@@ -91,22 +111,7 @@ def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
     client = ctx.client
     client.last_command = cmd.name
     try:
-        if state.config.auth_required and not client.authenticated and "noauth" not in cmd.flags:
-            raise NoAuthError()
-        if not cmd.arity_ok(len(argv) - 1):
-            raise PionError(f"wrong number of arguments for '{name.lower()}' command")
-        if state.loading and "loading" not in cmd.flags:
-            raise LoadingError()
-        # Commands that only free space pass a failing log (it writes their records
-        # when it can): removing data is how an operator makes room.
-        if (
-            "write" in cmd.flags
-            and state.persistence is not None
-            and cmd.name not in FREEING_COMMANDS
-        ):
-            failure = state.persistence.write_refusal()
-            if failure is not None:
-                raise MisconfError(failure)
+        admit(ctx, cmd, len(argv) - 1)
         if client.queued is not None and cmd.name not in IMMEDIATE:
             return queue_command(ctx, cmd, argv)
     except PionError as exc:
@@ -137,7 +142,7 @@ def execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int | Deferred:
     if ctx.client.reply_mode != "on":
         return _silent(ctx, argv, out)
     reply = dispatch(ctx, argv)
-    if isinstance(reply, Offload | Stream):
+    if isinstance(reply, Offload | Stream | Steps):
         return reply
     return _encode(ctx, argv, reply, out)
 
@@ -148,7 +153,7 @@ def _silent(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int:
     begin_silent(ctx.client)
     reply = dispatch(ctx, argv)
     try:
-        value = settle(reply)
+        value = settle(reply, ctx.client.proto)
     except PionError:
         return 0
     except Exception:
@@ -173,6 +178,17 @@ def complete(
     except Exception:
         reply = _internal_error(ctx, name, "finishing")
     return _encode(ctx, argv, reply, out)
+
+
+def error_reply(ctx: Context, argv: Sequence[bytes], exc: BaseException) -> ErrorReply:
+    """The reply to an exception a command raised after its handler returned (a step
+    of a :class:`~pion.commands.deferred.Steps`): the same boundary as above."""
+    if isinstance(exc, PionError):
+        return ErrorReply(exc.resp_line())
+    name = argv[0].decode("utf-8", "replace")[:64] if argv else "?"
+    ctx.state.counters.internal_errors += 1
+    log.error("internal error in a step of %s", name, exc_info=exc)
+    return ErrorReply(_INTERNAL_ERROR)
 
 
 def _encode(ctx: Context, argv: Sequence[bytes], reply: Reply, out: Chunks) -> int:

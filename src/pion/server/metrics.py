@@ -16,33 +16,32 @@ What a worker exports, every series labelled ``worker``:
   the command on the event loop (not the network);
 - the server: ``pion_connected_clients``, ``pion_connections_received_total``,
   ``pion_commands_processed_total``, ``pion_protocol_errors_total``,
-  ``pion_internal_errors_total``, ``pion_loading``, ``pion_resident_memory_bytes``;
+  ``pion_internal_errors_total``, ``pion_client_io_errors_total`` (connections lost to
+  a socket error, replies that could not be written), ``pion_evicted_clients_total``,
+  ``pion_rejected_connections_total``, ``pion_slices_yielded_total``, ``pion_loading``,
+  ``pion_resident_memory_bytes``;
 - the WAL and snapshots: ``pion_wal_enabled``, ``pion_wal_ok``, ``pion_wal_bytes``,
   ``pion_wal_appended_records_total``, ``pion_wal_replayed_records``,
   ``pion_snapshot_bytes``, ``pion_snapshot_last_ok``,
   ``pion_snapshot_last_save_timestamp_seconds``, ``pion_changes_since_last_snapshot``,
   ``pion_recovery_seconds``.
 
-The state is single-owner (the event loop's), while prometheus_client serves scrapes
-from its own HTTP thread. So a scrape never reads the state from that thread: it asks
-the loop for a snapshot (:class:`LoopCollector`), taken between two commands. Under
-``-w N`` the supervisor serves the endpoint and asks each worker for its snapshot over
-the control pipe; :func:`merge` joins the workers' families (one family, one series
-per worker) and the supervisor adds its own (``pion_worker_up``,
+The endpoint (``scrapes.py``) is served on the event loop, so a scrape reads the
+state between two commands, on the thread that owns it. Under ``-w N`` the
+supervisor serves the endpoint and asks each worker for its snapshot over the
+control pipe; :func:`merge` joins the workers' families (one family, one series per
+worker) and the supervisor adds its own (``pion_worker_up``,
 ``pion_worker_restarts_total``, ``pion_workers``, ``pion_directory_entries``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from types import MappingProxyType
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.exposition import start_http_server
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -54,12 +53,12 @@ from pion.commands.info import rss_bytes
 from pion.commands.state import Command, CommandTable, Context, ServerState
 from pion.config import ServerConfig
 from pion.resp.reply import Reply
+from pion.server.scrapes import MetricsEndpoint
 
 __all__ = [
     "LATENCY_BUCKETS",
     "LATENCY_COMMANDS",
     "SCRAPE_TIMEOUT_S",
-    "LoopCollector",
     "MetricsEndpoint",
     "WorkerMetrics",
     "merge",
@@ -154,6 +153,14 @@ class _StateCollector:
         yield c("pion_commands_processed", "Commands processed", k.total_commands_processed)
         yield c("pion_protocol_errors", "Protocol errors (connection closed)", k.protocol_errors)
         yield c("pion_internal_errors", "Commands answered 'internal error'", k.internal_errors)
+        yield c("pion_client_io_errors", "Client connections lost to a socket error", k.io_errors)
+        yield c("pion_evicted_clients", "Clients evicted by maxmemory-clients", k.evicted_clients)
+        yield c(
+            "pion_rejected_connections", "Connections refused (maxclients)", k.rejected_connections
+        )
+        yield c(
+            "pion_slices_yielded", "Times a client's slice of the loop ran out", k.slices_yielded
+        )
         yield g("pion_loading", "1 while the data directory is recovered", int(s.loading))
         yield g("pion_resident_memory_bytes", "Resident set size", rss_bytes())
         yield from self._persistence()
@@ -264,49 +271,7 @@ class WorkerMetrics:
 
     def serve(self, config: ServerConfig) -> MetricsEndpoint:
         """The endpoint of a single-process server (call on its running loop)."""
-        return MetricsEndpoint(config, LoopCollector(asyncio.get_running_loop(), self.snapshot))
-
-
-class LoopCollector:
-    """A prometheus_client collector whose ``collect`` (called on the HTTP server's
-    thread) runs the coroutine ``source()`` on the event loop and waits for it."""
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        source: Callable[[], Coroutine[Any, Any, list[Metric]]],
-    ) -> None:
-        self.loop = loop
-        self.source = source
-
-    def collect(self) -> Iterable[Metric]:
-        future = asyncio.run_coroutine_threadsafe(self.source(), self.loop)
-        # A worker scrape may wait SCRAPE_TIMEOUT_S for each worker, concurrently.
-        return future.result(timeout=2 * SCRAPE_TIMEOUT_S)
-
-
-class MetricsEndpoint:
-    """prometheus_client's HTTP server on ``--bind``:``--metrics-port`` (a daemon
-    thread), over TLS when the server has a certificate (client certificates required
-    when it has a CA)."""
-
-    def __init__(self, config: ServerConfig, collector: LoopCollector) -> None:
-        port = config.metrics_port if config.metrics_port is not None else 0
-        self._httpd, self._thread = start_http_server(
-            port,
-            addr=config.bind,
-            registry=collector,
-            certfile=str(config.tls_cert) if config.tls_cert is not None else None,
-            keyfile=str(config.tls_key) if config.tls_key is not None else None,
-            client_cafile=str(config.tls_ca) if config.tls_ca is not None else None,
-            client_auth_required=config.tls_ca is not None,
-        )
-        self.port: int = self._httpd.server_address[1]
-
-    def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
+        return MetricsEndpoint(config, self.snapshot)
 
 
 def merge(groups: Iterable[Iterable[Metric]]) -> list[Metric]:

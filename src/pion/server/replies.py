@@ -8,6 +8,11 @@ all of them and then writes them out, in order. If the fsync fails the queued re
 are withheld and their connections dropped: the client never saw an acknowledgement.
 Once anything is queued, later replies queue behind it, so order holds across
 connections too.
+
+Before chunks reach a transport they are coalesced (:func:`coalesce`): runs of small
+pieces are joined into one buffer, large ones are passed as they are. A reply of a
+million elements is otherwise a few million pieces, and uvloop's ``writelines`` refuses
+more than 2^20 buffers in one call (``OSError`` 22, the connection dropped).
 """
 
 from __future__ import annotations
@@ -19,9 +24,35 @@ from typing import Protocol
 from pion.commands.state import Durability
 from pion.resp.encoder import Chunks
 
-__all__ = ["ReplySink", "ReplyTarget"]
+__all__ = ["COALESCE_BELOW", "ReplySink", "ReplyTarget", "coalesce"]
 
 log = logging.getLogger("pion.server")
+
+# Pieces smaller than this are joined with their small neighbours; larger ones (K/V
+# payloads, big bulks) are handed over without a copy. Every piece left alone is at
+# least this big, so a write holds at most one piece per 16 KiB plus one joined run
+# between each two of them: far below uvloop's 2^20 whatever the reply.
+COALESCE_BELOW = 16 * 1024
+
+
+def coalesce(chunks: Chunks) -> Chunks:
+    """``chunks`` with every run of small pieces joined into one ``bytes``."""
+    if len(chunks) <= 1:
+        return chunks
+    out: Chunks = []
+    run: list[bytes | bytearray | memoryview] = []
+    for chunk in chunks:
+        size = chunk.nbytes if isinstance(chunk, memoryview) else len(chunk)
+        if size < COALESCE_BELOW:
+            run.append(chunk)
+            continue
+        if run:
+            out.append(run[0] if len(run) == 1 else b"".join(run))
+            run = []
+        out.append(chunk)
+    if run:
+        out.append(run[0] if len(run) == 1 else b"".join(run))
+    return out
 
 
 class ReplyTarget(Protocol):

@@ -17,8 +17,9 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from types import ModuleType
+from typing import Any
 
 from pion.commands import COMMAND_TABLE
 from pion.commands.state import CommandTable, ServerState
@@ -157,6 +158,15 @@ def bind_sockets(config: ServerConfig) -> tuple[socket.socket, socket.socket | N
     raise PionError("no free port pair for the RESP port and its binary lane (port + 1)")
 
 
+async def _closing(serving: Coroutine[Any, Any, None], endpoints: list[MetricsEndpoint]) -> None:
+    """Run ``serving``, then close the metrics endpoints on the same loop."""
+    try:
+        await serving
+    finally:
+        for endpoint in endpoints:
+            endpoint.close()
+
+
 async def serve(
     state: ServerState,
     sockets: list[socket.socket],
@@ -199,7 +209,7 @@ async def _serve(
 ) -> None:
     server = PionServer(state, table)
     await server.start(sockets)
-    await lane.start(binary_sockets)
+    await lane.start(binary_sockets, server)
     if on_listening is not None:
         on_listening(server)
     persistence = state.persistence
@@ -297,14 +307,16 @@ def run(config: ServerConfig) -> int:
     try:
         lanes = [binary] if binary is not None else []
         asyncio.run(
-            serve(state, [sock], ready, on_listening=listening, table=table, binary_sockets=lanes)
+            _closing(
+                serve(
+                    state, [sock], ready, on_listening=listening, table=table, binary_sockets=lanes
+                ),
+                endpoints,
+            )
         )
     except PionError as exc:
         log.critical("%s", exc.message)
         raise
-    finally:
-        for endpoint in endpoints:
-            endpoint.close()
     log.info("pion-server stopped")
     return 0
 

@@ -48,8 +48,9 @@ from pion.config import ServerConfig
 from pion.errors import PionError
 from pion.server import control
 from pion.server.directory import DirectoryTable, slots_for
-from pion.server.metrics import SCRAPE_TIMEOUT_S, LoopCollector, MetricsEndpoint, merge
+from pion.server.metrics import SCRAPE_TIMEOUT_S, merge
 from pion.server.run import check_bind_safety
+from pion.server.scrapes import MetricsEndpoint
 from pion.server.tls import server_context
 from pion.wire import affinity_port
 
@@ -187,7 +188,7 @@ class Supervisor:
         watchers: list[asyncio.Task[None]] = []
         try:
             if self.config.metrics_port is not None:
-                endpoint = MetricsEndpoint(self.config, LoopCollector(loop, self.scrape))
+                endpoint = MetricsEndpoint(self.config, self.scrape)
                 self.metrics_port = endpoint.port
             table = self._table
             watchers = [asyncio.ensure_future(self._watch(slot, table)) for slot in self.slots]
