@@ -20,14 +20,17 @@ from click.testing import CliRunner
 
 from pion.config import ServerConfig
 from pion.errors import MisconfError
-from pion.keyspace import Keyspace
-from pion.persistence import Persistence, wal_path
+from pion.keyspace import Keyspace, SetString
+from pion.persistence import Persistence, keyspace_format, wal_path
 from pion.persistence import wal as wal_mod
 from pion.persistence.cli import check_wal_command
 from pion.persistence.format import FormatError
 from pion.persistence.keyspace_durable import KeyspaceDurable
+from pion.persistence.reader import Record
+from pion.persistence.recovery import RecoveryResult, _apply_record
 from pion.persistence.txn_format import OP_TXN, decode_txn, encode_txn
-from pion.vstore import VStore
+from pion.persistence.vstore_durable import VStoreDurable, vstore_frame
+from pion.vstore import CreateSession, VStore
 from support import no_retry, rows
 from support.keyspace import RawClient
 
@@ -249,3 +252,24 @@ def test_exec_under_always_is_acknowledged_after_the_fsync(
     with pytest.raises(redis.ResponseError, match="MISCONF"):  # refused while queuing
         pipe.execute()
     assert r2.get("d") is None  # the aborted EXEC ran nothing
+
+
+def test_a_snapshot_covers_a_txn_store_by_store() -> None:
+    """A crash between two snapshot renames leaves one store's file covering a TXN and
+    the other's not: replay applies the TXN's records of the store that lacks them."""
+    ks = Keyspace()
+    vs = VStore(ServerConfig().vstore)
+    kd, vd = KeyspaceDurable(ks), VStoreDurable(vs)
+    owners = {op: kd for op in kd.ops} | {op: vd for op in vd.ops}
+    key_op, key_parts = keyspace_format.encode(SetString(b"a", b"1"))
+    create = vstore_frame(CreateSession(b"s", 8, "int8"))
+    payload = b"".join(
+        bytes(p) for p in encode_txn([(key_op, key_parts), (create.op, create.parts)])
+    )
+    res = RecoveryResult()
+    rec = Record(offset=0, op=OP_TXN, seq=7, payload=payload)
+    assert _apply_record(owners, {"keyspace": 7, "vstore": 6}, rec, res)
+    assert b"a" not in ks and b"s" in vs  # the keyspace's snapshot already had it
+    assert (res.skipped, res.foreign) == (1, 0)
+    assert not _apply_record({}, {}, rec, res)  # no store of it here: foreign
+    assert res.foreign == 2

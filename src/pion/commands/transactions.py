@@ -100,7 +100,7 @@ def queue_command(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply:
     if cmd.name in NOT_QUEUED:
         raise PionError(_NOT_ALLOWED)
     _check_local(ctx, cmd, argv)
-    size = sum(len(a) for a in argv)
+    size = sum(map(len, argv))
     client = ctx.client
     if len(queued) >= MAX_QUEUED or client.queued_bytes + size > MAX_QUEUED_BYTES:
         raise PionError(

@@ -66,7 +66,7 @@ def encode_txn(records: Sequence[tuple[int, Sequence[Buffer]]]) -> list[Buffer]:
     for op, payload in records:
         if not 1 <= op <= _MAX_INNER_OP:
             raise ValueError(f"op {op} cannot be inside a TXN")
-        size = sum(memoryview(p).nbytes for p in payload)
+        size = sum(len(p) if type(p) is bytes else memoryview(p).nbytes for p in payload)
         parts.append(_INNER.pack(op, size))
         parts.extend(payload)
     return parts

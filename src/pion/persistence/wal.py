@@ -223,8 +223,9 @@ class WriteAheadLog:
                 f"record limit of {MAX_PAYLOAD} bytes; send them in smaller transactions"
             )
         # Payloads are valid only during append (a view of a request buffer or of a
-        # layer the next command may change): the unit keeps copies.
-        copies: list[Buffer] = [p if isinstance(p, bytes) else bytes(p) for p in frame.parts]
+        # layer the next command may change): the unit keeps copies (bytes are
+        # immutable: kept as they are).
+        copies: list[Buffer] = [p if type(p) is bytes else bytes(p) for p in frame.parts]
         unit.append((frame.op, copies))
         self._unit_bytes += grow
 
