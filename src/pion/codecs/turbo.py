@@ -132,6 +132,18 @@ _INV_SQRT_GROUP = np.float32(1.0 / math.sqrt(GROUP))
 _S1_SCALED: F32Array = _frozen(S1 * _INV_SQRT_GROUP)
 
 
+def halving_sum(t: F32Array) -> F32Array:
+    """Row sums of ``t [M, 2**k]`` in a fixed order: the right half added to the left
+    half, halving until one column is left. numpy's own reductions (``sum``,
+    ``einsum``) pick their order by build and CPU; this one is part of the format, so
+    the compiled twin (``_speedups.c``) produces the same bits."""
+    while t.shape[1] > 1:
+        half = t.shape[1] // 2
+        t = t[:, :half] + t[:, half:]
+    out: F32Array = t[:, 0]
+    return out
+
+
 def hadamard(x: F32Array) -> F32Array:
     """``H128 @ v`` for every row ``v`` of ``x [M, 128]`` (unnormalised), as ``H8 (x) H16``.
 
@@ -195,7 +207,8 @@ class _TurboCodec(Codec):
         else:
             flat = x * s1
         groups = flat.reshape(n * g, GROUP)  # D(s1) g, one group per row
-        norm = np.sqrt(np.einsum("ij,ij->i", groups, groups))
+        with np.errstate(over="ignore"):  # inf for huge values: refused below
+            norm = np.sqrt(halving_sum(groups * groups))
         scale = np.zeros_like(norm)  # 1 / (sqrt(128) n): H's normalisation and the 1/n
         np.divide(_INV_SQRT_GROUP, norm, out=scale, where=norm > 0)
         y = hadamard(groups)
@@ -276,8 +289,7 @@ class Turbo4Codec(_TurboCodec):
         return pack4((sign << np.uint8(3)) | mag)
 
     def _centroid_norm2(self, payload: U8Array) -> F32Array:
-        out: F32Array = self._byte_c2[payload].sum(axis=1)
-        return out
+        return halving_sum(self._byte_c2[payload])
 
     def _values(self, payload: U8Array) -> F32Array:
         pairs = self._byte_values[payload ^ self._flip]
@@ -304,8 +316,7 @@ class Turbo3Codec(_TurboCodec):
         return np.concatenate([pack2(mag), np.packbits(sign, axis=1, bitorder="little")], axis=1)
 
     def _centroid_norm2(self, payload: U8Array) -> F32Array:
-        out: F32Array = self._byte_c2[payload[:, : GROUP // 4]].sum(axis=1)
-        return out
+        return halving_sum(self._byte_c2[payload[:, : GROUP // 4]])
 
     def _values(self, payload: U8Array) -> F32Array:
         m = payload.shape[0]
@@ -332,8 +343,7 @@ class Turbo2Codec(_TurboCodec):
         return pack2((sign << np.uint8(1)) | mag)
 
     def _centroid_norm2(self, payload: U8Array) -> F32Array:
-        out: F32Array = self._byte_c2[payload].sum(axis=1)
-        return out
+        return halving_sum(self._byte_c2[payload])
 
     def _values(self, payload: U8Array) -> F32Array:
         quads = self._byte_values[payload ^ self._flip]
