@@ -76,6 +76,7 @@ from pion.codecs.base import (
     pack4,
     split_blocks,
 )
+from pion.codecs.compiled import quant
 
 __all__ = [
     "CENTROIDS",
@@ -175,6 +176,27 @@ class _TurboCodec(Codec):
         self._thresholds = ((c[:-1] + c[1:]) / 2).astype(np.float32)
         self._c2 = (c * c).astype(np.float32)
         self._payload = GROUP * self.bits // 8
+        self._tables = b""  # set by each subclass once its byte tables exist
+
+    compiled: ClassVar[bool] = quant is not None
+
+    def _compiled_tables(self, byte_c2: F32Array) -> bytes:
+        """Everything ``_quant.c``'s Turbo struct holds, in its order: the format's
+        tables as this module defines them, so the C code has no copy of its own."""
+        k = len(self._centroids)
+        thresholds = np.zeros(7, np.float32)
+        thresholds[: k - 1] = self._thresholds
+        values = np.zeros(16, np.float32)
+        values[: 2 * k] = [self._value(code) for code in range(2 * k)]
+        parts = [S1, S2, _S1_SCALED, thresholds, byte_c2, values, np.array([_INV_SQRT_GROUP], np.float32)]
+        head = np.array([self.bits], np.int32).tobytes()
+        return head + b"".join(np.ascontiguousarray(p, np.float32).tobytes() for p in parts)
+
+    def _encode_into(self, x: F32Array, out: U8Array) -> bool:
+        return bool(quant.turbo_encode(x, out, x.shape[1], self._tables))
+
+    def _decode_into(self, data: U8Array, dim: int, out: F32Array) -> bool:
+        return bool(quant.turbo_decode(data, out, dim, self._tables))
 
     def row_bytes(self, dim: int) -> int:
         return blocks_of(dim, GROUP) * (2 + self._payload)
@@ -277,6 +299,7 @@ class Turbo4Codec(_TurboCodec):
         super().__init__()
         lo, hi = _BYTES & 15, _BYTES >> 4
         self._byte_c2 = (self._c2[lo & 7] + self._c2[hi & 7]).astype(np.float32)
+        self._tables = self._compiled_tables(self._byte_c2)
         # Byte -> its two values; the uint64 view moves both in one gather.
         pair = np.array(
             [[self._value(int(a)), self._value(int(b))] for a, b in zip(lo, hi, strict=True)]
@@ -306,6 +329,7 @@ class Turbo3Codec(_TurboCodec):
         super().__init__()
         crumbs = [(_BYTES >> (2 * k)) & 3 for k in range(4)]  # 2-bit fields, low first
         self._byte_c2 = sum(self._c2[c] for c in crumbs).astype(np.float32)
+        self._tables = self._compiled_tables(self._byte_c2)
         quad = np.stack([self._centroids[c] for c in crumbs], axis=1).astype(np.float32)
         self._byte_mags = np.ascontiguousarray(quad).view(np.complex128)[:, 0]  # 16 B each
         bits = (_BYTES[:, None] >> np.arange(8)) & 1
@@ -335,6 +359,7 @@ class Turbo2Codec(_TurboCodec):
         super().__init__()
         crumbs = [(_BYTES >> (2 * k)) & 3 for k in range(4)]  # 2-bit codes, low first
         self._byte_c2 = sum(self._c2[c & 1] for c in crumbs).astype(np.float32)
+        self._tables = self._compiled_tables(self._byte_c2)
         quad = np.array([[self._value(int(c[b])) for c in crumbs] for b in range(256)])
         self._byte_values = np.ascontiguousarray(quad, np.float32).view(np.complex128)[:, 0]
         self._flip = pack2(_s2_sign_bits(2))
