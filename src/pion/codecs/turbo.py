@@ -188,7 +188,15 @@ class _TurboCodec(Codec):
         thresholds[: k - 1] = self._thresholds
         values = np.zeros(16, np.float32)
         values[: 2 * k] = [self._value(code) for code in range(2 * k)]
-        parts = [S1, S2, _S1_SCALED, thresholds, byte_c2, values, np.array([_INV_SQRT_GROUP], np.float32)]
+        parts = [
+            S1,
+            S2,
+            _S1_SCALED,
+            thresholds,
+            byte_c2,
+            values,
+            np.array([_INV_SQRT_GROUP], np.float32),
+        ]
         head = np.array([self.bits], np.int32).tobytes()
         return head + b"".join(np.ascontiguousarray(p, np.float32).tobytes() for p in parts)
 
