@@ -378,7 +378,7 @@ class Layer:
         step = b - a if self.is_fp16 else self._step()
         for lo in range(a, b, step):
             hi = min(b, lo + step)
-            out[lo - a : hi - a] = self.codec.decode(run.rows(lo, hi), self.dim)
+            self.codec.decode(run.rows(lo, hi), self.dim, out=out[lo - a : hi - a])
 
     def gather(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
         """fp32 rows in the order of ``ids``; ids outside every run are zeros."""
