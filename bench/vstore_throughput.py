@@ -12,17 +12,20 @@ Memory: each format gets a fresh ``pion-server``; after the load we read its pea
 (the kernel's VmHWM) and ``vstore_bytes`` (INFO memory). ``peak/vstore`` includes the
 interpreter (its idle RSS is shown); ``(peak-idle)/vstore`` is what the store costs.
 ``bound`` is the documented in-flight bound of a pipelined store
-(``pion.commands.vstore.store_in_flight_bound``: two commands' blobs, twice one
-command's stored rows, one slice's encode temporaries, the receive buffers), and
-``within`` says whether ``peak - idle <= 1.3 x vstore_bytes + bound``.
+(``pion.commands.vstore.store_in_flight_bound``: two commands' blobs, i.e. two layers
+in flight, one command's stored rows, the receive buffers), and ``within`` says
+whether ``peak - idle <= 1.3 x vstore_bytes + bound``.
+
+``bf16_rope_fp8_body`` exists per layer only: its session is created with ``V.CREATE
+... SCHEMA`` (every layer ``rope=64``), the rest is the same.
 
 Server CPU: seconds of CPU (user + system) each server spent on one store and one
 fetch, from psutil: on a machine whose cores the client shares (and others load),
 the wall-time ratio follows this closely, so it is reported beside it.
 
-Issue 13 targets: fp16 (fp32 in, fp32 out) store and fetch >= 1.0x redis; every other
-format store >= 0.8x and fetch >= 1.0x; peak RSS within 1.3x of vstore_bytes plus the
-in-flight bound.
+Targets (issue 24): every format's store >= 1.0x redis SET, every fetch (the turbo
+formats included) >= 1.0x redis GET; peak RSS less idle within 1.3x of vstore_bytes
+plus the in-flight bound (two layers in flight), for every format.
 
     python bench/vstore_throughput.py            # 16 x 4096 x 1024, every format
     python bench/vstore_throughput.py --quick    # CI-sized
@@ -45,7 +48,9 @@ from _common import Process, print_table, start_pion, start_redis, timed, write_
 from pion.codecs import get_codec
 from pion.commands.vstore import store_in_flight_bound
 
-FORMATS = ("fp16", "fp8", "int8", "mlx4g32", "turbo4", "turbo3", "turbo2")
+FORMATS = ("fp16", "fp8", "int8", "mlx4g32", "turbo4", "turbo3", "turbo2", "bf16_rope_fp8_body")
+# The rotary prefix of bf16_rope_fp8_body layers (DeepSeek's MLA keeps 64 dims of RoPE).
+ROPE = 64
 MB = 1e6
 
 
@@ -104,7 +109,12 @@ def pion_run(
     try:
         c = _client(server.port)
         idle = server.rss()
-        c.execute_command("V.CREATE", "bench", dim, "VQUANT", fmt)
+        rope = ROPE if fmt == "bf16_rope_fp8_body" else 0
+        if rope:
+            spec = f"fmt={fmt},dim={dim},rope={rope}"
+            c.execute_command("V.CREATE", "bench", 0, "SCHEMA", layers, *[spec] * layers)
+        else:
+            c.execute_command("V.CREATE", "bench", dim, "VQUANT", fmt)
         extra = ("FMT", "F16") if f16 else ()
 
         def store() -> None:
@@ -129,7 +139,7 @@ def pion_run(
         store_cpu_s = _cpu_of(server, store)
         fetch_cpu_s = _cpu_of(server, fetch)
         c.close()
-        stored_per_command = tokens * get_codec(fmt).row_bytes(dim)
+        stored_per_command = tokens * get_codec(fmt, rope).row_bytes(dim)
         return {
             "store_s": store_s,
             "fetch_s": fetch_s,

@@ -23,6 +23,7 @@ def throughput(results: Mapping[str, Result]) -> Section:
         store.append(row["store_x_redis"])
         fetch.append(row["fetch_x_redis"])
         cost = row.get("store_cost_over_vstore", row["peak_over_vstore"])
+        within = row.get("peak_within_bound", cost <= 1.3)
         rows.append(
             [
                 name,
@@ -31,13 +32,14 @@ def throughput(results: Mapping[str, Result]) -> Section:
                 row["fetch_mb_s"],
                 ratio(row["fetch_x_redis"]),
                 ratio(cost),
+                "yes" if within else "no",
             ]
         )
         if row["store_x_redis"] < 1.0:
             slow_store.append(f"{name} {ratio(row['store_x_redis'])}")
         if row["fetch_x_redis"] < 1.0:
             slow_fetch.append(f"{name} {ratio(row['fetch_x_redis'])}")
-        if cost > 1.3:
+        if not within:
             heavy.append(f"{name} {ratio(cost)}")
     losses = []
     if slow_store:
@@ -47,7 +49,7 @@ def throughput(results: Mapping[str, Result]) -> Section:
     if heavy:
         losses.append(
             f"the server's peak memory, less its idle interpreter, passes 1.3x the stored "
-            f"bytes for {_join(heavy)}"
+            f"bytes plus two layers in flight for {_join(heavy)}"
         )
     fig, (ax,) = figure(width=8)
     bars(ax, labels, {"store (fp32 in)": store, "fetch (fp32 out)": fetch})
@@ -65,7 +67,9 @@ def throughput(results: Mapping[str, Result]) -> Section:
             "MB/s count fp32 payload bytes on both sides, so `x redis` is a plain time "
             "ratio. `fp16/F16` is what Pion's clients do: fp16 on the wire both ways. "
             "Peak memory is the server's high-water mark (VmHWM) less its idle RSS, over "
-            "the bytes it stores."
+            "the bytes it stores; `within` compares it with 1.3x the stored bytes plus "
+            "the in-flight bound (two layers' blobs, one command's stored rows, the "
+            "receive buffers)."
         ),
         headers=[
             "format",
@@ -74,6 +78,7 @@ def throughput(results: Mapping[str, Result]) -> Section:
             "fetch MB/s",
             "fetch x redis",
             "(peak - idle) / stored",
+            "within",
         ],
         rows=rows,
         losses=(

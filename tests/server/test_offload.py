@@ -162,6 +162,7 @@ def rows(count: int, dim: int, seed: int) -> np.ndarray:
 def small_offload(monkeypatch: pytest.MonkeyPatch) -> None:
     """Offload from 4 KiB and decode in 8 KiB pieces, so small tests take those paths."""
     monkeypatch.setattr(vstore_commands, "OFFLOAD_MIN_BYTES", 4096)
+    monkeypatch.setattr(vstore_commands, "PART_BYTES", 1024)  # stores in several parts
     monkeypatch.setattr(layer_module, "DECODE_CHUNK_BYTES", 8192)
 
 
@@ -500,8 +501,17 @@ def test_pipelines_match_the_sequential_oracle(
 ) -> None:
     """Offloaded stores and streamed fetches over TCP (worker threads, a pipeline sent
     in one go) answer exactly as the same commands run inline one by one."""
-    saved = vstore_commands.OFFLOAD_MIN_BYTES, layer_module.DECODE_CHUNK_BYTES
-    vstore_commands.OFFLOAD_MIN_BYTES, layer_module.DECODE_CHUNK_BYTES = 4096, 8192
+    saved = (
+        vstore_commands.OFFLOAD_MIN_BYTES,
+        vstore_commands.PART_BYTES,
+        layer_module.DECODE_CHUNK_BYTES,
+    )
+    # Stores offload in row blocks of 1 KiB: several parts of each run at once.
+    (
+        vstore_commands.OFFLOAD_MIN_BYTES,
+        vstore_commands.PART_BYTES,
+        layer_module.DECODE_CHUNK_BYTES,
+    ) = 4096, 1024, 8192
     try:
         # Fresh namespaces per example on the shared server.
         tag = f"t{next(_names)}"
@@ -509,7 +519,11 @@ def test_pipelines_match_the_sequential_oracle(
         got = over_tcp(live_server.port, renamed)
         expected = oracle(renamed, tmp_path_factory.mktemp("oracle"))
     finally:
-        vstore_commands.OFFLOAD_MIN_BYTES, layer_module.DECODE_CHUNK_BYTES = saved
+        (
+            vstore_commands.OFFLOAD_MIN_BYTES,
+            vstore_commands.PART_BYTES,
+            layer_module.DECODE_CHUNK_BYTES,
+        ) = saved
     assert normalized(renamed, got) == normalized(renamed, expected)
 
 

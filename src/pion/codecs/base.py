@@ -134,6 +134,8 @@ class Codec(abc.ABC):
 
     name: ClassVar[str]
     format_id: ClassVar[int]
+    # True where _encode_into/_decode_into have a compiled twin to call.
+    compiled: ClassVar[bool] = False
 
     @property
     def rope(self) -> int:
@@ -153,8 +155,20 @@ class Codec(abc.ABC):
     def _decode(self, data: U8Array, dim: int) -> F32Array:
         """Decode ``data [n, row_bytes(dim)]`` to a new C-contiguous ``[n, dim]`` array."""
 
-    def encode(self, rows: npt.ArrayLike) -> U8Array:
-        """Encode fp32 rows ``[n, dim]`` (any strides) to ``uint8 [n, row_bytes(dim)]``.
+    def _encode_into(self, x: F32Array, out: U8Array) -> bool:
+        """The compiled twin (``_quant.c``): encode C-contiguous fp32 ``x`` into
+        ``out``, checking finiteness and ranges itself; False (``out`` garbage) when it
+        declines or is not built, and then the numpy reference runs."""
+        return False
+
+    def _decode_into(self, data: U8Array, dim: int, out: F32Array) -> bool:
+        """The compiled twin of decode into ``out``; False when it is not built."""
+        return False
+
+    def encode(self, rows: npt.ArrayLike, out: U8Array | None = None) -> U8Array:
+        """Encode fp32 rows ``[n, dim]`` (any strides) to ``uint8 [n, row_bytes(dim)]``,
+        into ``out`` when given (C-contiguous, that shape; its destination rows, so a
+        store writes them once).
 
         Raises :class:`CodecValueError` for a non-finite value or one the format cannot
         hold, and :class:`CodecError` for a bad shape.
@@ -165,10 +179,19 @@ class Codec(abc.ABC):
         if x.dtype.kind != "f":
             raise CodecError(f"rows must be floating point, got {x.dtype}")
         check_dim(x.shape[1])
+        shape = (x.shape[0], self.row_bytes(x.shape[1]))
+        if out is not None and (
+            out.dtype != np.uint8 or out.shape != shape or not out.flags.c_contiguous
+        ):
+            raise CodecError(f"out must be C-contiguous uint8 {list(shape)}")
         # One copy at most: a strided or non-fp32 input becomes C-contiguous fp32 here.
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.shape[0] == 0:
-            return np.empty((0, self.row_bytes(x.shape[1])), np.uint8)
+            return np.empty(shape, np.uint8) if out is None else out
+        if self.compiled:
+            target = np.empty(shape, np.uint8) if out is None else out
+            if self._encode_into(x, target):
+                return target
         # max and min propagate NaN and expose +-inf; two reductions, no temporaries.
         hi = x.max(axis=1)
         lo = x.min(axis=1)
@@ -177,10 +200,15 @@ class Codec(abc.ABC):
             row = int(np.argmin(finite))
             raise CodecValueError.non_finite(row)
         row_max = np.maximum(hi, -lo)
-        return self._encode(x, row_max)
+        encoded = self._encode(x, row_max)
+        if out is None:
+            return encoded
+        out[...] = encoded
+        return out
 
-    def decode(self, data: Buffer, dim: int) -> F32Array:
-        """Decode ``uint8 [n, row_bytes(dim)]`` (or a flat buffer of n rows) to fp32."""
+    def decode(self, data: Buffer, dim: int, out: F32Array | None = None) -> F32Array:
+        """Decode ``uint8 [n, row_bytes(dim)]`` (or a flat buffer of n rows) to fp32,
+        into ``out`` when given (C-contiguous fp32 ``[n, dim]``)."""
         check_dim(dim)
         rb = self.row_bytes(dim)
         buf = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
@@ -197,7 +225,21 @@ class Codec(abc.ABC):
                 f"truncated {self.name} buffer: {buf.size} bytes is not a multiple of "
                 f"the {rb}-byte row of dim {dim}"
             )
-        return self._decode(np.ascontiguousarray(buf).reshape(-1, rb), dim)
+        rows = np.ascontiguousarray(buf).reshape(-1, rb)
+        shape = (rows.shape[0], dim)
+        if out is not None and (
+            out.dtype != np.float32 or out.shape != shape or not out.flags.c_contiguous
+        ):
+            raise CodecError(f"out must be C-contiguous float32 {list(shape)}")
+        if self.compiled and rows.shape[0]:
+            target = np.empty(shape, np.float32) if out is None else out
+            if self._decode_into(rows, dim, target):
+                return target
+        decoded = self._decode(rows, dim)
+        if out is None:
+            return decoded
+        out[...] = decoded
+        return out
 
     def __repr__(self) -> str:
         return f"<codec {self.name} id={self.format_id}>"

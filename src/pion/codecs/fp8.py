@@ -41,6 +41,7 @@ from pion.codecs.base import (
     interleave_blocks,
     split_blocks,
 )
+from pion.codecs.compiled import quant
 
 __all__ = ["Fp8Codec", "to_e4m3fn"]
 
@@ -98,6 +99,14 @@ class Fp8Codec(Codec):
         np.clip(v, -E4M3_MAX, E4M3_MAX, out=v)
         codes = to_e4m3fn(v)
         return interleave_blocks(s16, codes)
+
+    compiled: ClassVar[bool] = quant is not None
+
+    def _encode_into(self, x: F32Array, out: U8Array) -> bool:
+        return bool(quant.fp8_encode(x, out, x.shape[1]))
+
+    def _decode_into(self, data: U8Array, dim: int, out: F32Array) -> bool:
+        return bool(quant.fp8_decode(data, out, dim, _DECODE_LUT))
 
     def _decode(self, data: U8Array, dim: int) -> F32Array:
         nb = blocks_of(dim, BLOCK)

@@ -44,6 +44,7 @@ from pion.codecs.base import (
     interleave_blocks,
     split_blocks,
 )
+from pion.codecs.compiled import quant
 
 __all__ = ["Int8Codec", "roundf"]
 
@@ -85,6 +86,14 @@ class Int8Codec(Codec):
         q = roundf(blocks * inv[:, :, None])
         codes = q.astype(np.int8).view(np.uint8)
         return interleave_blocks(d.astype(F16_LE), codes)
+
+    compiled: ClassVar[bool] = quant is not None
+
+    def _encode_into(self, x: F32Array, out: U8Array) -> bool:
+        return bool(quant.int8_encode(x, out, x.shape[1]))
+
+    def _decode_into(self, data: U8Array, dim: int, out: F32Array) -> bool:
+        return bool(quant.int8_decode(data, out, dim))
 
     def _decode(self, data: U8Array, dim: int) -> F32Array:
         nb = blocks_of(dim, BLOCK)

@@ -52,6 +52,7 @@ from pion.codecs.base import (
     round_to_fp16,
     unpack4,
 )
+from pion.codecs.compiled import quant
 
 __all__ = ["Mlx4G32Codec"]
 
@@ -98,6 +99,14 @@ class Mlx4G32Codec(Codec):
         out[:, nc : nc + 2 * g] = scale.astype(F16_LE).view(np.uint8)
         out[:, nc + 2 * g :] = bias.astype(F16_LE).view(np.uint8)
         return out
+
+    compiled: ClassVar[bool] = quant is not None
+
+    def _encode_into(self, x: F32Array, out: U8Array) -> bool:
+        return bool(quant.mlx4_encode(x, out, x.shape[1]))
+
+    def _decode_into(self, data: U8Array, dim: int, out: F32Array) -> bool:
+        return bool(quant.mlx4_decode(data, out, dim))
 
     def _decode(self, data: U8Array, dim: int) -> F32Array:
         n = data.shape[0]

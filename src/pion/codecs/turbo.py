@@ -76,6 +76,7 @@ from pion.codecs.base import (
     pack4,
     split_blocks,
 )
+from pion.codecs.compiled import quant
 
 __all__ = [
     "CENTROIDS",
@@ -132,6 +133,18 @@ _INV_SQRT_GROUP = np.float32(1.0 / math.sqrt(GROUP))
 _S1_SCALED: F32Array = _frozen(S1 * _INV_SQRT_GROUP)
 
 
+def halving_sum(t: F32Array) -> F32Array:
+    """Row sums of ``t [M, 2**k]`` in a fixed order: the right half added to the left
+    half, halving until one column is left. numpy's own reductions (``sum``,
+    ``einsum``) pick their order by build and CPU; this one is part of the format, so
+    the compiled twin (``_speedups.c``) produces the same bits."""
+    while t.shape[1] > 1:
+        half = t.shape[1] // 2
+        t = t[:, :half] + t[:, half:]
+    out: F32Array = t[:, 0]
+    return out
+
+
 def hadamard(x: F32Array) -> F32Array:
     """``H128 @ v`` for every row ``v`` of ``x [M, 128]`` (unnormalised), as ``H8 (x) H16``.
 
@@ -163,6 +176,35 @@ class _TurboCodec(Codec):
         self._thresholds = ((c[:-1] + c[1:]) / 2).astype(np.float32)
         self._c2 = (c * c).astype(np.float32)
         self._payload = GROUP * self.bits // 8
+        self._tables = b""  # set by each subclass once its byte tables exist
+
+    compiled: ClassVar[bool] = quant is not None
+
+    def _compiled_tables(self, byte_c2: F32Array) -> bytes:
+        """Everything ``_quant.c``'s Turbo struct holds, in its order: the format's
+        tables as this module defines them, so the C code has no copy of its own."""
+        k = len(self._centroids)
+        thresholds = np.zeros(7, np.float32)
+        thresholds[: k - 1] = self._thresholds
+        values = np.zeros(16, np.float32)
+        values[: 2 * k] = [self._value(code) for code in range(2 * k)]
+        parts = [
+            S1,
+            S2,
+            _S1_SCALED,
+            thresholds,
+            byte_c2,
+            values,
+            np.array([_INV_SQRT_GROUP], np.float32),
+        ]
+        head = np.array([self.bits], np.int32).tobytes()
+        return head + b"".join(np.ascontiguousarray(p, np.float32).tobytes() for p in parts)
+
+    def _encode_into(self, x: F32Array, out: U8Array) -> bool:
+        return bool(quant.turbo_encode(x, out, x.shape[1], self._tables))
+
+    def _decode_into(self, data: U8Array, dim: int, out: F32Array) -> bool:
+        return bool(quant.turbo_decode(data, out, dim, self._tables))
 
     def row_bytes(self, dim: int) -> int:
         return blocks_of(dim, GROUP) * (2 + self._payload)
@@ -195,7 +237,8 @@ class _TurboCodec(Codec):
         else:
             flat = x * s1
         groups = flat.reshape(n * g, GROUP)  # D(s1) g, one group per row
-        norm = np.sqrt(np.einsum("ij,ij->i", groups, groups))
+        with np.errstate(over="ignore"):  # inf for huge values: refused below
+            norm = np.sqrt(halving_sum(groups * groups))
         scale = np.zeros_like(norm)  # 1 / (sqrt(128) n): H's normalisation and the 1/n
         np.divide(_INV_SQRT_GROUP, norm, out=scale, where=norm > 0)
         y = hadamard(groups)
@@ -264,6 +307,7 @@ class Turbo4Codec(_TurboCodec):
         super().__init__()
         lo, hi = _BYTES & 15, _BYTES >> 4
         self._byte_c2 = (self._c2[lo & 7] + self._c2[hi & 7]).astype(np.float32)
+        self._tables = self._compiled_tables(self._byte_c2)
         # Byte -> its two values; the uint64 view moves both in one gather.
         pair = np.array(
             [[self._value(int(a)), self._value(int(b))] for a, b in zip(lo, hi, strict=True)]
@@ -276,8 +320,7 @@ class Turbo4Codec(_TurboCodec):
         return pack4((sign << np.uint8(3)) | mag)
 
     def _centroid_norm2(self, payload: U8Array) -> F32Array:
-        out: F32Array = self._byte_c2[payload].sum(axis=1)
-        return out
+        return halving_sum(self._byte_c2[payload])
 
     def _values(self, payload: U8Array) -> F32Array:
         pairs = self._byte_values[payload ^ self._flip]
@@ -294,6 +337,7 @@ class Turbo3Codec(_TurboCodec):
         super().__init__()
         crumbs = [(_BYTES >> (2 * k)) & 3 for k in range(4)]  # 2-bit fields, low first
         self._byte_c2 = sum(self._c2[c] for c in crumbs).astype(np.float32)
+        self._tables = self._compiled_tables(self._byte_c2)
         quad = np.stack([self._centroids[c] for c in crumbs], axis=1).astype(np.float32)
         self._byte_mags = np.ascontiguousarray(quad).view(np.complex128)[:, 0]  # 16 B each
         bits = (_BYTES[:, None] >> np.arange(8)) & 1
@@ -304,8 +348,7 @@ class Turbo3Codec(_TurboCodec):
         return np.concatenate([pack2(mag), np.packbits(sign, axis=1, bitorder="little")], axis=1)
 
     def _centroid_norm2(self, payload: U8Array) -> F32Array:
-        out: F32Array = self._byte_c2[payload[:, : GROUP // 4]].sum(axis=1)
-        return out
+        return halving_sum(self._byte_c2[payload[:, : GROUP // 4]])
 
     def _values(self, payload: U8Array) -> F32Array:
         m = payload.shape[0]
@@ -324,6 +367,7 @@ class Turbo2Codec(_TurboCodec):
         super().__init__()
         crumbs = [(_BYTES >> (2 * k)) & 3 for k in range(4)]  # 2-bit codes, low first
         self._byte_c2 = sum(self._c2[c & 1] for c in crumbs).astype(np.float32)
+        self._tables = self._compiled_tables(self._byte_c2)
         quad = np.array([[self._value(int(c[b])) for c in crumbs] for b in range(256)])
         self._byte_values = np.ascontiguousarray(quad, np.float32).view(np.complex128)[:, 0]
         self._flip = pack2(_s2_sign_bits(2))
@@ -332,8 +376,7 @@ class Turbo2Codec(_TurboCodec):
         return pack2((sign << np.uint8(1)) | mag)
 
     def _centroid_norm2(self, payload: U8Array) -> F32Array:
-        out: F32Array = self._byte_c2[payload].sum(axis=1)
-        return out
+        return halving_sum(self._byte_c2[payload])
 
     def _values(self, payload: U8Array) -> F32Array:
         quads = self._byte_values[payload ^ self._flip]

@@ -5,7 +5,8 @@ A handler stays a plain synchronous function. When its payload is large it may r
 one of these instead of a reply, after it has parsed and checked every argument:
 
 - :class:`Offload`: ``work()`` runs on a worker thread and must not read or change
-  shared state (it quantizes a request blob it was handed, say); then ``finish(r)``
+  shared state (it quantizes a request blob it was handed, say; as a :class:`Split`
+  its row blocks run on several threads at once); then ``finish(r)``
   runs on the event loop thread with work's result ``r`` (or the exception it raised)
   and returns the reply. ``finish`` is where state changes, so it must check again
   anything that may have changed meanwhile: other connections ran commands in between.
@@ -38,7 +39,8 @@ from typing import Any, Generic, TypeAlias, TypeVar
 from pion.resp.encoder import Chunks
 from pion.resp.reply import Reply
 
-__all__ = ["Deferred", "LazyBulk", "Offload", "Piece", "Steps", "Stream"]
+
+__all__ = ["Deferred", "LazyBulk", "Offload", "Piece", "Split", "Steps", "Stream"]
 
 T = TypeVar("T")
 
@@ -52,6 +54,23 @@ class Offload(Generic[T]):
 
     work: Callable[[], T]
     finish: Callable[[T | BaseException], Reply]
+
+
+@dataclass(frozen=True, slots=True)
+class Split(Generic[T]):
+    """An :class:`Offload`'s ``work`` in independent ``parts`` (row blocks of one store,
+    each writing its own rows of a shared output) that a worker pool may run at once,
+    on several threads; the work's result is ``result()``, taken once every part has
+    run. The first part to raise is the work's exception. Called directly (no pool),
+    the parts run in order on the calling thread."""
+
+    parts: Sequence[Callable[[], object]]
+    result: Callable[[], T]
+
+    def __call__(self) -> T:
+        for part in self.parts:
+            part()
+        return self.result()
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,19 +48,20 @@ import numpy.typing as npt
 
 from pion.codecs import ALL_FORMAT_NAMES, FORMAT_NAMES, SCHEMA_ONLY_FORMATS, Codec
 from pion.commands.args import Args, parse_int
-from pion.commands.deferred import Deferred, LazyBulk, Offload, Stream
+from pion.commands.deferred import Deferred, LazyBulk, Offload, Split, Stream
 from pion.commands.state import Command, Context
 from pion.commands.workers import redirect_session
 from pion.errors import PionError
 from pion.resp.decoder import SCRATCH_BYTES
 from pion.resp.reply import Reply, Simple
-from pion.vstore import ENCODE_CHUNK_BYTES, Encoded, Pieces, encode_for
+from pion.vstore import ENCODE_CHUNK_BYTES, Encoded, FloatRows, Pieces, encode_rows
 
 __all__ = [
     "COMMANDS",
     "DEFAULT_FORMAT",
     "ENCODE_TEMPORARIES",
     "OFFLOAD_MIN_BYTES",
+    "PART_BYTES",
     "format_name",
     "store_in_flight_bound",
 ]
@@ -77,26 +78,34 @@ MAX_SPEC_LEN = 256
 # (module docstring). Handing work to a thread and back costs ~0.1 ms; converting
 # 1 MiB costs 1-7 ms depending on the format, so from here the overlap pays.
 OFFLOAD_MIN_BYTES = 1 << 20
-# What quantizing one slice of a store (ENCODE_CHUNK_BYTES of input) allocates beyond its
-# output, as a multiple of the slice: at most 4.6x for any format (fp8; turbo ~3.3x,
-# int8 ~3.4x, fp16 none), measured with tracemalloc by tests/commands/test_vstore_memory.py.
+# Input bytes per part of a large store's quantization (``_encode_work``): row blocks
+# the offload pool runs on several threads at once. A hand-off costs ~0.05 ms, a 2 MiB
+# block ~0.3-1 ms of compiled encode, so blocks this size keep every core busy on one
+# 16 MiB layer at a few percent of overhead.
+PART_BYTES = 2 << 20
+# What the numpy references (no compiled twin) allocate quantizing one slice of a store
+# (ENCODE_CHUNK_BYTES of input) beyond its output, as a multiple of the slice: at most
+# 4.6x for any format (fp8; turbo ~3.3x, int8 ~3.4x), measured with tracemalloc by
+# tests/commands/test_vstore_memory.py. The compiled twins allocate nothing.
 ENCODE_TEMPORARIES = 5
 
 
-def store_in_flight_bound(blob_bytes: int, stored_bytes: int) -> int:
+def store_in_flight_bound(blob_bytes: int, stored_bytes: int, *, compiled: bool = True) -> int:
     """The memory one client's pipelined ``V.STOREBATCH`` commands of ``blob_bytes``
     each (``stored_bytes`` once encoded) can make the server hold beyond what the store
     keeps, whatever the pipeline's depth: the command being encoded and the next one,
-    received ahead (two blobs); the encoded rows and their copy into the layer; one
-    slice's encode temporaries; the partial command after those and the receive buffer
-    (``pion.server.connection``). docs/protocol.md states it; bench/vstore_throughput.py
-    measures peak RSS against it."""
-    return (
-        2 * blob_bytes
-        + 2 * stored_bytes
-        + ENCODE_TEMPORARIES * ENCODE_CHUNK_BYTES
-        + 2 * SCRATCH_BYTES
-    )
+    received ahead (two blobs: two layers in flight); the partial command after those
+    and the receive buffer (``pion.server.connection``); one command's stored rows
+    once more. The rows are encoded in place into the array the layer then keeps as a
+    new run's buffer; the extra copy is only for rows that extend a run already there
+    (copied into it). With the numpy references (``compiled`` False): also the
+    encoded rows' copy into the layer and one slice's encode temporaries.
+    docs/protocol.md states it; bench/vstore_throughput.py measures peak RSS
+    against it."""
+    bound = 2 * blob_bytes + stored_bytes + 2 * SCRATCH_BYTES
+    if not compiled:
+        bound += stored_bytes + ENCODE_TEMPORARIES * ENCODE_CHUNK_BYTES
+    return bound
 
 
 def _show(raw: bytes) -> str:
@@ -257,11 +266,31 @@ def v_storebatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
     verbatim = rows.dtype == np.dtype("<f2") and codec.name == "fp16"
     if rows.nbytes >= OFFLOAD_MIN_BYTES and not verbatim:
         return Offload(
-            work=partial(encode_for, codec, rows, layer, start),
+            work=_encode_work(codec, rows, layer, start),
             finish=partial(_storebatch_finish, ctx, argv),
         )
     ctx.state.vstore.store(sid, layer, start, rows)
     return Simple("OK")
+
+
+def _encode_work(codec: Codec, rows: FloatRows, layer: int, start: int) -> Split[Encoded]:
+    """Quantizing a store off the loop: into one array of the stored rows (which the
+    layer then keeps as its buffer, ``VStore.store``), in row blocks of
+    :data:`PART_BYTES` of input that the pool runs on several threads at once. The
+    numpy references (no compiled twin) run as one part: their temporaries grow with
+    the number of parts at once."""
+    count, dim = int(rows.shape[0]), int(rows.shape[1])
+    out = np.empty((count, codec.row_bytes(dim)), np.uint8)
+    step = max(1, PART_BYTES // (rows.itemsize * dim)) if codec.compiled else count
+    parts = [
+        partial(encode_rows, codec, rows[lo : lo + step], layer, start + lo, out[lo : lo + step])
+        for lo in range(0, count, step)
+    ]
+    return Split(parts, partial(_tagged, codec, out))
+
+
+def _tagged(codec: Codec, out: npt.NDArray[np.uint8]) -> Encoded:
+    return codec, out
 
 
 def _storebatch_finish(

@@ -1,12 +1,15 @@
 """Worker threads for the number conversions of large commands, and the wire layout of
 a streamed reply (``pion.commands.deferred``).
 
-numpy releases the GIL while it converts, so quantizing a stored layer or decoding one
-to fp32 on a worker thread lets the event loop go on receiving the client's next
-command and sending the previous reply meanwhile, and lets several clients' conversions
-use several cores. Only the conversion moves: every change to shared state still
-happens on the event loop thread (``Offload.finish``), so the stores stay
-single-owner.
+numpy and the compiled codecs (``pion.codecs._quant``) release the GIL while they
+convert, so quantizing a stored layer or decoding one to fp32 on a worker thread lets
+the event loop go on receiving the client's next command and sending the previous
+reply meanwhile, and lets several clients' conversions use several cores. One large
+store uses several cores too: its row blocks are the parts of a
+:class:`~pion.commands.deferred.Split`, run at once; the command still finishes once,
+after its last part, so the client's order is kept. Only the conversion moves: every
+change to shared state still happens on the event loop thread (``Offload.finish``), so
+the stores stay single-owner.
 
 Not here: which commands offload (their handlers decide, by payload size) and the
 ordering of a client's commands (the connection runs one at a time).
@@ -23,7 +26,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from pion.commands.deferred import Piece, Stream
+from pion.commands.deferred import Piece, Split, Stream
 
 __all__ = ["OFFLOAD_THREADS", "Offloader", "piece_bytes", "stream_parts"]
 
@@ -51,9 +54,13 @@ class Offloader:
 
     def submit(self, work: Callable[[], T], done: Callable[[T | BaseException], None]) -> None:
         """Run ``work()`` on a worker thread, then ``done(result)`` (or ``done(exc)``
-        if it raised) on the calling event loop's thread."""
+        if it raised) on the calling event loop's thread. A :class:`Split` runs its
+        parts on as many threads as are free, and is done when the last one is."""
         loop = asyncio.get_running_loop()
         self._in_flight += 1
+        if isinstance(work, Split) and len(work.parts) > 1:
+            self._submit_parts(loop, work, done)
+            return
 
         def deliver(future: Future[T]) -> None:
             self._in_flight -= 1
@@ -69,6 +76,44 @@ class Offloader:
                 log.debug("offloaded work finished after the event loop closed")
 
         self._pool.submit(work).add_done_callback(relay)
+
+    def _submit_parts(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        work: Split[T],
+        done: Callable[[T | BaseException], None],
+    ) -> None:
+        # Counted on the loop thread (each part's outcome is relayed there), so no lock.
+        remaining = len(work.parts)
+        failure: BaseException | None = None
+
+        def part_done(future: Future[object]) -> None:
+            nonlocal remaining, failure
+            remaining -= 1
+            exc = future.exception()
+            if exc is not None and failure is None:
+                failure = exc
+            if remaining:
+                return
+            self._in_flight -= 1
+            if failure is not None:
+                done(failure)
+                return
+            try:
+                result = work.result()
+            except Exception as exc:
+                done(exc)
+                return
+            done(result)
+
+        def relay(future: Future[object]) -> None:
+            try:
+                loop.call_soon_threadsafe(part_done, future)
+            except RuntimeError:
+                log.debug("offloaded work finished after the event loop closed")
+
+        for part in work.parts:
+            self._pool.submit(part).add_done_callback(relay)
 
     async def drain(self, timeout: float) -> None:
         """Wait until no work is in flight (graceful shutdown), at most ``timeout``."""

@@ -23,7 +23,14 @@ from pion.vstore.mutations import (
     TakeSnapshot,
 )
 from pion.vstore.rollback import MAX_SNAPSHOTS_PER_SESSION
-from pion.vstore.session import ENCODE_CHUNK_BYTES, MAX_SID_LEN, Encoded, encode_for
+from pion.vstore.session import (
+    ENCODE_CHUNK_BYTES,
+    MAX_SID_LEN,
+    Encoded,
+    FloatRows,
+    encode_for,
+    encode_rows,
+)
 from pion.vstore.store import MAX_REPLY_BYTES, MAX_RUNS, MAX_ZERO_FILL_BYTES, VStore
 from pion.vstore.views import BlockTable, LayerInfo, SessionInfo, namespace_of
 
@@ -39,6 +46,7 @@ __all__ = [
     "CreateSession",
     "DropSession",
     "Encoded",
+    "FloatRows",
     "Journal",
     "LayerInfo",
     "Mutation",
@@ -52,5 +60,6 @@ __all__ = [
     "TakeSnapshot",
     "VStore",
     "encode_for",
+    "encode_rows",
     "namespace_of",
 ]

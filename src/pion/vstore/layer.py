@@ -184,17 +184,26 @@ class Layer:
 
     # -- writing ---------------------------------------------------------------------
 
-    def write(self, start: int, rows: U8Array, max_rows: int) -> tuple[int, int]:
+    def write(
+        self, start: int, rows: U8Array, max_rows: int, *, adopt: bool = False
+    ) -> tuple[int, int]:
         """Store ``rows`` (``[count, row_bytes]`` stored format) at ``start``; returns by
         how many rows ``held`` and ``tpl`` grew. ``max_rows`` bounds growth slack only
-        (replay may carry rows from a run with a larger limit)."""
+        (replay may carry rows from a run with a larger limit). ``adopt``: ``rows`` is
+        the caller's own fresh array, which nothing else will write or keep; a write
+        that starts a run of exactly its rows keeps it as the run's buffer, uncopied
+        (a store's rows are then encoded once, in place, and never copied)."""
         end = start + int(rows.shape[0])
         runs = self.runs
         old_tpl = self.tpl
         i, j = self._span(start, end)
         if i == j:
-            fresh = np.zeros((end - start, self.row_bytes), dtype=np.uint8)
-            fresh[:] = rows
+            owned = adopt and rows.flags.owndata and rows.flags.writeable
+            if owned and rows.flags.c_contiguous and rows.dtype == np.uint8:
+                fresh = rows
+            else:
+                fresh = np.zeros((end - start, self.row_bytes), dtype=np.uint8)
+                fresh[:] = rows
             runs.insert(i, Run(start, fresh, start, end))
             grown = end - start
         else:
@@ -369,7 +378,7 @@ class Layer:
         step = b - a if self.is_fp16 else self._step()
         for lo in range(a, b, step):
             hi = min(b, lo + step)
-            out[lo - a : hi - a] = self.codec.decode(run.rows(lo, hi), self.dim)
+            self.codec.decode(run.rows(lo, hi), self.dim, out=out[lo - a : hi - a])
 
     def gather(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
         """fp32 rows in the order of ``ids``; ids outside every run are zeros."""

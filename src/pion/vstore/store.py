@@ -270,7 +270,10 @@ class VStore:
             rows_ = encoded[1]
         else:
             rows_ = encode_rows(codec, rows, layer, start)
-        self._write(s, rows_, sid=sid, layer=layer, start=start, codec=codec, dim=dim)
+        # Rows encoded for this store (not a view of the request) become the layer's
+        # buffer when they start a run: encoded once, into their destination rows.
+        adopt = rows_.base is None
+        self._write(s, rows_, sid=sid, layer=layer, start=start, codec=codec, dim=dim, adopt=adopt)
 
     def store_encoded(
         self, sid: bytes, layer: int, start: int, data: npt.NDArray[np.uint8]
@@ -299,9 +302,11 @@ class VStore:
         start: int,
         codec: Codec,
         dim: int,
+        adopt: bool = False,
     ) -> None:
         """The common tail of :meth:`store` and :meth:`store_encoded`: the run limit,
-        room for the bytes the layer grows by, the journal, then the rows."""
+        room for the bytes the layer grows by, the journal, then the rows (``adopt``:
+        ``data`` is the store's own, see ``Layer.write``)."""
         count = int(data.shape[0])
         end = start + count
         lay = s.layers.get(layer)
@@ -313,7 +318,7 @@ class VStore:
         grow = (lay.growth(start, end) if lay is not None else count) * codec.row_bytes(dim)
         self._make_room_for_bytes(s.group, grow)
         self._journal(StoreRows(sid, layer, start, count, codec.format_id, dim, bytes_of(data)))
-        self._apply_store(s, layer, start, data)
+        self._apply_store(s, layer, start, data, adopt=adopt)
 
     def drop(self, sid: bytes) -> bool:
         """Remove a session; False when it does not exist."""
@@ -692,11 +697,19 @@ class VStore:
         self._changed(s)
         return s
 
-    def _apply_store(self, s: Session, layer: int, start: int, data: npt.NDArray[np.uint8]) -> None:
+    def _apply_store(
+        self,
+        s: Session,
+        layer: int,
+        start: int,
+        data: npt.NDArray[np.uint8],
+        *,
+        adopt: bool = False,
+    ) -> None:
         lay = s.layers.get(layer)
         if lay is None:
             lay = s.layers[layer] = Layer(get_codec(s.default_fmt), s.default_dim)
-        held, tpl = lay.write(start, data, self.limits.max_rows)
+        held, tpl = lay.write(start, data, self.limits.max_rows, adopt=adopt)
         self.vstore_bytes += held * lay.row_bytes
         self.total_tokens += tpl
         self._lru.grew(s.group, held * lay.row_bytes)
