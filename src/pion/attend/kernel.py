@@ -34,6 +34,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from pion.attend.widen import widen
+
 __all__ = ["MAX_SCORE_BYTES", "Attention", "Selector", "attend", "merge", "select_blocks"]
 
 F32 = npt.NDArray[np.float32]
@@ -44,7 +46,13 @@ Index = npt.NDArray[np.intp]
 # prefix at 128 blocks of that size instead of a 1 GiB score matrix.
 MAX_SCORE_BYTES = 32 << 20
 
+# fp16 prefixes (slots that hold the V-store's fp16 rows) are widened to fp32 one key
+# block at a time; a block's widened K (and V) stays within this many bytes, so the
+# matmuls read it from cache right after the widening wrote it.
+WIDEN_BYTES = 512 << 10
+
 Selector = Literal["block_mean", "quest"]
+KV = npt.NDArray[np.float32] | npt.NDArray[np.float16]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,16 +119,20 @@ class _Online:
         return out, lse[..., 0]
 
 
-def _blocks(count: int, per_key_bytes: int, limit: int) -> Iterator[tuple[int, int]]:
+def _blocks(
+    count: int, per_key_bytes: int, limit: int, cap: int | None = None
+) -> Iterator[tuple[int, int]]:
     step = max(1, limit // max(1, per_key_bytes))
+    if cap is not None:
+        step = min(step, cap)
     for start in range(0, count, step):
         yield start, min(count, start + step)
 
 
 def attend(
     q: F32,
-    k: F32,
-    v: F32,
+    k: KV,
+    v: KV,
     *,
     head_map: Index | None = None,
     window: int = 0,
@@ -135,10 +147,11 @@ def attend(
     ``head_map[h]`` is the kv-head of query head ``h`` (None: ``h // (H_q // H_kv)``).
     ``window`` > 0 keeps the last ``window`` prefix tokens. ``keys`` restricts the
     prefix to those token indices (sorted, shared by every head). Inputs must be fp32;
-    shapes are checked, values are the caller's to validate."""
+    shapes are checked, values are the caller's to validate. ``k``/``v`` may be fp16
+    (one dtype for both): each key block is widened to fp32 as it is used."""
     h_q, m_rows, d = q.shape
     h_kv, n, dk = k.shape
-    if v.shape != k.shape or dk != d:
+    if v.shape != k.shape or dk != d or v.dtype != k.dtype:
         raise ValueError(f"q {q.shape}, k {k.shape} and v {v.shape} do not agree")
     if n < 1 or m_rows < 1:
         raise ValueError("attention needs at least one prefix token and one query row")
@@ -164,9 +177,11 @@ def attend(
     groups, rows = qg.shape[0], qg.shape[1]
     acc = _Online(groups, rows, d)
     kt_per_key = groups * rows * 4
+    # An fp16 prefix: blocks small enough that their widened copy stays in cache.
+    cap = max(1, WIDEN_BYTES // (h_kv * d * 4)) if k.dtype == np.float16 else None
 
-    def take(src: F32, sel: slice | Index) -> F32:
-        block = src[:, sel]
+    def take(src: KV, sel: slice | Index) -> F32:
+        block = widen(src[:, sel])
         return block if gather is None else block[gather]
 
     # The prefix: a window of the last tokens, or a token subset.
@@ -174,11 +189,11 @@ def attend(
     prefix_keys: slice | Index
     if keys is not None:
         picked = keys[keys >= start] if start else keys
-        for b0, b1 in _blocks(len(picked), kt_per_key, score_bytes):
+        for b0, b1 in _blocks(len(picked), kt_per_key, score_bytes, cap):
             sel = picked[b0:b1]
             acc.add(np.matmul(qg, take(k, sel).transpose(0, 2, 1)), take(v, sel))
     else:
-        for b0, b1 in _blocks(n - start, kt_per_key, score_bytes):
+        for b0, b1 in _blocks(n - start, kt_per_key, score_bytes, cap):
             prefix_keys = slice(start + b0, start + b1)
             kb = take(k, prefix_keys)
             acc.add(np.matmul(qg, kb.transpose(0, 2, 1)), take(v, prefix_keys))
@@ -218,7 +233,7 @@ def merge(a: Attention, b: Attention) -> Attention:
 
 def select_blocks(
     q: F32,
-    k: F32,
+    k: KV,
     *,
     head_map: Index | None,
     block: int,
@@ -259,11 +274,14 @@ def select_blocks(
         starts = np.arange(b1 - b0, dtype=np.intp) * block
         if selector == "block_mean":
             counts = np.minimum(block, seg.shape[1] - starts).astype(np.float32)
-            means = np.add.reduceat(seg, starts, axis=1) / counts[None, :, None]
+            # Sums in fp32 whatever k holds (an fp16 slot summed in fp16 would overflow).
+            sums = np.add.reduceat(seg, starts, axis=1, dtype=np.float32)
+            means = sums / counts[None, :, None]
             scores[b0:b1] = np.einsum("gd,gbd->b", q_group, means)
         else:
-            lo = np.minimum.reduceat(seg, starts, axis=1)[hm]
-            hi = np.maximum.reduceat(seg, starts, axis=1)[hm]
+            # min/max are exact in fp16; only their results are widened.
+            lo = widen(np.minimum.reduceat(seg, starts, axis=1))[hm]
+            hi = widen(np.maximum.reduceat(seg, starts, axis=1))[hm]
             qb = qs[:, None, :]
             scores[b0:b1] = np.maximum(qb * lo, qb * hi).sum(axis=(0, 2))
     scores /= h_q
