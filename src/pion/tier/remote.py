@@ -24,6 +24,7 @@ import contextlib
 import secrets
 import struct
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import redis
@@ -35,6 +36,7 @@ from pion.tier.health import Kind
 from pion.tier.keys import BLOCKS_PER_LAYER, CHUNK_ROWS, FORMAT_VERSION, KeyLayout, chunks_of
 from pion.tier.meta import Layout, TierFormatError, TierMeta, parse_meta
 from pion.tier.ops import StoreOp
+from pion.tier.rowread import Want, read_into
 
 __all__ = [
     "MAX_HASH_COUNT",
@@ -54,6 +56,9 @@ TOMBSTONE_TTL_S = 86_400
 MAX_HASH_COUNT = 1_048_576
 _MAX_BLOCK_SIZE = 8192
 _BLOCKS_HEADER = struct.Struct("<I")
+# Nodes read at once besides the calling thread's (a fill reads every node holding its
+# chunks; a larger cluster queues the rest on these).
+_READ_THREADS = 8
 
 _CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -154,6 +159,8 @@ class Remote:
         self.client = client
         self.keys = keys
         self.limits = limits
+        # Threads reading the nodes other than the caller's (read_into), made on first use.
+        self._threads: ThreadPoolExecutor | None = None
 
     # -- writes ----------------------------------------------------------------------
 
@@ -378,12 +385,17 @@ class Remote:
         replies = self.client.call("read", run)
         return [(replies[2 * i] or b"", replies[2 * i + 1]) for i in range(len(metas))]
 
-    def read_chunks(self, names: Sequence[str]) -> list[bytes | None]:
-        def run(r: Client) -> list[bytes | None]:
-            pipe = r.pipeline(transaction=False)
-            for name in names:
-                pipe.get(name)
-            out: list[bytes | None] = pipe.execute()
-            return out
+    def read_into(self, wants: Sequence[Want]) -> list[int]:
+        """Row chunks received into their rows, every node at once
+        (:func:`~pion.tier.rowread.read_into`): each value's length, or ABSENT."""
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="pion-tier-read")
+        threads = self._threads
+        return self.client.call("read", lambda r: read_into(r, wants, threads))
 
-        return self.client.call("read", run)
+    def close(self) -> None:
+        """Close the connection and the reading threads."""
+        self.client.close()
+        threads, self._threads = self._threads, None
+        if threads is not None:
+            threads.shutdown(wait=True)
