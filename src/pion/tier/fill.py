@@ -41,8 +41,11 @@ __all__ = ["FILL_BATCH_BYTES", "Fill", "TierIncomplete", "fill_sessions", "plan_
 log = logging.getLogger("pion.tier")
 
 # Row bytes requested from the tier per pipeline: big enough to keep every node busy
-# (a 64 MiB prefix is one batch), small enough to bound the transient copy.
-FILL_BATCH_BYTES = 64 << 20
+# (a 256 MiB prefix is one batch: each batch waits for its slowest node), small enough
+# to bound what a batch holds before it is stored (runs are adopted by the V-store as
+# received, so a fill holds its rows once; only rows that extend an existing run are
+# copied).
+FILL_BATCH_BYTES = 256 << 20
 
 
 class TierIncomplete(Exception):
@@ -204,8 +207,10 @@ def fill_sessions(
                     counts, at = held[at : at + len(lay.refs)], at + len(lay.refs)
                     sid, layer = lay.refs[0].sid, lay.refs[0].layer
                     for start, rows in lay.runs(counts):
-                        vstore.store_encoded(sid, layer, start, rows)
+                        # Handed over: a run of its own keeps these rows as its buffer.
+                        vstore.store_encoded(sid, layer, start, rows, adopt=True)
                         filled += rows.nbytes
+                del layers
             for p in plans:
                 if p.blocks is not None:
                     hashes = np.frombuffer(p.blocks.hashes, dtype="<u8")

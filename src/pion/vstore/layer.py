@@ -184,17 +184,25 @@ class Layer:
 
     # -- writing ---------------------------------------------------------------------
 
-    def write(self, start: int, rows: U8Array, max_rows: int) -> tuple[int, int]:
+    def write(
+        self, start: int, rows: U8Array, max_rows: int, *, adopt: bool = False
+    ) -> tuple[int, int]:
         """Store ``rows`` (``[count, row_bytes]`` stored format) at ``start``; returns by
         how many rows ``held`` and ``tpl`` grew. ``max_rows`` bounds growth slack only
-        (replay may carry rows from a run with a larger limit)."""
+        (replay may carry rows from a run with a larger limit). ``adopt``: the caller
+        hands ``rows`` over (writable, contiguous, never touched again by it), so rows
+        that start a run of their own become its buffer instead of being copied (the
+        tier's fill received them in place)."""
         end = start + int(rows.shape[0])
         runs = self.runs
         old_tpl = self.tpl
         i, j = self._span(start, end)
         if i == j:
-            fresh = np.zeros((end - start, self.row_bytes), dtype=np.uint8)
-            fresh[:] = rows
+            if adopt and rows.flags.c_contiguous and rows.flags.writeable:
+                fresh = rows
+            else:
+                fresh = np.zeros((end - start, self.row_bytes), dtype=np.uint8)
+                fresh[:] = rows
             runs.insert(i, Run(start, fresh, start, end))
             grown = end - start
         else:

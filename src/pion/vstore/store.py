@@ -266,12 +266,19 @@ class VStore:
         self._write(s, rows_, sid=sid, layer=layer, start=start, codec=codec, dim=dim)
 
     def store_encoded(
-        self, sid: bytes, layer: int, start: int, data: npt.NDArray[np.uint8]
+        self,
+        sid: bytes,
+        layer: int,
+        start: int,
+        data: npt.NDArray[np.uint8],
+        *,
+        adopt: bool = False,
     ) -> None:
         """Store rows already in the layer's stored format (``[count, row_bytes]``
         uint8) at ``start``, bit-exact: the cluster tier's read-through fill
         (``pion.tier.fill``), which must never quantize again. Same order as
-        :meth:`store`: check, make room, journal, apply."""
+        :meth:`store`: check, make room, journal, apply. ``adopt``: ``data`` is handed
+        over and may become the layer's buffer as it is (``Layer.write``)."""
         s = self._get(sid)
         dim, codec = self._layout(s, layer)
         row_bytes = codec.row_bytes(dim)
@@ -280,7 +287,7 @@ class VStore:
         if data.shape[0] < 1:
             raise PionError("encoded rows must hold at least one row")
         self._check_rows(start, start + int(data.shape[0]))
-        self._write(s, data, sid=sid, layer=layer, start=start, codec=codec, dim=dim)
+        self._write(s, data, sid=sid, layer=layer, start=start, codec=codec, dim=dim, adopt=adopt)
 
     def _write(
         self,
@@ -292,6 +299,7 @@ class VStore:
         start: int,
         codec: Codec,
         dim: int,
+        adopt: bool = False,
     ) -> None:
         """The common tail of :meth:`store` and :meth:`store_encoded`: the run limit,
         room for the bytes the layer grows by, the journal, then the rows."""
@@ -306,7 +314,7 @@ class VStore:
         grow = (lay.growth(start, end) if lay is not None else count) * codec.row_bytes(dim)
         self._make_room_for_bytes(s.group, grow)
         self._journal(StoreRows(sid, layer, start, count, codec.format_id, dim, bytes_of(data)))
-        self._apply_store(s, layer, start, data)
+        self._apply_store(s, layer, start, data, adopt=adopt)
 
     def drop(self, sid: bytes) -> bool:
         """Remove a session; False when it does not exist."""
@@ -683,11 +691,19 @@ class VStore:
         self._changed(s)
         return s
 
-    def _apply_store(self, s: Session, layer: int, start: int, data: npt.NDArray[np.uint8]) -> None:
+    def _apply_store(
+        self,
+        s: Session,
+        layer: int,
+        start: int,
+        data: npt.NDArray[np.uint8],
+        *,
+        adopt: bool = False,
+    ) -> None:
         lay = s.layers.get(layer)
         if lay is None:
             lay = s.layers[layer] = Layer(get_codec(s.default_fmt), s.default_dim)
-        held, tpl = lay.write(start, data, self.limits.max_rows)
+        held, tpl = lay.write(start, data, self.limits.max_rows, adopt=adopt)
         self.vstore_bytes += held * lay.row_bytes
         self.total_tokens += tpl
         self._lru.grew(s.group, held * lay.row_bytes)
