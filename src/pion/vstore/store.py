@@ -200,6 +200,19 @@ class VStore:
         layer0 = s.layers.get(0)
         return layer0.tpl if layer0 is not None else 0
 
+    def hit_pair(self, k: bytes, v: bytes) -> int | None:
+        """:meth:`hit` of ``k`` then :meth:`touch` of ``v`` when both are held (a
+        namespace's halves: LOOKUP's hot path, in one call); None, nothing touched,
+        when either is not."""
+        sessions = self._sessions
+        sk, sv = sessions.get(k), sessions.get(v)
+        if sk is None or sv is None:
+            return None
+        self._touch(sk)
+        self._touch(sv)
+        layer0 = sk.layers.get(0)
+        return layer0.tpl if layer0 is not None else 0
+
     def generation(self, sid: bytes) -> int:
         """A number that changes whenever ``sid``'s rows may have changed (a store, a
         restore, a re-create after a drop or an eviction): equal numbers mean the rows
