@@ -229,3 +229,21 @@ def read_line(sock: socket.socket) -> bytes:
             break
         out += chunk
     return out
+
+
+def test_warm_holds_fp16_rows_at_their_width(client: redis.Redis) -> None:
+    """fp16 layers are held as stored (2 bytes a value, shared with the V-store), other
+    formats decoded once to fp32; the queries agree with the decoded rows either way."""
+    rows16 = register(client, "w16", 2, "fp16")
+    register(client, "w8", 1, "int8")
+    assert client.execute_command("KV.PREFIX.WARM", "w16", H, D) == b"2"
+    assert fields(client, "INFO", "memory")["sdpa_warm_bytes"] == str(2 * 2 * N * H * D * 2)
+    assert client.execute_command("KV.PREFIX.WARM", "w8", H, D) == b"1"
+    held = 2 * 2 * N * H * D * 2 + 2 * N * H * D * 4
+    assert fields(client, "INFO", "memory")["sdpa_warm_bytes"] == str(held)
+    # Overwriting the V-store's rows afterwards leaves the slot as it was warmed.
+    client.execute_command("V.STOREBATCH", "w16_pk", 1, 0, N, rand(N, H * D).tobytes())
+    q = rand(H, 1, D)
+    raw = client.execute_command("ATTEND.PREFIX.QUERY", "w16", 1, H, D, 1, blob(q))
+    want = reference(q, heads_first(rows16[2]), heads_first(rows16[3]))[0]
+    np.testing.assert_allclose(np.frombuffer(raw, "<f4").reshape(H, 1, D), want, atol=2e-5)

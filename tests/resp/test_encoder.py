@@ -8,7 +8,7 @@ import hiredis
 import numpy as np
 import pytest
 
-from pion.resp.encoder import encode_reply
+from pion.resp.encoder import SMALL_BULK, encode_reply
 from pion.resp.reply import NO_REPLY, ErrorReply, NullArray, Reply, Simple, Verbatim
 
 
@@ -62,3 +62,13 @@ def test_memoryview_payload_is_not_copied() -> None:
 def test_nested_map_resp3_parses() -> None:
     data = wire({"server": "pion", "modules": [], "proto": 3}, 3)
     assert parse(data) == {b"server": b"pion", b"modules": [], b"proto": 3}
+
+
+def test_small_bulks_are_one_chunk_large_ones_keep_their_value() -> None:
+    small: list[bytes | memoryview] = []
+    encode_reply(b"x" * SMALL_BULK, 2, small)
+    assert small == [b"$%d\r\n" % SMALL_BULK + b"x" * SMALL_BULK + b"\r\n"]
+    big_value = b"y" * (SMALL_BULK + 1)
+    big: list[bytes | memoryview] = []
+    encode_reply(big_value, 2, big)
+    assert len(big) == 3 and big[1] is big_value  # never copied

@@ -108,3 +108,62 @@ def test_stop_is_prompt_while_the_tier_is_down(writer: Writer, redis_node: Redis
     t0 = time.monotonic()
     assert writer.stop(0.3) == 5
     assert time.monotonic() - t0 < 3
+
+
+def _idle_writer(redis_node: RedisNode) -> Writer:
+    """A writer whose thread is not started yet: what is offered now queues up."""
+    cfg = TierConfig(url=redis_node.url, timeout=1)
+    health = Health()
+    remote = Remote(TierClient(cfg, health), KeyLayout("b"), VStoreLimits())
+    return Writer(remote, health, Ledger(64), cfg)
+
+
+def test_stores_queued_back_to_back_are_written_together(redis_node: RedisNode) -> None:
+    w = _idle_writer(redis_node)
+    w.offer(CreateOp(b"x", FP16))
+    w.offer(CreateOp(b"y", FP16))
+    last = 0
+    for i in range(20):  # appends crossing chunk boundaries, two sessions interleaved
+        for sid in (b"x", b"y"):
+            data = bytes([i + 1]) * 128 * 30
+            seq = w.offer(StoreOp(sid, 0, 30 * i, 30, 5, 64, data))
+            assert seq is not None
+            last = seq
+    w.start()
+    try:
+        assert w.wait_done(last, 10)
+        assert w.counters.batched == 40 and w.counters.applied == 42
+        assert w.counters.bytes_out == 2 * 20 * 30 * 128
+        for sid in (b"x", b"y"):
+            meta = w.remote.load(sid)
+            assert meta is not None and meta.tpl == {0: 600}
+            r = redis_node.client()
+            rows = b"".join(
+                r.get(w.remote.keys.chunk(sid, meta.gen, 0, block)) or b"" for block in range(3)
+            )
+            assert rows == b"".join(bytes([i + 1]) * 128 * 30 for i in range(20))
+    finally:
+        w.stop(0.5)
+
+
+def test_a_refused_batch_gives_up_only_the_refused_session(redis_node: RedisNode) -> None:
+    r = redis_node.client()
+    r.config_set("maxmemory-policy", "noeviction")
+    r.config_set("maxmemory", int(r.info("memory")["used_memory"]) + 512 * 1024)
+    w = _idle_writer(redis_node)
+    w.offer(CreateOp(b"small", FP16))
+    w.offer(CreateOp(b"big", FP16))
+    w.offer(_store(b"small", 0, 2))
+    w.offer(_store(b"big", 0, 20_000))  # 2.5 MB: OOM
+    seq = w.offer(_store(b"small", 2, 2))
+    assert seq is not None
+    w.start()
+    try:
+        assert w.wait_done(seq, 10)
+        assert w.counters.rejected == 1 and w.ledger.is_abandoned(b"big")
+        assert not w.ledger.is_abandoned(b"small")
+        assert w.remote.load(b"big") is None
+        meta = w.remote.load(b"small")
+        assert meta is not None and meta.tpl == {0: 4}
+    finally:
+        w.stop(0.5)

@@ -61,3 +61,33 @@ def test_the_byte_budget_evicts_or_refuses_as_for_any_store() -> None:
     assert b"old" not in vs and vs.evictions == 1
     with pytest.raises(OOMError):
         vs.store_encoded(b"new", 0, 60, np.ones((101, width), np.uint8))
+
+
+def test_adopted_rows_become_the_run_without_a_copy() -> None:
+    codec = get_codec("fp16")
+    received = np.ascontiguousarray(codec.encode(rows(64, 96, 7)))
+    vs = make_store()
+    vs.create(b"s", 96, "fp16")
+    vs.store_encoded(b"s", 0, 0, received[:40], adopt=True)  # a run of its own: adopted
+    native = vs.fetch_range(b"s", 0, 0, 40, native=True)
+    assert native is not None and np.shares_memory(native, received)
+    copy = received[40:].copy()
+    vs.store_encoded(b"s", 0, 40, received[40:], adopt=True)  # extends the run: copied
+    np.testing.assert_array_equal(
+        vs.fetch_range(b"s", 0, 0, 64), codec.decode(np.concatenate([received[:40], copy]), 96)
+    )
+    vs.store_encoded(b"s", 1, 0, received[:8])  # not adopted unless asked
+    layer1 = vs.fetch_range(b"s", 1, 0, 8, native=True)
+    assert layer1 is not None and not np.shares_memory(layer1, received)
+
+
+def test_hit_pair_touches_both_halves_or_neither() -> None:
+    vs = make_store()
+    for sid in (b"k", b"v", b"other"):
+        vs.create(sid, 96, "fp16")
+    vs.store(b"k", 0, 0, rows(12, 96, 1))
+    vs.touch(b"other")
+    assert vs.hit_pair(b"k", b"missing") is None
+    assert vs.sids()[-1] == b"other"  # nothing touched
+    assert vs.hit_pair(b"k", b"v") == 12
+    assert vs.sids()[-2:] == [b"k", b"v"]  # k, then v: most recent last

@@ -2,13 +2,15 @@
 K/V of a cached prefix it holds (docs/attention.md).
 
 Reading order: ``kernel.py`` (numpy SDPA with an online softmax, the sparse block
-selector, the LSE merge), ``tables.py`` (the WARM table and COLD registry: which
-``(sid, layer)`` can be queried). The commands that drive them are
-``pion.commands.attend``; the binary lane is ``pion.server.binary``. Recurrent state is
-not attention: it lives in ``pion.ssm``.
+selector, the LSE merge), ``widen.py`` (fp16 key blocks widened as a query uses them),
+``tables.py`` (the WARM table and COLD registry: which ``(sid, layer)`` can be
+queried), ``queries.py`` (every query form, validated), ``warm.py``
+(``KV.PREFIX.WARM``: slots built from V-store rows, fp16 held by reference);
+the commands that drive them are ``pion.commands.attend``; the binary lane is
+``pion.server.binary``. Recurrent state is not attention: it lives in ``pion.ssm``.
 
-Depends on ``errors`` and ``numpy`` only; ``KV.PREFIX.WARM`` reads the V-store through
-the command layer.
+Depends on ``errors``, ``numpy``, the fp16 codec's compiled cast and (``warm.py``
+only) the V-store.
 """
 
 from __future__ import annotations

@@ -44,9 +44,17 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from pion.attend.widen import widen
+
+# fp16 prefixes (slots that hold the V-store's fp16 rows) are widened to fp32 one key
+# block at a time; a block's widened K (and V) stays within this many bytes, so the
+# matmuls read it from cache right after the widening wrote it.
+WIDEN_BYTES = 512 << 10
+
 __all__ = ["MAX_SCORE_BYTES", "Attention", "Selector", "attend", "merge", "select_blocks"]
 
 F32 = npt.NDArray[np.float32]
+KV = npt.NDArray[np.float32] | npt.NDArray[np.float16]
 Index = npt.NDArray[np.intp]
 # fp32, or float64 in the pass after an overflow.
 Arr = npt.NDArray[np.floating[Any]]
@@ -134,16 +142,20 @@ class _Online:
         return out, lse[..., 0]
 
 
-def _blocks(count: int, per_key_bytes: int, limit: int) -> Iterator[tuple[int, int]]:
+def _blocks(
+    count: int, per_key_bytes: int, limit: int, cap: int | None = None
+) -> Iterator[tuple[int, int]]:
     step = max(1, limit // max(1, per_key_bytes))
+    if cap is not None:
+        step = min(step, cap)
     for start in range(0, count, step):
         yield start, min(count, start + step)
 
 
 def attend(
     q: F32,
-    k: F32,
-    v: F32,
+    k: KV,
+    v: KV,
     *,
     head_map: Index | None = None,
     window: int = 0,
@@ -160,10 +172,11 @@ def attend(
     prefix to those token indices (sorted, shared by every head). Inputs must be fp32;
     shapes are checked, values are the caller's to validate. Scores past fp32's range
     are computed again in float64 (module docstring); the output is always finite, the
-    LSE is ``inf`` where the float64 one does not fit fp32."""
+    LSE is ``inf`` where the float64 one does not fit fp32. ``k``/``v`` may be fp16 (one
+    dtype for both): each key block is widened as it is used."""
     h_q, m_rows, d = q.shape
     h_kv, n, dk = k.shape
-    if v.shape != k.shape or dk != d:
+    if v.shape != k.shape or dk != d or v.dtype != k.dtype:
         raise ValueError(f"q {q.shape}, k {k.shape} and v {v.shape} do not agree")
     if n < 1 or m_rows < 1:
         raise ValueError("attention needs at least one prefix token and one query row")
@@ -201,8 +214,8 @@ class _Call:
     """One :func:`attend` call, runnable in fp32 and, after an overflow, in float64."""
 
     q: F32
-    k: F32
-    v: F32
+    k: KV
+    v: KV
     order: Index | None
     uniform: bool
     head_map: Index | None
@@ -236,9 +249,11 @@ class _Call:
         groups, rows = qg.shape[0], qg.shape[1]
         acc = _Online(groups, rows, d, dtype)
         kt_per_key = groups * rows * np.dtype(dtype).itemsize
+        # An fp16 prefix: blocks small enough that their widened copy stays in cache.
+        cap = max(1, WIDEN_BYTES // (h_kv * d * 4)) if k.dtype == np.float16 else None
 
-        def take(src: F32, sel: slice | Index) -> Arr:
-            block = src[:, sel]
+        def take(src: KV, sel: slice | Index) -> Arr:
+            block = widen(src[:, sel])
             block = block if gather is None else block[gather]
             return block.astype(dtype, copy=False)
 
@@ -247,12 +262,12 @@ class _Call:
         prefix_keys: slice | Index
         if self.keys is not None:
             picked = self.keys[self.keys >= start] if start else self.keys
-            for b0, b1 in _blocks(len(picked), kt_per_key, self.score_bytes):
+            for b0, b1 in _blocks(len(picked), kt_per_key, self.score_bytes, cap):
                 sel = picked[b0:b1]
                 if not acc.add(np.matmul(qg, take(k, sel).transpose(0, 2, 1)), take(self.v, sel)):
                     return None
         else:
-            for b0, b1 in _blocks(n - start, kt_per_key, self.score_bytes):
+            for b0, b1 in _blocks(n - start, kt_per_key, self.score_bytes, cap):
                 prefix_keys = slice(start + b0, start + b1)
                 kb = take(k, prefix_keys)
                 if not acc.add(np.matmul(qg, kb.transpose(0, 2, 1)), take(self.v, prefix_keys)):
@@ -285,7 +300,7 @@ def merge(a: Attention, b: Attention) -> Attention:
 
 def select_blocks(
     q: F32,
-    k: F32,
+    k: KV,
     *,
     head_map: Index | None,
     block: int,
@@ -333,7 +348,7 @@ def select_blocks(
 
 def _block_scores(
     q: F32,
-    k: F32,
+    k: KV,
     hm: Index,
     shape: tuple[int, int, int, int],
     *,

@@ -4,7 +4,7 @@ MISSING (docs/attention.md).
 ==========  ===================================  ==================================
 state       where it lives                       what a query gets
 ==========  ===================================  ==================================
-WARM        a slot here: K and V, fp32 [H,N,D]   the attention
+WARM        a slot here: K and V [H,N,D]         the attention
 COLD        the cold registry: (H, N, D) only;   ``-COLDMISS``; ``KV.PREFIX.WARM``
             the rows are in the V-store          rehydrates it from the V-store
 MISSING     nowhere                              ``-ERR ... session not found``
@@ -40,16 +40,23 @@ __all__ = ["AttentionTables", "ColdEntry", "Key", "Slot", "SlotState"]
 Key = tuple[bytes, int]
 SlotState = Literal["warm", "cold", "missing"]
 F32 = npt.NDArray[np.float32]
+# What a slot holds: fp32, or fp16 rows held as the V-store stores them (queries widen
+# them a key block at a time).
+KV = npt.NDArray[np.float32] | npt.NDArray[np.float16]
+SLOT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
 
 @dataclass(slots=True)
 class Slot:
-    """One WARM ``(sid, layer)``: K and V ``[H, N, D]`` fp32, possibly read-only views
-    (of the request's blobs after a STORE; token-major ``[N, H, D]`` buffers seen
-    head-first after a WARM)."""
+    """One WARM ``(sid, layer)``: K and V ``[H, N, D]``, fp32 or fp16 (both the same),
+    possibly read-only views (of the request's blobs after a STORE; of token-major
+    ``[N, H*D]`` rows seen head-first after a WARM, fp16 ones the V-store's own).
+    ``owners`` are the objects the views were derived from, kept alive with the slot
+    (the V-store leases its rows on those objects: ``pion.attend.warm``)."""
 
-    k: F32
-    v: F32
+    k: KV
+    v: KV
+    owners: tuple[object, ...] = ()
 
     @property
     def heads(self) -> int:
@@ -158,12 +165,15 @@ class AttentionTables:
                 f"({self.max_bytes} bytes)"
             )
 
-    def put(self, key: Key, k: F32, v: F32) -> None:
+    def put(self, key: Key, k: KV, v: KV, owners: tuple[object, ...] = ()) -> None:
         """Make ``key`` WARM with ``k``/``v`` (replacing what it held), stamped most
-        recent, demoting LRU slots first if a bound requires it."""
-        if k.shape != v.shape or k.ndim != 3 or k.dtype != np.float32 or v.dtype != np.float32:
-            raise ValueError(f"k {k.shape} {k.dtype} and v {v.shape} {v.dtype} must agree, fp32")
-        slot = Slot(k, v)
+        recent, demoting LRU slots first if a bound requires it. ``owners`` stay alive
+        as long as the slot (see :class:`Slot`)."""
+        if k.shape != v.shape or k.ndim != 3 or k.dtype != v.dtype or k.dtype not in SLOT_DTYPES:
+            raise ValueError(
+                f"k {k.shape} {k.dtype} and v {v.shape} {v.dtype} must agree, fp32 or fp16"
+            )
+        slot = Slot(k, v, owners)
         self.check_fits(slot.nbytes)
         old = self._warm.pop(key, None)
         if old is not None:

@@ -15,10 +15,7 @@ durable copy of a prefix is the V-store's), so a failing log does not refuse the
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -33,6 +30,7 @@ from pion.attend.queries import (
     SparseQuery,
     StoreRequest,
 )
+from pion.attend.warm import warm
 from pion.commands.args import Args
 from pion.commands.state import Command, Context, ServerState
 from pion.commands.workers import redirect_namespace
@@ -41,7 +39,7 @@ from pion.prefix.registry import k_sid, v_sid
 from pion.resp.reply import Reply, Simple
 from pion.vstore import MAX_SID_LEN
 
-__all__ = ["COMMANDS", "warm"]
+__all__ = ["COMMANDS"]
 
 MAX_NS_LEN = 200  # as KV.PREFIX.REGISTER
 # S_suf and the sparse B/K_top are counts of tokens/blocks; their blobs bound them in
@@ -172,71 +170,6 @@ def _sparse_auto_fused(ctx: Context, args: Sequence[bytes]) -> Reply:
 # -- KV.PREFIX.WARM ----------------------------------------------------------------
 
 
-# KV.PREFIX.WARM widens fp16 rows on a few threads (numpy releases the GIL while it
-# converts): the widening alone of 16 layers ran 1.8x faster on 4 threads than on one,
-# on two cores; end to end the gain is what free cores allow (it is memory-bound).
-# The loop waits for them, so the V-store is never read and written at once. Layers go
-# in batches, so a namespace larger than the WARM table never sits whole in fp32.
-_WARM_THREADS = min(8, os.cpu_count() or 1)
-_WARM_BATCH = 8
-_pool: ThreadPoolExecutor | None = None
-
-
-def _warm_pool() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(_WARM_THREADS, thread_name_prefix="pion-warm")
-    return _pool
-
-
-def _as_f32(rows: npt.NDArray[np.generic]) -> npt.NDArray[np.float32]:
-    if rows.dtype == np.float32:
-        return cast(npt.NDArray[np.float32], rows)
-    return rows.astype(np.float32)
-
-
-def warm(state: ServerState, ns: bytes, h: int, d: int, attend_sid: bytes) -> tuple[int, int]:
-    """Rehydrate ``attend_sid``'s layers from the namespace's V-store rows: each layer
-    ``[N, H*D]`` (N = the rows both halves hold) becomes a WARM slot ``[H, N, D]``,
-    stamped most recent. Layers whose dim is not ``H*D`` are skipped. Returns
-    ``(layers rehydrated, layers skipped for their dim)``."""
-    cmd = "KV.PREFIX.WARM"
-    if not state.registry.is_registered(ns):
-        raise PionError(f"{cmd} namespace not registered (call KV.PREFIX.REGISTER first)")
-    vs, tables = state.vstore, state.attention
-    halves = (vs.describe(k_sid(ns)), vs.describe(v_sid(ns)))
-    plan: list[tuple[int, int]] = []
-    skipped = 0
-    for k_layer in halves[0].layers:
-        v_layer = halves[1].layer(k_layer.index)
-        if v_layer is None or not k_layer.tpl or not v_layer.tpl:
-            continue
-        if k_layer.dim != h * d or v_layer.dim != h * d:
-            skipped += 1
-            continue
-        rows = min(k_layer.tpl, v_layer.tpl)
-        tables.check_fits(2 * rows * h * d * 4)
-        plan.append((k_layer.index, rows))
-    for first in range(0, len(plan), _WARM_BATCH):
-        batch = plan[first : first + _WARM_BATCH]
-        stored = []
-        for layer, rows in batch:
-            for sid in (k_sid(ns), v_sid(ns)):
-                # fp16 layers come back as views of their stored rows, anything else
-                # decoded to fp32; the widening of fp16 runs on the pool below.
-                got = vs.fetch_range(sid, layer, 0, rows, native=True)
-                if got is None:  # cannot happen: both halves hold rows 0 .. rows-1
-                    raise PionError(f"{cmd}: layer {layer} of {sid!r} holds no rows")
-                stored.append(got)
-        decoded = list(_warm_pool().map(_as_f32, stored))
-        for i, (layer, rows) in enumerate(batch):
-            # The slot is the [H, N, D] view of the token-major rows: converted once,
-            # never transposed in memory (the kernel takes the strides as they are).
-            k, v = (a.reshape(rows, h, d).transpose(1, 0, 2) for a in decoded[2 * i : 2 * i + 2])
-            tables.put((attend_sid, layer), k, v)
-    return len(plan), skipped
-
-
 def _warm(ctx: Context, args: Sequence[bytes]) -> Reply:
     cmd = "KV.PREFIX.WARM"
     cur = Args(args, cmd)
@@ -253,7 +186,11 @@ def _warm(ctx: Context, args: Sequence[bytes]) -> Reply:
             raise PionError(f"{cmd}: attend_sid length must be 1..{MAX_SID_LEN}")
     cur.expect_done()
     redirect_namespace(ctx, ns, cmd)
-    layers, skipped = warm(ctx.state, ns, h, d, attend_sid)
+    state = ctx.state
+    if not state.registry.is_registered(ns):
+        raise PionError(f"{cmd} namespace not registered (call KV.PREFIX.REGISTER first)")
+    halves = (k_sid(ns), v_sid(ns))
+    layers, skipped = warm(state.vstore, state.attention, halves, h=h, d=d, attend_sid=attend_sid)
     return Simple(f"{layers} skipped_dim={skipped}" if skipped else str(layers))
 
 

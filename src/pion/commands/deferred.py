@@ -39,7 +39,6 @@ from typing import Any, Generic, TypeAlias, TypeVar
 from pion.resp.encoder import Chunks
 from pion.resp.reply import Reply
 
-
 __all__ = ["Deferred", "LazyBulk", "Offload", "Piece", "Split", "Steps", "Stream"]
 
 T = TypeVar("T")

@@ -134,15 +134,13 @@ class PrefixRegistry:
 
     def lookup(self, ns: bytes, tokens: int | None, prefill_ms: int | None) -> bool:
         """HIT iff both halves exist; credits the receipt (see ``receipt.py``)."""
-        vs = self.vstore
-        if not self.is_registered(ns):
+        pair = self._sids.get(ns) or self.sids(ns)
+        own_tokens = self.vstore.hit_pair(*pair)
+        if own_tokens is None:  # not registered (both halves held) here
             if self._credit_remote(ns, tokens, prefill_ms):
                 return True
             self.receipt.credit_miss()
             return False
-        k, v = self.sids(ns)
-        own_tokens = vs.hit(k)
-        vs.touch(v)
         if tokens is not None:
             credit_tokens, credit_ms = tokens, prefill_ms or 0
         else:

@@ -169,8 +169,28 @@ class RequestDecoder:
         """``nbytes`` were written into the buffer :meth:`get_buffer` returned last."""
         if self._to_direct and self._direct is not None:
             self._direct.advance(nbytes)
-        else:
-            self.feed(scratch[:nbytes])
+            return
+        view = scratch[:nbytes]
+        if (
+            nbytes
+            and view[0] == 0x2A  # '*'
+            and not self._buf
+            and self._args is None
+            and not self._ready
+        ):
+            # Nothing pending: scan the read where it landed, and keep only what the
+            # scanner left (usually nothing) instead of copying the whole read first.
+            max_args, max_bulk = self._scan_limits()
+            limit = self._limits.max_query_buffer
+            cmds, pos = scan(view, 0, max_args, max_bulk, limit, _SCAN_BATCH)
+            if cmds:
+                if pos < nbytes:
+                    self._buf += view[pos:]
+                cmds.reverse()
+                self._ready = cmds
+                self._ready_bytes = pos
+                return
+        self.feed(view)
 
     def clear(self) -> None:
         """Drop everything held (the connection is gone)."""
@@ -246,15 +266,10 @@ class RequestDecoder:
     def _scan(self) -> list[bytes] | None:
         """Run the batch fast path at a frame boundary: the first command it parsed
         (the rest wait in ``_ready``), or None when it parsed none."""
-        limits = self._limits
-        max_args = limits.max_array_len
-        max_bulk = min(limits.max_bulk_len, DIRECT_BULK_MIN - 1)
-        if not self.authenticated:
-            max_args = min(max_args, limits.max_unauth_array_len)
-            max_bulk = min(max_bulk, limits.max_unauth_bulk_len)
+        max_args, max_bulk = self._scan_limits()
         start = self._pos
         cmds, self._pos = scan(
-            self._buf, start, max_args, max_bulk, limits.max_query_buffer, _SCAN_BATCH
+            self._buf, start, max_args, max_bulk, self._limits.max_query_buffer, _SCAN_BATCH
         )
         if not cmds:
             return None
@@ -264,6 +279,18 @@ class RequestDecoder:
             self._ready_bytes = self._pos - start
             return cmds.pop()
         return cmds[0]
+
+    def _scan_limits(self) -> tuple[int, int]:
+        """The scanner's ``(max_args, max_bulk)``: the decoder's bounds (the
+        unauthenticated ones before AUTH), and bulks small enough not to be received
+        in place."""
+        limits = self._limits
+        max_args = limits.max_array_len
+        max_bulk = min(limits.max_bulk_len, DIRECT_BULK_MIN - 1)
+        if not self.authenticated:
+            max_args = min(max_args, limits.max_unauth_array_len)
+            max_bulk = min(max_bulk, limits.max_unauth_bulk_len)
+        return max_args, max_bulk
 
     def _start_multibulk(self) -> bool:
         buf, pos = self._buf, self._pos

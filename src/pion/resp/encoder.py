@@ -12,7 +12,7 @@ from typing import TypeAlias
 
 from pion.resp.reply import Encoded, ErrorReply, NoReply, NullArray, Reply, Simple, Verbatim
 
-__all__ = ["Chunks", "encode_error", "encode_reply"]
+__all__ = ["NULL_BULK", "SMALL_BULK", "Chunks", "encode_error", "encode_reply", "encode_simple"]
 
 # What a reply becomes: buffers for transport.writelines, never joined.
 Chunks: TypeAlias = list[bytes | bytearray | memoryview]
@@ -28,6 +28,9 @@ _INT_CACHE = [b":%d\r\n" % i for i in range(256)]
 # cached, up to a bound (a handler that made up simple strings could not grow it).
 _SIMPLE_CACHE: dict[str, bytes] = {"OK": _OK}
 _SIMPLE_CACHE_SIZE = 256
+# Bulk replies up to this size are one chunk (header, value and CRLF joined); larger
+# ones keep the value as its own chunk, never copied.
+SMALL_BULK = 4096
 
 
 def encode_error(line: str) -> bytes:
@@ -37,15 +40,24 @@ def encode_error(line: str) -> bytes:
     return b"-" + clean.encode("utf-8", "replace") + _CRLF
 
 
+# A null bulk string by protocol version (RESP2 ``$-1``, RESP3 ``_``).
+NULL_BULK = {2: _NULL2, 3: _NULL3}
+
+
+def encode_simple(value: Simple) -> bytes:
+    """``+value``: cached, up to a bound (the fixed replies of small commands)."""
+    encoded = _SIMPLE_CACHE.get(value)
+    if encoded is None:
+        encoded = b"+" + value.encode() + _CRLF
+        if len(_SIMPLE_CACHE) < _SIMPLE_CACHE_SIZE:
+            _SIMPLE_CACHE[value] = encoded
+    return encoded
+
+
 def encode_reply(value: Reply, proto: int, out: Chunks) -> None:
     """Append the encoding of ``value`` to ``out``."""
     if type(value) is Simple:  # the reply of most small commands: first, and cached
-        encoded = _SIMPLE_CACHE.get(value)
-        if encoded is None:
-            encoded = b"+" + value.encode() + _CRLF
-            if len(_SIMPLE_CACHE) < _SIMPLE_CACHE_SIZE:
-                _SIMPLE_CACHE[value] = encoded
-        out.append(encoded)
+        out.append(encode_simple(value))
     elif value is None:
         out.append(_NULL3 if proto == 3 else _NULL2)
     elif isinstance(value, bool):
@@ -69,6 +81,10 @@ def encode_reply(value: Reply, proto: int, out: Chunks) -> None:
             out.append(b"$%d\r\n" % len(data))
         out.append(data)
         out.append(_CRLF)
+    elif type(value) is bytes and len(value) <= SMALL_BULK:
+        # One chunk: a copy of a small value costs less than two more chunks to
+        # count and gather (GET of a 256-byte value, the keyspace's common reply).
+        out.append(b"$%d\r\n%b\r\n" % (len(value), value))
     elif isinstance(value, (bytes, bytearray, memoryview)):
         size = value.nbytes if isinstance(value, memoryview) else len(value)
         out.append(b"$%d\r\n" % size)

@@ -6,8 +6,10 @@ is in use, and :data:`COMPILED` says which. The two implementations have one con
 written here, and the tests hold both to it.
 
 ``scan(buf, pos, max_args, max_bulk, max_frame, max_cmds) -> (commands, pos)``
-    Parse complete, well-formed multibulk commands from ``buf[pos:]`` and stop at the
-    first thing that is anything else: an incomplete frame, an inline command, a header
+    ``buf`` is any bytes-like object (the decoder scans a read where it landed, in
+    the connection's scratch buffer, when nothing is pending). Parse complete,
+    well-formed multibulk commands from ``buf[pos:]`` and stop at the first thing
+    that is anything else: an incomplete frame, an inline command, a header
     that is malformed, signed, has a leading zero or exceeds a bound (``*N`` with
     ``N > max_args`` or ``N < 1``, ``$L`` with ``L > max_bulk``, a frame declaring more
     than ``max_frame`` payload bytes), a payload not followed by CRLF, or ``max_cmds``
@@ -48,9 +50,16 @@ def _read_len(buf: bytearray | bytes, p: int, e: int) -> tuple[int, int]:
 
 
 def py_scan(  # noqa: PLR0917 - positional, as the compiled twin takes them
-    buf: bytearray | bytes, pos: int, max_args: int, max_bulk: int, max_frame: int, max_cmds: int
+    buf: bytearray | bytes | memoryview,
+    pos: int,
+    max_args: int,
+    max_bulk: int,
+    max_frame: int,
+    max_cmds: int,
 ) -> tuple[list[list[bytes]], int]:
     """The pure-Python :func:`scan` (see the module docstring)."""
+    if isinstance(buf, memoryview):  # a read scanned where it landed: a copy here
+        buf = buf.tobytes()
     out: list[list[bytes]] = []
     e = len(buf)
     p = pos

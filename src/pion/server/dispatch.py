@@ -36,8 +36,15 @@ from pion.commands.state import Command, Context
 from pion.commands.transactions import IMMEDIATE, queue_command, refused_in_multi, settle
 from pion.errors import LoadingError, MisconfError, NoAuthError, PionError
 from pion.persistence.stores import FREEING_COMMANDS
-from pion.resp.encoder import Chunks, encode_error, encode_reply
-from pion.resp.reply import ErrorReply, Reply
+from pion.resp.encoder import (
+    NULL_BULK,
+    SMALL_BULK,
+    Chunks,
+    encode_error,
+    encode_reply,
+    encode_simple,
+)
+from pion.resp.reply import ErrorReply, Reply, Simple
 
 __all__ = ["admit", "complete", "dispatch", "error_reply", "execute"]
 
@@ -108,6 +115,12 @@ def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
     cmd = ctx.table.get(name)
     if cmd is None:
         return state.stats.unknown(_unknown(ctx, argv))
+    return _run(ctx, cmd, argv)
+
+
+def _run(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply | Deferred:
+    """A known command: its checks, then queued (inside MULTI) or run, timed."""
+    state = ctx.state
     client = ctx.client
     client.last_command = cmd.name
     try:
@@ -126,8 +139,8 @@ def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
     except PionError as exc:
         reply = ErrorReply(exc.resp_line())
     except Exception:
-        reply = _internal_error(ctx, name, "in")
-    state.stats.record(cmd.name, argv, reply, started, ctx.client)
+        reply = _internal_error(ctx, cmd.name, "in")
+    state.stats.record(cmd.name, argv, reply, started, client)
     return reply
 
 
@@ -139,8 +152,14 @@ def execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int | Deferred:
     Encoding is inside the boundary too: if the reply cannot be encoded, whatever it
     had appended is taken back and ``-ERR internal error`` goes out in its place, so
     the replies before it in ``out`` are kept and the framing stays intact."""
-    if ctx.client.reply_mode != "on":
+    client = ctx.client
+    if client.reply_mode != "on":
         return _silent(ctx, argv, out)
+    name = _LANE.get(argv[0])
+    if name is not None and client.queued is None:
+        taken = _fast_lane(ctx, name, argv, out)
+        if taken != -1:
+            return taken
     reply = dispatch(ctx, argv)
     if isinstance(reply, Offload | Stream | Steps):
         return reply
@@ -202,3 +221,41 @@ def _encode(ctx: Context, argv: Sequence[bytes], reply: Reply, out: Chunks) -> i
     if len(out) == mark + 1 and type(out[mark]) is bytes:  # one small chunk, usually
         return len(out[mark])
     return sum(c.nbytes if isinstance(c, memoryview) else len(c) for c in out[mark:])
+
+
+# -- the fast lane -----------------------------------------------------------------
+#
+# The small commands that dominate a cache's traffic (GET, SET key value, a plain
+# KV.PREFIX.LOOKUP, PING), as the batch scanner hands them over complete, skip the
+# name decoding: the table spells them as they arrive, and their reply is encoded as
+# one chunk from its type. What they do is unchanged: the same checks, queueing and
+# timing (:func:`_run`). Spellings outside the table (mixed case), a transaction being
+# queued and replies switched off take the generic path.
+
+_LANE_COMMANDS = ("GET", "SET", "KV.PREFIX.LOOKUP", "PING")
+_LANE: dict[bytes, str] = {
+    spelling: name for name in _LANE_COMMANDS for spelling in (name.encode(), name.lower().encode())
+}
+
+
+def _fast_lane(ctx: Context, name: str, argv: Sequence[bytes], out: Chunks) -> int | Deferred:
+    """Run ``argv`` (command ``name``) as :func:`execute` does, its reply encoded as one
+    chunk from its type where it can be; -1, nothing done, for an unknown name."""
+    cmd = ctx.table.get(name)
+    if cmd is None:
+        return -1
+    ctx.state.counters.total_commands_processed += 1
+    reply = _run(ctx, cmd, argv)
+    client = ctx.client
+    if type(reply) is Simple:
+        chunk = encode_simple(reply)
+    elif type(reply) is bytes and len(reply) <= SMALL_BULK:
+        chunk = b"$%d\r\n%b\r\n" % (len(reply), reply)
+    elif reply is None:
+        chunk = NULL_BULK[client.proto]
+    elif isinstance(reply, Offload | Stream | Steps):  # none of the lane's handlers defers
+        return reply
+    else:
+        return _encode(ctx, argv, reply, out)
+    out.append(chunk)
+    return len(chunk)

@@ -9,11 +9,13 @@ the tier until a local write makes them the node's own).
 Order, so a bad or incomplete copy changes nothing: read the metas, bitmaps and block
 tables and check them all (every block a layer needs must be marked written, the
 block holding its last row included); refuse a copy larger than ``--maxmemory``; only
-then create the local sessions and stream the row chunks in batches of whole layers, at
-most :data:`FILL_BATCH_BYTES` (bounding the bytes held twice, as reply and as rows),
-checking every chunk of a batch before any is stored. Adjacent chunks of a layer are
-stored as one run (``_runs``). Should a chunk be missing (evicted by the cluster)
-or the tier fail half-way, the sessions created by this fill are dropped again.
+then create the local sessions and read the row chunks in batches of whole layers, at
+most :data:`FILL_BATCH_BYTES` (bounding the bytes held twice, as received and as
+stored), every node at once, each chunk received straight into its rows of a buffer
+preallocated per layer (``rowread.py``), checking every chunk of a batch before any is
+stored. Adjacent chunks of a layer are stored as one run, a view of that buffer.
+Should a chunk be missing (evicted by the cluster) or the tier fail half-way, the
+sessions created by this fill are dropped again.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pion.tier.journal import FillGate, TierJournal
 from pion.tier.keys import CHUNK_ROWS, KeyLayout
 from pion.tier.meta import TierFormatError, TierMeta
 from pion.tier.remote import Remote, RemoteBlocks, decode_blocks
+from pion.tier.rowread import ABSENT, Want
 from pion.vstore import VStore
 
 __all__ = ["FILL_BATCH_BYTES", "Fill", "TierIncomplete", "fill_sessions", "plan_fill"]
@@ -38,8 +41,11 @@ __all__ = ["FILL_BATCH_BYTES", "Fill", "TierIncomplete", "fill_sessions", "plan_
 log = logging.getLogger("pion.tier")
 
 # Row bytes requested from the tier per pipeline: big enough to keep every node busy
-# (a 64 MiB prefix is one batch), small enough to bound the transient copy.
-FILL_BATCH_BYTES = 64 << 20
+# (a 256 MiB prefix is one batch: each batch waits for its slowest node), small enough
+# to bound what a batch holds before it is stored (runs are adopted by the V-store as
+# received, so a fill holds its rows once; only rows that extend an existing run are
+# copied).
+FILL_BATCH_BYTES = 256 << 20
 
 
 class TierIncomplete(Exception):
@@ -105,53 +111,63 @@ def _batches(refs: Sequence[ChunkRef]) -> Iterator[list[ChunkRef]]:
         yield batch
 
 
-def _runs(
-    pieces: Sequence[tuple[ChunkRef, npt.NDArray[np.uint8] | None]],
-) -> Iterator[tuple[ChunkRef, npt.NDArray[np.uint8]]]:
-    """Adjacent chunks of a layer joined into one run of rows (the first chunk's ref,
-    the rows): one store and one log record per run, and the layer's buffer is
-    allocated once instead of growing chunk by chunk. A hole (a missing block, or a
-    block not written to its end) starts a new run."""
-    run: list[npt.NDArray[np.uint8]] = []
-    head: ChunkRef | None = None
-    prev: ChunkRef | None = None
-    for ref, rows in pieces:
-        if rows is None:
-            continue
-        joins = (
-            head is not None
-            and prev is not None
-            and (prev.sid, prev.layer, prev.block + 1) == (ref.sid, ref.layer, ref.block)
-            and sum(len(r) for r in run) == (ref.block - head.block) * CHUNK_ROWS
-        )
-        if not joins:
-            if head is not None:
-                yield head, run[0] if len(run) == 1 else np.concatenate(run)
-            head, run = ref, []
-        run.append(rows)
-        prev = ref
-    if head is not None:
-        yield head, run[0] if len(run) == 1 else np.concatenate(run)
+class _LayerRows:
+    """Rows of one layer of a batch, received in place: a buffer covering its blocks
+    ``first .. last`` (CHUNK_ROWS rows each, holes included: never touched, never
+    resident), each chunk read straight into its block's rows (``rowread``)."""
+
+    def __init__(self, refs: Sequence[ChunkRef]) -> None:
+        self.refs = refs
+        self.first = refs[0].block
+        blocks = refs[-1].block - self.first + 1
+        self.rows = np.empty((blocks * CHUNK_ROWS, refs[0].row_bytes), dtype=np.uint8)
+
+    def wants(self) -> list[Want]:
+        flat = self.rows.data.cast("B")
+        size = CHUNK_ROWS * self.refs[0].row_bytes
+        out = []
+        for ref in self.refs:
+            at = (ref.block - self.first) * size
+            out.append(Want(ref.name, flat[at : at + size]))
+        return out
+
+    def runs(self, held: Sequence[int]) -> Iterator[tuple[int, npt.NDArray[np.uint8]]]:
+        """``(first row, rows)`` of each run of adjacent chunks (``held`` rows each):
+        one store and one log record per run, views of the rows received. A hole (a
+        block not marked written, or a block not written to its end) ends a run."""
+        start: int | None = None
+        end = 0
+        for ref, n in zip(self.refs, held, strict=True):
+            row = ref.block * CHUNK_ROWS
+            if start is not None and row != end:
+                yield start, self._slice(start, end)
+                start = None
+            if n:
+                start = row if start is None else start
+                end = row + n
+        if start is not None:
+            yield start, self._slice(start, end)
+
+    def _slice(self, start: int, end: int) -> npt.NDArray[np.uint8]:
+        base = self.first * CHUNK_ROWS
+        return self.rows[start - base : end - base]
 
 
-def _rows(ref: ChunkRef, data: bytes | None) -> npt.NDArray[np.uint8] | None:
-    """The chunk's rows below the high-water mark as ``[n, row_bytes]`` uint8."""
-    if data is None:
+def _held(ref: ChunkRef, size: int) -> int:
+    """How many of the chunk's rows below the high-water mark a value of ``size``
+    bytes (ABSENT: none) holds; raises when the chunk is gone, short or malformed."""
+    if size == ABSENT:
         raise TierIncomplete(f"layer {ref.layer} block {ref.block} is marked written but gone")
-    if len(data) % ref.row_bytes or len(data) > CHUNK_ROWS * ref.row_bytes:
+    if size % ref.row_bytes or size > CHUNK_ROWS * ref.row_bytes:
         raise TierFormatError(
-            f"layer {ref.layer} block {ref.block}: {len(data)} bytes is not a whole number "
+            f"layer {ref.layer} block {ref.block}: {size} bytes is not a whole number "
             f"of {ref.row_bytes}-byte rows (at most {CHUNK_ROWS})"
         )
-    held = len(data) // ref.row_bytes
+    held = size // ref.row_bytes
     if ref.last and held < ref.rows:
         raise TierIncomplete(f"layer {ref.layer} block {ref.block} ends before its last row")
     # Rows past the mark arrived after we read it (a concurrent append): not ours yet.
-    take = min(held, ref.rows)
-    if take == 0:
-        return None
-    rows = np.frombuffer(data, dtype=np.uint8, count=take * ref.row_bytes)
-    return rows.reshape(take, ref.row_bytes)
+    return min(held, ref.rows)
 
 
 def fill_sessions(
@@ -180,12 +196,21 @@ def fill_sessions(
                 created.append(p.meta.sid)
             refs = [ref for p in plans for ref in p.chunks]
             for batch in _batches(refs):
-                replies = remote.read_chunks([ref.name for ref in batch])
-                pieces = [(ref, _rows(ref, data)) for ref, data in zip(batch, replies, strict=True)]
-                del replies
-                for head, rows in _runs(pieces):
-                    vstore.store_encoded(head.sid, head.layer, head.block * CHUNK_ROWS, rows)
-                    filled += rows.nbytes
+                layers = [
+                    _LayerRows(list(group))
+                    for _, group in itertools.groupby(batch, key=lambda r: (r.sid, r.layer))
+                ]
+                sizes = remote.read_into([w for lay in layers for w in lay.wants()])
+                held = [_held(ref, size) for ref, size in zip(batch, sizes, strict=True)]
+                at = 0
+                for lay in layers:
+                    counts, at = held[at : at + len(lay.refs)], at + len(lay.refs)
+                    sid, layer = lay.refs[0].sid, lay.refs[0].layer
+                    for start, rows in lay.runs(counts):
+                        # Handed over: a run of its own keeps these rows as its buffer.
+                        vstore.store_encoded(sid, layer, start, rows, adopt=True)
+                        filled += rows.nbytes
+                del layers
             for p in plans:
                 if p.blocks is not None:
                     hashes = np.frombuffer(p.blocks.hashes, dtype="<u8")

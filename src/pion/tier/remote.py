@@ -24,6 +24,7 @@ import contextlib
 import secrets
 import struct
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import redis
@@ -35,6 +36,7 @@ from pion.tier.health import Kind
 from pion.tier.keys import BLOCKS_PER_LAYER, CHUNK_ROWS, FORMAT_VERSION, KeyLayout, chunks_of
 from pion.tier.meta import Layout, TierFormatError, TierMeta, parse_meta
 from pion.tier.ops import StoreOp
+from pion.tier.rowread import Want, read_into
 
 __all__ = [
     "MAX_HASH_COUNT",
@@ -54,6 +56,9 @@ TOMBSTONE_TTL_S = 86_400
 MAX_HASH_COUNT = 1_048_576
 _MAX_BLOCK_SIZE = 8192
 _BLOCKS_HEADER = struct.Struct("<I")
+# Nodes read at once besides the calling thread's (a fill reads every node holding its
+# chunks; a larger cluster queues the rest on these).
+_READ_THREADS = 8
 
 _CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -154,6 +159,8 @@ class Remote:
         self.client = client
         self.keys = keys
         self.limits = limits
+        # Threads reading the nodes other than the caller's (read_into), made on first use.
+        self._threads: ThreadPoolExecutor | None = None
 
     # -- writes ----------------------------------------------------------------------
 
@@ -183,40 +190,58 @@ class Remote:
         """Write the rows of ``op`` (stored-format bytes) into generation ``gen``, then
         the meta. False when the session's generation changed (dropped or re-created
         meanwhile): the chunks just written are deleted again."""
-        k = self.keys
-        sid, layer, start, count = op.sid, op.layer, op.start, op.count
-        row_bytes = len(op.data) // count
-        pieces = chunks_of(start, count)
-        view = memoryview(op.data)
-
-        def write_chunks(r: Client) -> None:
-            pipe = r.pipeline(transaction=False)
-            for c in pieces:
-                offset = (c.start - c.block * CHUNK_ROWS) * row_bytes
-                rows = view[c.lo * row_bytes : c.hi * row_bytes]
-                pipe.setrange(k.chunk(sid, gen, layer, c.block), offset, rows)
-            pipe.execute()
-
         try:
-            self.client.call("write", write_chunks)
+            return self.store_many([(gen, op)])[0]
         except TierRejected:
             # Some chunks may have been written (a pipeline is not atomic) and no meta
             # will ever point at them: delete them rather than leave them to eviction.
             with contextlib.suppress(TierIOError, TierRejected):
-                self._delete(k.chunk(sid, gen, layer, c.block) for c in pieces)
+                self._delete(self._chunk_names(gen, op))
             raise
-        first, last = pieces[0].block, pieces[-1].block
-        args: list[bytes | str | int] = [gen, layer, start + count]
-        args += [k.bit(layer, first), k.bit(layer, last)]
 
-        def commit(r: Client) -> int:
-            script = r.register_script(_STORE)
-            return int(script(keys=[k.meta(sid), k.written(sid)], args=args))
+    def _chunk_names(self, gen: str, op: StoreOp) -> list[str]:
+        k = self.keys
+        return [k.chunk(op.sid, gen, op.layer, c.block) for c in chunks_of(op.start, op.count)]
 
-        if self.client.call("write", commit):
-            return True
-        self._delete(k.chunk(sid, gen, layer, c.block) for c in pieces)
-        return False
+    def store_many(self, items: Sequence[tuple[str, StoreOp]]) -> list[bool]:
+        """:meth:`store` of several ``(generation, op)`` in two round trips: every row
+        chunk in one pipeline (all nodes at once), then every meta commit in one. On
+        TierRejected nothing is cleaned up (the caller redoes them one by one)."""
+        k = self.keys
+
+        def write_chunks(r: Client) -> None:
+            pipe = r.pipeline(transaction=False)
+            for gen, op in items:
+                row_bytes = len(op.data) // op.count
+                view = memoryview(op.data)
+                for c in chunks_of(op.start, op.count):
+                    offset = (c.start - c.block * CHUNK_ROWS) * row_bytes
+                    rows = view[c.lo * row_bytes : c.hi * row_bytes]
+                    pipe.setrange(k.chunk(op.sid, gen, op.layer, c.block), offset, rows)
+            pipe.execute()
+
+        self.client.call("write", write_chunks)
+
+        def commit(r: Client) -> list[int]:
+            pipe = r.pipeline(transaction=False)
+            for gen, op in items:
+                pieces = chunks_of(op.start, op.count)
+                args: list[bytes | str | int] = [gen, op.layer, op.start + op.count]
+                args += [k.bit(op.layer, pieces[0].block), k.bit(op.layer, pieces[-1].block)]
+                keys = [k.meta(op.sid), k.written(op.sid)]
+                pipe.execute_command("EVAL", _STORE, 2, *keys, *args)
+            return [int(x) for x in pipe.execute()]
+
+        done = self.client.call("write", commit)
+        stale = [
+            name
+            for ok, (gen, op) in zip(done, items, strict=True)
+            if not ok
+            for name in self._chunk_names(gen, op)
+        ]
+        if stale:
+            self._delete(stale)
+        return [bool(ok) for ok in done]
 
     def set_blocks(self, sid: bytes, gen: str, block_size: int, hashes: bytes) -> bool:
         k = self.keys
@@ -378,12 +403,17 @@ class Remote:
         replies = self.client.call("read", run)
         return [(replies[2 * i] or b"", replies[2 * i + 1]) for i in range(len(metas))]
 
-    def read_chunks(self, names: Sequence[str]) -> list[bytes | None]:
-        def run(r: Client) -> list[bytes | None]:
-            pipe = r.pipeline(transaction=False)
-            for name in names:
-                pipe.get(name)
-            out: list[bytes | None] = pipe.execute()
-            return out
+    def read_into(self, wants: Sequence[Want]) -> list[int]:
+        """Row chunks received into their rows, every node at once
+        (:func:`~pion.tier.rowread.read_into`): each value's length, or ABSENT."""
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="pion-tier-read")
+        threads = self._threads
+        return self.client.call("read", lambda r: read_into(r, wants, threads))
 
-        return self.client.call("read", run)
+    def close(self) -> None:
+        """Close the connection and the reading threads."""
+        self.client.close()
+        threads, self._threads = self._threads, None
+        if threads is not None:
+            threads.shutdown(wait=True)

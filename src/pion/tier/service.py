@@ -157,7 +157,7 @@ class Tier:
         if self._tick_handle is not None:
             self._tick_handle.cancel()
         left = self.writer.stop(self.config.drain_timeout)
-        self.reader.client.close()
+        self.reader.close()
         if left:
             log.warning(
                 "%d tier writes were not drained at shutdown (the local WAL has them; "

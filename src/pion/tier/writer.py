@@ -12,6 +12,12 @@ operation the tier *refuses* (``TierRejected``: e.g. OOM under ``noeviction``) i
 retried forever: the session is abandoned (no longer written through, its partial copy
 dropped) and the queue moves on.
 
+Batches. Stores queued back to back (a pipelined client, or ``--tier-write async``)
+are written together: every row chunk of the run in one pipeline, then every
+metadata commit in one, each with the generation known when the batch started. A
+batch the tier refuses is redone one store at a time, so only the refused session is
+given up.
+
 Bounds. The queue holds at most ``queue_max_bytes`` of payload and ``queue_max_ops``
 operations (``TierConfig``); :meth:`Writer.offer` refuses beyond them and the caller
 marks the session for a resync instead, so memory stays bounded however long the tier
@@ -21,6 +27,7 @@ by one session; a drop is tiny).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections import deque
@@ -42,6 +49,10 @@ log = logging.getLogger("pion.tier")
 
 # The longest the thread sleeps at once while the tier is down, so stop() is prompt.
 _NAP_S = 0.5
+# Stores queued back to back are written together: their rows in one pipeline, then
+# their metadata in one (two round trips for the run instead of two per store).
+_BATCH_OPS = 64
+_BATCH_BYTES = 64 << 20
 
 
 @dataclass
@@ -52,6 +63,7 @@ class WriterCounters:
     conflicts: int = 0  # sessions the tier holds with another layout
     stale: int = 0  # writes to a session dropped or re-created in the tier meanwhile
     skipped: int = 0  # operations of abandoned or resync-pending sessions
+    batched: int = 0  # stores written together with others (Remote.store_many)
 
 
 class Writer:
@@ -73,6 +85,8 @@ class Writer:
         # The tier's (generation, layout) of sessions this thread wrote: thread-local.
         self._known: dict[bytes, tuple[str, Layout]] = {}
         self._known_cap = ledger.capacity
+        # Operations to apply one at a time (after a batch the tier refused).
+        self._single = 0
         self._thread = threading.Thread(target=self._run, name="pion-tier-writer", daemon=True)
 
     # -- the loop's side -------------------------------------------------------------
@@ -153,29 +167,57 @@ class Writer:
                     self._cv.wait()
                 if self._abort or not self._queue:
                     return
-                seq, op = self._queue[0]
+                batch = self._head()
             if not self.health.available():
                 with self._cv:
                     self._cv.wait(min(_NAP_S, max(0.01, self.health.retry_in())))
                 continue
             try:
-                self._apply(op)
+                if len(batch) > 1:
+                    self._apply_stores([op for _, op in batch if isinstance(op, StoreOp)])
+                else:
+                    self._apply(batch[0][1])
             except TierIOError:
                 with self._cv:  # wake sync waiters: the tier just went down
                     self._cv.notify_all()
                 continue
-            except (TierRejected, TierFormatError) as exc:
-                self._give_up(op, str(exc))
+            except TierRejected as exc:
+                if len(batch) > 1:
+                    # Which store was refused is not known: redo them one by one, so
+                    # only the session refused is given up.
+                    self._single = len(batch)
+                    continue
+                self._give_up(batch[0][1], str(exc))
+            except TierFormatError as exc:
+                self._give_up(batch[0][1], str(exc))
             except Exception:  # a bug must not stop the queue for good
-                log.exception("tier write of %r failed", op.sid)
-                self._give_up(op, "internal error")
+                log.exception("tier write of %r failed", batch[0][1].sid)
+                self._give_up(batch[0][1], "internal error")
+            self._single = max(0, self._single - len(batch))
             with self._cv:
-                self._queue.popleft()
-                self._bytes -= op.nbytes
-                self._done_seq = seq
-                if self._pending.get(op.sid) == seq:
-                    del self._pending[op.sid]
+                for seq, op in batch:
+                    self._queue.popleft()
+                    self._bytes -= op.nbytes
+                    self._done_seq = seq
+                    if self._pending.get(op.sid) == seq:
+                        del self._pending[op.sid]
                 self._cv.notify_all()
+
+    def _head(self) -> list[tuple[int, Op]]:
+        """The operations to apply next (call with the lock held): the head, or the
+        run of stores at the head, written together (one pipeline for their rows, one
+        for their metadata) up to :data:`_BATCH_OPS` / :data:`_BATCH_BYTES`."""
+        first = self._queue[0]
+        if self._single or not isinstance(first[1], StoreOp):
+            return [first]
+        batch = [first]
+        size = first[1].nbytes
+        for item in itertools.islice(self._queue, 1, _BATCH_OPS):
+            if not isinstance(item[1], StoreOp) or size + item[1].nbytes > _BATCH_BYTES:
+                break
+            batch.append(item)
+            size += item[1].nbytes
+        return batch
 
     def _give_up(self, op: Op, why: str) -> None:
         self.counters.rejected += 1
@@ -245,20 +287,47 @@ class Writer:
         return None
 
     def _store(self, op: StoreOp) -> None:
+        gen = self._store_gen(op)
+        if gen is not None:
+            self._stored(op, self.remote.store(gen, op))
+
+    def _apply_stores(self, ops: list[StoreOp]) -> None:
+        """Several stores at once: each checked as :meth:`_apply` would, in order, then
+        all written with the generations known now (:meth:`Remote.store_many`)."""
+        ready: list[tuple[str, StoreOp]] = []
+        for op in ops:
+            if self.ledger.is_abandoned(op.sid) or self.ledger.is_dirty(op.sid):
+                self.counters.skipped += 1
+                continue
+            self.counters.applied += 1
+            gen = self._store_gen(op)
+            if gen is not None:
+                ready.append((gen, op))
+        if ready:
+            for (_, op), ok in zip(ready, self.remote.store_many(ready), strict=True):
+                self._stored(op, ok)
+            self.counters.batched += len(ready)
+
+    def _store_gen(self, op: StoreOp) -> str | None:
+        """The tier generation ``op`` is written into; None when it must not be (the
+        session abandoned or marked for a resync here)."""
         if op.layer >= MAX_LAYERS or op.start + op.count > MAX_ROWS:
             why = f"rows beyond the tier's limits ({MAX_LAYERS} layers, {MAX_ROWS} rows)"
             self._abandon(op.sid, why, drop=True)
-            return
+            return None
         session = self._session(op.sid)
         if session is None:
-            return
+            return None
         gen, layout = session
         spec = layout.layer(op.layer)
         if spec is None or layout.codec(op.layer).format_id != op.format_id or spec[1] != op.dim:
             self.counters.conflicts += 1
             self._abandon(op.sid, "the tier holds it with another layout", drop=False)
-            return
-        if self.remote.store(gen, op):
+            return None
+        return gen
+
+    def _stored(self, op: StoreOp, ok: bool) -> None:
+        if ok:
             self.counters.bytes_out += len(op.data)
         else:
             self._known.pop(op.sid, None)

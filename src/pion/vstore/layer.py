@@ -192,7 +192,7 @@ class Layer:
         (replay may carry rows from a run with a larger limit). ``adopt``: ``rows`` is
         the caller's own fresh array, which nothing else will write or keep; a write
         that starts a run of exactly its rows keeps it as the run's buffer, uncopied
-        (a store's rows are then encoded once, in place, and never copied)."""
+        (a store's rows encoded once, in place; the tier's fill received in place)."""
         end = start + int(rows.shape[0])
         runs = self.runs
         old_tpl = self.tpl

@@ -207,6 +207,19 @@ class VStore:
         layer0 = s.layers.get(0)
         return layer0.tpl if layer0 is not None else 0
 
+    def hit_pair(self, k: bytes, v: bytes) -> int | None:
+        """:meth:`hit` of ``k`` then :meth:`touch` of ``v`` when both are held (a
+        namespace's halves: LOOKUP's hot path, in one call); None, nothing touched,
+        when either is not."""
+        sessions = self._sessions
+        sk, sv = sessions.get(k), sessions.get(v)
+        if sk is None or sv is None:
+            return None
+        self._touch(sk)
+        self._touch(sv)
+        layer0 = sk.layers.get(0)
+        return layer0.tpl if layer0 is not None else 0
+
     def generation(self, sid: bytes) -> int:
         """A number that changes whenever ``sid``'s rows may have changed (a store, a
         restore, a re-create after a drop or an eviction): equal numbers mean the rows
@@ -276,12 +289,19 @@ class VStore:
         self._write(s, rows_, sid=sid, layer=layer, start=start, codec=codec, dim=dim, adopt=adopt)
 
     def store_encoded(
-        self, sid: bytes, layer: int, start: int, data: npt.NDArray[np.uint8]
+        self,
+        sid: bytes,
+        layer: int,
+        start: int,
+        data: npt.NDArray[np.uint8],
+        *,
+        adopt: bool = False,
     ) -> None:
         """Store rows already in the layer's stored format (``[count, row_bytes]``
         uint8) at ``start``, bit-exact: the cluster tier's read-through fill
         (``pion.tier.fill``), which must never quantize again. Same order as
-        :meth:`store`: check, make room, journal, apply."""
+        :meth:`store`: check, make room, journal, apply. ``adopt``: ``data`` is handed
+        over and may become the layer's buffer as it is (``Layer.write``)."""
         s = self._get(sid)
         dim, codec = self._layout(s, layer)
         row_bytes = codec.row_bytes(dim)
@@ -290,7 +310,7 @@ class VStore:
         if data.shape[0] < 1:
             raise PionError("encoded rows must hold at least one row")
         self._check_rows(start, start + int(data.shape[0]))
-        self._write(s, data, sid=sid, layer=layer, start=start, codec=codec, dim=dim)
+        self._write(s, data, sid=sid, layer=layer, start=start, codec=codec, dim=dim, adopt=adopt)
 
     def _write(
         self,
