@@ -20,6 +20,10 @@ from pion.llama.endpoints import (
 HEADER = "x-anthropic-billing-header: cc_version=2.1.197.123; cc_entrypoint=sdk-cli;"
 
 
+def text(kind: str, value: str) -> dict[str, str]:
+    return {"type": kind, "text": value}
+
+
 def test_every_generation_path_has_a_kind() -> None:
     assert ENDPOINTS["/v1/messages"] == "messages"
     assert ENDPOINTS["/v1/responses"] == ENDPOINTS["/responses"] == "responses"
@@ -133,7 +137,7 @@ def test_responses_instructions_developer_items_and_tools() -> None:
                 "content": [{"type": "input_text", "text": "d"}],
             },
             {"role": "system", "content": "s"},
-            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "u"}]},
+            {"type": "message", "role": "user", "content": [text("input_text", "u")]},
         ],
         "tools": [
             {"type": "function", "name": "shell", "parameters": {"type": "object"}},

@@ -18,7 +18,9 @@ def test_common_prefix() -> None:
     for _ in range(200):
         a = [rng.randrange(4) for _ in range(rng.randrange(600))]
         b = a[: rng.randrange(len(a) + 1)] + [rng.randrange(4) for _ in range(rng.randrange(50))]
-        expected = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        expected = next(
+            (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+        )
         assert common_prefix(a, b) == expected
 
 
