@@ -13,6 +13,8 @@ reports (``timings.cache_n``, ``usage.cache_read_input_tokens``,
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -222,19 +224,24 @@ def test_billing_header_is_removed_unless_kept(
         second = post(url, path, claude_body(HEADER_2, "Write a test."))
         status = httpx.get(url + STATUS_PATH).json()
     events = status["events"]
-    t1, t2 = reuse(first), reuse(second)
+    kinds = [o["kind"] for o in status["outcomes"]]
+    warmups = [ln for ln in log_lines(config.log_path) if "warm-up done" in ln]
+    second_warmup = warmups[-1]
+    cached = int(second_warmup.rsplit("cache_n=", 1)[1])
     if keep:
-        # The version suffix differs within the first line: llama-server's own cache and
-        # the learned boundary stop there.
+        # The version suffix differs within the first line: nothing after it is shared,
+        # so the second session is a prefix of its own, built cold.
         assert "billing_headers_removed" not in events
-        assert t2.cache_n < 0.5 * t1.total
+        assert kinds == ["cold", "cold"]
+        assert cached < 0.5 * reuse(first).total
         assert count(log_lines(config.log_path), "billing-header") == 0
     else:
         assert events["billing_headers_removed"] == 2
-        # What the two sessions share is the whole system prompt and the tools.
-        assert status["outcomes"][1]["kind"] == "partial"
-        assert t2.cache_n >= 0.9 * status["outcomes"][1]["tokens"]
-        assert t2.cache_n > 0.8 * t1.total
+        # The sessions share the whole system prompt and the tools: the second restores
+        # the first's file and warms only the rest.
+        assert kinds == ["cold", "partial"]
+        assert cached >= 0.9 * status["outcomes"][1]["shared"]
+        assert reuse(second).cache_n >= 0.9 * status["outcomes"][1]["tokens"]
         lines = log_lines(config.log_path)
         assert count(lines, "removed Claude Code's billing-header system block") == 2
 
@@ -264,7 +271,7 @@ def test_pi_prefix_of_yesterday_is_restored_in_part(
     outcomes = status["outcomes"]
     assert [o["kind"] for o in outcomes] == ["cold", "partial", "restored"]
     shared, tokens = outcomes[1]["shared"], outcomes[1]["tokens"]
-    assert tokens - 20 < shared < tokens, outcomes[1]
+    assert max(0.9 * tokens, tokens - 40) < shared < tokens, outcomes[1]
     assert reuse(today).cache_n >= 0.9 * tokens
     assert reuse(again).cache_n >= 0.9 * tokens
     assert len(status["files"]) == 2  # yesterday's and today's, side by side
@@ -328,6 +335,8 @@ def test_llama_server_dying_mid_stream_never_hangs_the_client(
                 for chunk in r.iter_raw():
                     got += chunk
                     if got.count(b"data: ") >= 3 and llama_server.pid is not None:
+                        # A crash, not a shutdown: the stream just ends.
+                        os.kill(llama_server.pid, signal.SIGKILL)
                         llama_server.stop()
         except httpx.TransportError as exc:
             # The connection ends as the upstream's did; never a read timeout.
