@@ -346,3 +346,22 @@ def test_llama_server_dying_mid_stream_never_hangs_the_client(
         llama_server.start()
         after = post(url, "/v1/chat/completions", chat_body("Still there?"))
     assert after.json()["choices"]
+
+
+def test_learned_boundary_survives_a_proxy_and_server_restart(
+    llama_server: LlamaServerProcess, make_config: MakeConfig
+) -> None:
+    config = make_config(llama_server)
+    path = "/v1/messages"
+    with running_proxy(PrefixProxy(config)) as url:
+        post(url, path, messages_body("What is in the README?"))
+        post(url, path, messages_body("Fix the failing test."))
+        learned = httpx.get(url + STATUS_PATH).json()["outcomes"][1]["tokens"]
+    llama_server.restart()
+    with running_proxy(PrefixProxy(config)) as url:
+        resp = post(url, path, messages_body("Rename the module."))
+        status = httpx.get(url + STATUS_PATH).json()
+    assert [o["kind"] for o in status["outcomes"]] == ["restored"]
+    assert status["outcomes"][0]["tokens"] == learned
+    assert reuse(resp).cache_n >= 0.9 * learned
+    assert count(log_lines(config.log_path), f"boundary seeded: {learned} of") == 1
