@@ -32,6 +32,7 @@ __all__ = [
     "SessionRun",
     "doc_blocks",
     "ensure_agents",
+    "pinned_versions",
     "run_session",
 ]
 
@@ -61,6 +62,15 @@ def ensure_agents() -> Path:
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{script} failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}")
     return Path(lines[-1])
+
+
+def pinned_versions() -> dict[str, str]:
+    """The npm packages and versions scripts/install-agents pins (its PACKAGES list)."""
+    text = (ROOT / "scripts" / "install-agents").read_text()
+    pins = re.findall(r'^\s+"(@[\w./-]+)@([\w.-]+)"$', text, re.M)
+    if len(pins) != len(HARNESSES):
+        raise ValueError(f"scripts/install-agents pins {pins}, expected {len(HARNESSES)}")
+    return dict(pins)
 
 
 def doc_blocks(path: Path = DOCS) -> dict[str, str]:
