@@ -4,7 +4,9 @@ Owns :class:`Background`: pushes of freshly saved slot files and receipt reports
 one at a time, in submission order, so a slow or dead store never delays a session start
 (only a pull, which a request waits for by nature, runs in the request's thread). The
 queue is bounded (:data:`MAX_PENDING`); when it is full a job is dropped, logged and
-counted rather than held in memory. A job that raises is logged; the thread goes on.
+counted rather than held in memory. A job that raises is logged and reported to
+:attr:`Background.on_failure` (its traceback at debug level, a count in the status); the
+thread goes on.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ class Background:
         self._log = log
         self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=MAX_PENDING)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
         self.dropped = 0
+        # Told about every job that raised (the warmer counts it; see context.failure).
+        self.on_failure: Callable[[str, BaseException], None] | None = None
+        self._thread.start()
 
     def submit(self, what: str, job: Callable[[], object]) -> bool:
         """Queue ``job``; False (logged) when the queue is full."""
@@ -67,5 +71,7 @@ class Background:
             try:
                 job()
             except Exception as exc:
-                # Fail-open: a failed push or report is logged and forgotten.
+                # Fail-open: a failed push or report is logged, counted and forgotten.
                 self._log(f"STORE {what} failed (fail-open): {exc}")
+                if self.on_failure is not None:
+                    self.on_failure(f"background {what.split()[0]}", exc)

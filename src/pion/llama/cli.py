@@ -65,6 +65,12 @@ def _warmer_options(func: F) -> F:
         click.option("--harness", help="harness id in the fingerprint [..._HARNESS]"),
         click.option("--api-key", help="llama-server --api-key for warm-ups [..._API_KEY]"),
         click.option(
+            "--keep-billing-header/--strip-billing-header",
+            default=None,
+            help="leave Claude Code's x-anthropic-billing-header system block in /v1/messages "
+            "requests (default: removed) [..._KEEP_BILLING_HEADER]",
+        ),
+        click.option(
             "--slots",
             "slots_spec",
             help="several prefixes, one per slot: ids like 0,1,2 or 'all' [..._SLOTS]",
@@ -124,6 +130,7 @@ def _config(**flags: Any) -> WarmerConfig:
         max_bytes=flags.get("max_bytes"),
         harness=flags.get("harness"),
         api_key=flags.get("api_key"),
+        keep_billing_header=flags.get("keep_billing_header"),
     )
 
 
@@ -266,6 +273,8 @@ def _print_proxy(console: Console, proxy: dict[str, Any]) -> None:
         f"proxy: counts {proxy.get('counts')}, events {proxy.get('events')}, "
         f"verify {proxy.get('verify')}"
     )
+    if proxy.get("failures"):
+        console.print(f"[yellow]failures swallowed (fail-open): {proxy['failures']}[/yellow]")
     table = Table(title="which prefix is in which slot (proxy)")
     for col in ("slot", "fingerprint", "prefix", "tokens", "from", "on disk", "last used"):
         table.add_column(col, overflow="fold")

@@ -26,7 +26,7 @@ from pion.llama.context import SlotState, Target, WarmerContext
 from pion.llama.fingerprint import file_name
 from pion.llama.index import IndexEntry
 from pion.llama.outcome import Outcome
-from pion.llama.restore import HYBRID_ADVICE, warm_body
+from pion.llama.restore import HYBRID_ADVICE, warm_up
 from pion.llama.serverinfo import ServerInfo
 from pion.llama.slotfile import SlotLayout, read_layout
 from pion.llama.timings import Timings
@@ -51,7 +51,7 @@ def cold(ctx: WarmerContext, target: Target) -> Outcome:
     request, slot, fp, info = target.request, target.slot, target.fingerprint, target.info
     ctx.log(f"cache=MISS → warming slot={slot} (cold)")
     started = time.monotonic()
-    res = ctx.client.chat(warm_body(request, slot, ""))
+    res = warm_up(ctx.client, request, slot, "")
     t = res.timings
     if t is None:
         raise LlamaServerError("warm-up answer has no timings", res.status)
@@ -219,7 +219,7 @@ def _round_trip(ctx: WarmerContext, target: Target, name: str, key: str) -> bool
     ctx.log("checking a save/restore round trip (our own file failed verification)")
     ctx.client.slot_erase(slot)
     ctx.client.slot_restore(slot, name)
-    t = ctx.client.chat(warm_body(request, slot, "")).timings
+    t = warm_up(ctx.client, request, slot, "").timings
     if t is not None and t.reuse >= ctx.config.gate_ratio:
         ctx.log(f"round trip OK ({t.cache_n}/{t.total}): the earlier file was bad")
         return True

@@ -28,6 +28,7 @@ PI_PREFIX_CACHE_STORE_USERNAME     store AUTH user                             (
 PI_PREFIX_CACHE_STORE_TLS_CA       CA bundle for a rediss:// store             (system)
 PI_PREFIX_CACHE_STORE_TIMEOUT      seconds per store operation                 2
 PI_PREFIX_CACHE_STORE_TTL          seconds slot files live in the store        604800
+PI_PREFIX_CACHE_KEEP_BILLING_HEADER  1 = leave Claude Code's billing header in     0
 =================================  ==========================================  ===========
 
 The log defaults to ``$PION_CACHE/prefix-cache.log`` (``~/.cache/pion/prefix-cache.log``).
@@ -113,6 +114,9 @@ class WarmerConfig:
     # A pull that takes longer than this is abandoned (the prefix is built cold).
     store_deadline: float = 120.0
     store_prefix: str = "pion:llama:"
+    # Claude Code's per-prompt ``x-anthropic-billing-header`` system block is removed from
+    # /v1/messages requests unless this is set (docs/llama.md, "Claude Code's billing header").
+    keep_billing_header: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "base_url", normalize_base_url(self.base_url))
@@ -189,6 +193,8 @@ class WarmerConfig:
             "store_ttl": max(0, num("STORE_TTL", default.store_ttl)),
             "slot": max(0, num("SLOT", default.slot)),
             "persist": (get("PERSIST") or "0").lower() in ("1", "true", "yes", "on"),
+            "keep_billing_header": (get("KEEP_BILLING_HEADER") or "0").lower()
+            in ("1", "true", "yes", "on"),
             "slot_dir": Path(d) if (d := get("SLOT_DIR")) else None,
             "log_path": Path(p) if (p := get("LOG")) else default.log_path,
             "server_id": get("SERVER_ID") or "",

@@ -17,9 +17,11 @@ one-token prompt in the slot about to be restored into, saved and read back
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pion.llama.background import Background
 from pion.llama.client import LlamaClient, LlamaServerError
@@ -29,10 +31,12 @@ from pion.llama.eventlog import EventLog
 from pion.llama.index import SlotIndex
 from pion.llama.prefix import WarmRequest
 from pion.llama.serverinfo import ServerInfo
-from pion.llama.slotfile import SlotLayout, read_layout
+from pion.llama.slotfile import SlotLayout, read_layout, read_tokens
 from pion.llama.store import SlotStore
 
 __all__ = ["PROBE_FILE", "Pending", "SlotState", "Target", "WarmerContext"]
+
+_logger = logging.getLogger("pion.llama")
 
 # The probe's slot file; not a pi-prefix-*.bin name, so the index never lists it.
 PROBE_FILE = "pion-layout-probe-slot{slot}.bin"
@@ -99,6 +103,34 @@ class WarmerContext:
     refused_store: set[str] = field(default_factory=set)
     layouts: dict[ServerInfo, SlotLayout] = field(default_factory=dict)
     counts: Counter[str] = field(default_factory=Counter)
+    # Failures swallowed to stay fail-open, by where they happened.
+    failures: Counter[str] = field(default_factory=Counter)
+    # The tokens each slot file holds, by (path, size, mtime): read once per file.
+    token_cache: dict[tuple[str, int, int], tuple[int, ...] | None] = field(default_factory=dict)
+
+    def file_tokens(self, path: Path) -> tuple[int, ...] | None:
+        """The prompt tokens of a slot file (cached), None when unreadable."""
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        with self.guard:
+            if key in self.token_cache:
+                return self.token_cache[key]
+        tokens = read_tokens(path)
+        with self.guard:
+            if len(self.token_cache) > 256:
+                self.token_cache.clear()
+            self.token_cache[key] = tokens
+        return tokens
+
+    def failure(self, where: str, exc: BaseException) -> None:
+        """A failure swallowed to stay fail-open: its traceback goes to the ``pion.llama``
+        logger at debug level, and it is counted (``failures`` in ``/pion/status``)."""
+        _logger.debug("%s failed (fail-open): %r", where, exc, exc_info=exc)
+        with self.guard:
+            self.failures[where] += 1
 
     def count(self, name: str, n: int = 1) -> None:
         with self.guard:
@@ -128,13 +160,17 @@ class WarmerContext:
             self.client.slot_save(slot, name)
             layout = read_layout(path)
         except LlamaServerError as exc:
+            self.failure("layout probe", exc)
             self.log(f"cache layout probe failed ({exc.short()}): cache type not compared")
             return None
         finally:
             with contextlib.suppress(OSError):
                 path.unlink()
-            with contextlib.suppress(Exception):
+            try:
                 self.client.slot_erase(slot)
+            except Exception as exc:
+                # The slot is about to be restored into or rebuilt anyway.
+                self.failure("layout probe erase", exc)
         self.log(
             f"cache layout of this llama-server: {layout.cache_types()}, "
             f"{layout.n_stream} stream(s), {layout.n_layer} layers"

@@ -103,6 +103,10 @@ class FingerprintInputs:
     render: dict[str, Any]
     prefix: str
     version: str = __version__
+    # Token mode (:attr:`WarmRequest.tokens`): the prefix's tokens stand for the prefix
+    # text and the rendering keys. Left out of the hashed document when None, so the
+    # fingerprints of text-mode prefixes are the ones earlier versions computed.
+    tokens: tuple[int, ...] | None = None
 
     @classmethod
     def of(
@@ -120,14 +124,19 @@ class FingerprintInputs:
             model_file=model_file,
             server_id=server_id,
             harness=harness if harness is not None else request.harness,
-            render=dict(request.render),
-            prefix=request.prefix,
+            render=dict(request.render) if request.tokens is None else {},
+            prefix=request.prefix if request.tokens is None else "",
+            tokens=request.tokens,
         )
 
 
 def fingerprint(inputs: FingerprintInputs) -> str:
     """64 lowercase hex digits of SHA-256 over the canonical JSON of ``inputs``."""
     doc = {"schema": _SCHEMA, **asdict(inputs)}
+    if doc["tokens"] is None:
+        del doc["tokens"]
+    else:
+        doc["tokens"] = list(doc["tokens"])
     blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 

@@ -6,6 +6,9 @@ Owns :class:`Outcome` and its one-line summary (pi-prefix-cache's TUI notificati
 - ``WARM — restored 2335 tok from disk (1453 ms)``    restore (verified, or verifying);
   ``from the store`` when the file was pulled from the shared store first
 - ``COLD — warmed 2335 tok, checkpoint saved``        cold warm-up (+ save when persisting)
+- ``WARM — restored 2300 of 2335 tok from pi-prefix-….bin, warmed the rest, checkpoint
+  saved``                                             a saved prefix that shares most of
+  this one was restored first; the warm-up computed only the rest
 - ``disabled this session (fail-open): <error>``      anything failed; the request proceeds
 - ``skipped (<reason>)``                              no warmable prefix in the request
 """
@@ -15,11 +18,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-__all__ = ["Outcome", "OutcomeKind"]
+__all__ = ["WARM_KINDS", "Outcome", "OutcomeKind"]
 
-OutcomeKind = Literal["hit", "restored", "cold", "disabled", "skipped"]
+OutcomeKind = Literal["hit", "restored", "partial", "cold", "disabled", "skipped"]
 
-_SOURCES = {"hit": "hit", "restored": "restore", "cold": "warm-up"}
+# The kinds after which the slot holds the request's prefix.
+WARM_KINDS = frozenset({"hit", "restored", "partial", "cold"})
+
+_SOURCES = {"hit": "hit", "restored": "restore", "partial": "restore", "cold": "warm-up"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,8 @@ class Outcome:
     saved: bool = False
     # Fast path: the restore is verified by the real request's own timings.
     pending_verify: bool = False
+    # "partial": tokens of the restored file the prefix shares.
+    shared: int = 0
     detail: str = ""
     at: float = 0.0
 
@@ -52,6 +60,12 @@ class Outcome:
             tail = ", verifying on the real request" if self.pending_verify else ""
             where = "the store" if self.tier == "store" else "disk"
             return f"WARM — restored {self.tokens} tok from {where} ({self.ms:.0f} ms{tail})"
+        if self.kind == "partial":
+            saved = "checkpoint saved" if self.saved else "not saved"
+            return (
+                f"WARM — restored {self.shared} of {self.tokens} tok from {self.file}, "
+                f"warmed the rest, {saved} ({self.ms:.0f} ms)"
+            )
         if self.kind == "cold":
             saved = "checkpoint saved" if self.saved else "not saved"
             return f"COLD — warmed {self.tokens} tok, {saved} ({self.ms:.0f} ms)"

@@ -55,6 +55,10 @@ class WarmRequest:
     model: str | None = None
     harness: str = ""
     parts: bool = False
+    # Token mode: the prefix as llama-server's own tokens (any endpoint, a learned
+    # boundary). It is warmed as a raw ``/completion`` of these tokens; ``prefix`` is then
+    # only the text shown in status output and ``render`` is empty (the tokens carry it).
+    tokens: tuple[int, ...] | None = None
 
     def label(self) -> str:
         """A human name for the prefix in status output: its first non-empty line, or its
@@ -70,6 +74,14 @@ class WarmRequest:
         """The system/developer message holding only the prefix."""
         content: Any = [{"type": "text", "text": self.prefix}] if self.parts else self.prefix
         return {"role": self.role, "content": content}
+
+    def completion_body(self, user: str, **extra: Any) -> dict[str, Any]:
+        """A raw ``/completion`` body (token mode): the prefix's tokens, then ``user`` as
+        text when not empty (llama-server tokenizes the string part of a mixed prompt)."""
+        prompt: list[Any] = list(self.tokens or ())
+        if user:
+            prompt.append(user)
+        return {"prompt": prompt, **extra}
 
     def body(self, user: str, **extra: Any) -> dict[str, Any]:
         """A chat-completions body: the prefix, one user message, the rendering keys."""

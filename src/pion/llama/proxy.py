@@ -39,8 +39,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from pion.llama.config import WarmerConfig
-from pion.llama.outcome import Outcome
-from pion.llama.prefix import PrefixSkip, warm_request_from_chat
+from pion.llama.endpoints import ENDPOINTS, EndpointKind, strip_billing_header
+from pion.llama.outcome import WARM_KINDS, Outcome
+from pion.llama.prompt import MAX_WARM_BODY
 from pion.llama.status import redact_url
 from pion.llama.timings import TimingsScanner
 from pion.llama.warmer import PrefixWarmer
@@ -133,7 +134,10 @@ class PrefixProxy:
         data = await anyio.to_thread.run_sync(self.warmer.status)
         return JSONResponse(data)
 
-    async def _ensure(self, body: bytes, user_agent: str) -> Outcome | None:
+    def _parse(self, body: bytes) -> dict[str, Any] | None:
+        if len(body) > MAX_WARM_BODY:
+            self.warmer.skipped(f"body of {len(body)} bytes is over {MAX_WARM_BODY}: not warmed")
+            return None
         try:
             parsed = json.loads(body)
         except ValueError:
@@ -142,14 +146,47 @@ class PrefixProxy:
         if not isinstance(parsed, dict):
             self.warmer.skipped("body is not a JSON object")
             return None
+        return parsed
+
+    def _strip_billing_header(self, parsed: dict[str, Any]) -> bytes | None:
+        """The body without Claude Code's billing-header block (re-encoded: the same JSON
+        values, one block fewer), or None when it has none or the flag keeps it."""
+        if self.config.keep_billing_header:
+            return None
+        removed = strip_billing_header(parsed)
+        if removed is None:
+            return None
+        self.warmer.billing_header_removed(removed)
+        return json.dumps(parsed, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+    async def _prepare(
+        self, kind: EndpointKind, body: bytes, user_agent: str
+    ) -> tuple[bytes, Outcome | None]:
+        """The body to forward and the warm outcome of a generation request."""
+        parsed = self._parse(body)
+        if parsed is None:
+            return body, None
+        if kind == "messages":
+            stripped = self._strip_billing_header(parsed)
+            body = stripped if stripped is not None else body
         if self.config.multi_slot and "id_slot" in parsed:
             self.warmer.skipped("the request pins id_slot itself")
-            return None
-        found = warm_request_from_chat(parsed, self.config.markers, harness=user_agent)
-        if isinstance(found, PrefixSkip):
-            self.warmer.skipped(found.reason)
-            return None
-        return await anyio.to_thread.run_sync(self.warmer.ensure, found)
+            return body, None
+        outcome = await anyio.to_thread.run_sync(self.warmer.ensure_for, kind, parsed, user_agent)
+        if outcome.kind == "skipped":
+            return body, None
+        if self.config.multi_slot and outcome.kind in WARM_KINDS:
+            if kind == "messages":
+                # llama-server's Anthropic conversion keeps no id_slot: the request goes
+                # to the slot whose prompt is most similar, which is the warmed one.
+                return body, outcome
+            try:
+                body = pin_slot(body, outcome.slot)
+            except ValueError:
+                # JSON that does not start with "{" as bytes (a BOM, UTF-16): forward
+                # it as sent; llama-server then picks the slot by prompt similarity.
+                self.warmer.log(f"request not pinned to slot {outcome.slot}: {body[:4]!r}")
+        return body, outcome
 
     async def _forward(self, request: Request) -> Response:
         http = self._http
@@ -157,19 +194,9 @@ class PrefixProxy:
             raise RuntimeError("proxy used outside its lifespan")
         body = await request.body()
         outcome: Outcome | None = None
-        if request.method == "POST" and request.url.path in CHAT_PATHS:
-            outcome = await self._ensure(body, request.headers.get("user-agent", ""))
-            if (
-                self.config.multi_slot
-                and outcome is not None
-                and outcome.kind in ("hit", "restored", "cold")
-            ):
-                try:
-                    body = pin_slot(body, outcome.slot)
-                except ValueError:
-                    # JSON that does not start with "{" as bytes (a BOM, UTF-16): forward
-                    # it as sent; llama-server then picks the slot by prompt similarity.
-                    self.warmer.log(f"request not pinned to slot {outcome.slot}: {body[:4]!r}")
+        kind = ENDPOINTS.get(request.url.path) if request.method == "POST" else None
+        if kind is not None:
+            body, outcome = await self._prepare(kind, body, request.headers.get("user-agent", ""))
         url = self.upstream + request.url.path
         if request.url.query:
             url += "?" + request.url.query

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
-from pion.llama.client import LlamaServerError
+from pion.llama.client import CompletionResult, LlamaClient, LlamaServerError
 from pion.llama.compat import FileFacts, ServerFacts, mismatch
 from pion.llama.context import Pending, SlotState, Target, WarmerContext
 from pion.llama.fingerprint import file_name
 from pion.llama.index import IndexEntry, SlotIndex
+from pion.llama.learn import common_prefix
 from pion.llama.manifest import Manifest
 from pion.llama.outcome import Outcome
 from pion.llama.prefix import WarmRequest
@@ -38,7 +40,22 @@ from pion.llama.serverinfo import ServerInfo
 from pion.llama.slotfile import SlotLayout, read_layout
 from pion.llama.store import StoreCorrupt, StoreError
 
-__all__ = ["HYBRID_ADVICE", "NO_SAVING_ADVICE", "reject", "restore", "warm_body"]
+__all__ = [
+    "HYBRID_ADVICE",
+    "NO_SAVING_ADVICE",
+    "PARTIAL_MIN_TOKENS",
+    "reject",
+    "restore",
+    "restore_partial",
+    "warm_body",
+    "warm_up",
+]
+
+# A saved prefix that shares at least this many tokens, and at least
+# ``PARTIAL_MIN_SHARE`` of the new prefix, is restored before the new one is warmed:
+# llama-server reuses the common tokens and computes only the rest.
+PARTIAL_MIN_TOKENS = 32
+PARTIAL_MIN_SHARE = 0.5
 
 HYBRID_ADVICE = (
     "this llama.cpp build does not keep context checkpoints in slot files (a build with "
@@ -55,7 +72,22 @@ NO_SAVING_ADVICE = (
 def warm_body(request: WarmRequest, slot: int, user: str) -> dict[str, object]:
     # n_predict 0: process the prompt, generate nothing; id_slot pins the slot;
     # cache_prompt keeps the K/V in the slot for the next request.
-    return request.body(user, n_predict=0, id_slot=slot, cache_prompt=True, stream=False)
+    extra: dict[str, Any] = {
+        "n_predict": 0,
+        "id_slot": slot,
+        "cache_prompt": True,
+        "stream": False,
+    }
+    if request.tokens is not None:
+        return request.completion_body(user, **extra)
+    return request.body(user, **extra)
+
+
+def warm_up(client: LlamaClient, request: WarmRequest, slot: int, user: str) -> CompletionResult:
+    """One warm-up request into ``slot``: the prefix, then ``user``; a chat completion
+    (text mode) or a raw completion of the prefix's tokens (token mode)."""
+    body = warm_body(request, slot, user)
+    return client.complete(body) if request.tokens is not None else client.chat(body)
 
 
 class _Checker:
@@ -132,6 +164,68 @@ def restore(ctx: WarmerContext, target: Target) -> Outcome | None:
     ctx.slots[slot] = state
     outcome = Outcome("restored", fp, slot, tokens, file=name, tier=tier, pending_verify=True)
     return _finish(outcome, target.t0)
+
+
+def target_tokens(ctx: WarmerContext, request: WarmRequest, slot: int) -> tuple[int, ...]:
+    """The tokens a warm-up of ``request`` sends: its own (token mode), or its chat body
+    rendered and tokenized by llama-server (text mode)."""
+    if request.tokens is not None:
+        return request.tokens
+    prompt = ctx.client.apply_template(warm_body(request, slot, ""))
+    return tuple(ctx.client.tokenize(prompt, add_special=True))
+
+
+def restore_partial(ctx: WarmerContext, target: Target) -> tuple[str, int] | None:
+    """No file of this prefix: restore the saved prefix that shares the most tokens with
+    it, when that is long (:data:`PARTIAL_MIN_TOKENS`, :data:`PARTIAL_MIN_SHARE`), so the
+    cold build that follows computes only the rest. Returns (file, tokens shared)."""
+    index, slot, info = ctx.index, target.slot, target.info
+    if index is None:
+        return None
+    loaded = index.load()
+    key = info.restore_key()
+    if key in loaded.no_restore or not loaded.files:
+        return None
+    try:
+        tokens = target_tokens(ctx, target.request, slot)
+    except LlamaServerError as exc:
+        ctx.log(f"no partial restore (tokenizing failed: {exc.short()})")
+        return None
+    checker = _Checker(ctx, info, slot)
+    best: tuple[int, str, IndexEntry] | None = None
+    for name, entry in sorted(loaded.files.items()):
+        path = index.slot_dir / name
+        if entry.fingerprint == target.fingerprint or not path.is_file():
+            continue
+        if path.stat().st_size != entry.bytes:
+            continue
+        held = ctx.file_tokens(path)
+        if held is None:
+            continue
+        shared = common_prefix(held, tokens)
+        if best is None or shared > best[0]:
+            best = (shared, name, entry)
+    need = max(PARTIAL_MIN_TOKENS, PARTIAL_MIN_SHARE * len(tokens))
+    if best is None or best[0] < need:
+        return None
+    shared, name, entry = best
+    why = checker.why_not(entry.facts())
+    if why is not None:
+        ctx.count("refused_compat")
+        ctx.log(f"REFUSED {name} for a partial restore: {why} → cold build")
+        return None
+    try:
+        res = ctx.client.slot_restore(slot, name)
+    except LlamaServerError as exc:
+        ctx.log(f"partial restore of {name} failed ({exc.short()}) → cold build")
+        return None
+    index.touch(name)
+    ctx.count("partial_restores")
+    ctx.log(
+        f"RESTORE {name} (partial): shares {shared} of {len(tokens)} tokens with this "
+        f"prefix, n_restored={res.get('n_restored')} → warming the rest, saving it beside"
+    )
+    return name, shared
 
 
 def _finish(outcome: Outcome, t0: float) -> Outcome:
@@ -261,12 +355,12 @@ def _entry(
 def _probe(ctx: WarmerContext, request: WarmRequest, slot: int) -> str | None:
     """pi-prefix-cache's two-stage verification; returns why it failed, or None."""
     gate = f"{ctx.config.gate_ratio:.0%}"
-    ident = ctx.client.chat(warm_body(request, slot, "")).timings
+    ident = warm_up(ctx.client, request, slot, "").timings
     if ident is None:
         return "identical-prompt gate: no timings in the answer"
     if ident.reuse < ctx.config.gate_ratio:
         return f"identical-prompt gate {ident.cache_n}/{ident.total} < {gate}"
-    div = ctx.client.chat(warm_body(request, slot, ctx.config.probe_message)).timings
+    div = warm_up(ctx.client, request, slot, ctx.config.probe_message).timings
     if div is None:
         return "divergent probe: no timings in the answer"
     if div.cache_n == 0:

@@ -43,6 +43,7 @@ __all__ = [
     "SlotLayout",
     "file_sha256",
     "read_layout",
+    "read_tokens",
 ]
 
 SEQ_MAGIC = 0x67677371  # LLAMA_FILE_MAGIC_GGSQ
@@ -263,6 +264,32 @@ def _parse(walk: _Walk) -> SlotLayout | None:
     if found is None or walk.pos != walk.size:
         return None
     return dataclasses.replace(found, n_stream=n_stream)
+
+
+# LLAMA_TOKEN_NULL: the first packed word of server_tokens::serialize()'s format (a plain
+# token list otherwise, as older builds wrote it).
+_TOKENS_MARKER = -1
+_MAX_TOKENS = 1 << 24
+
+
+def read_tokens(path: Path) -> tuple[int, ...] | None:
+    """The prompt tokens a slot file holds (the K/V of exactly these tokens follows), or
+    None when the file is not a sequence-state file this reader knows."""
+    try:
+        with path.open("rb") as f:
+            walk = _Walk(f, path.stat().st_size)
+            magic, version, n_packed = walk.u32(), walk.u32(), walk.u32()
+            if magic != SEQ_MAGIC or version != SEQ_VERSION or n_packed > _MAX_TOKENS:
+                return None
+            packed = struct.unpack(f"<{n_packed}i", walk.read(4 * n_packed))
+    except (OSError, ValueError, struct.error):
+        return None
+    if not packed or packed[0] != _TOKENS_MARKER:
+        return packed
+    # server_tokens state: marker, u32 version, u32 count, tokens, media keys...
+    if len(packed) < 3 or not 0 <= packed[2] <= len(packed) - 3:
+        return None
+    return packed[3 : 3 + packed[2]]
 
 
 def file_sha256(path: Path) -> tuple[str, int]:

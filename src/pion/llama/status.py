@@ -80,6 +80,7 @@ def warmer_status(
     files, no_restore = _files(ctx)
     with ctx.guard:
         events = dict(ctx.counts)
+        failures = dict(ctx.failures)
     store: dict[str, Any] | None = None
     if ctx.store is not None:
         store = {
@@ -100,6 +101,7 @@ def warmer_status(
         "lru": table.lru_order() if table is not None else [],
         "counts": counts,
         "events": events,
+        "failures": failures,
         "outcomes": outcomes,
         "files": files,
         "no_restore": no_restore,

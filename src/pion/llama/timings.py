@@ -48,12 +48,35 @@ class Timings:
             return None
         t = obj.get("timings")
         if not isinstance(t, Mapping):
-            return None
+            return cls._from_usage(obj)
         cache_n, prompt_n = t.get("cache_n"), t.get("prompt_n")
         if not isinstance(cache_n, int) or not isinstance(prompt_n, int):
             return None
         ms = t.get("prompt_ms")
         return cls(cache_n, prompt_n, float(ms) if isinstance(ms, int | float) else None)
+
+    @classmethod
+    def _from_usage(cls, obj: Mapping[str, Any]) -> Timings | None:
+        """The reuse from a ``usage`` object, where llama-server reports it without
+        ``timings``: Anthropic Messages (``cache_read_input_tokens`` + ``input_tokens``, the
+        latter without the cached part; at the top level or in ``message_start``'s
+        ``message``) and OpenAI Responses (``input_tokens`` with
+        ``input_tokens_details.cached_tokens``; in ``response.completed``'s ``response``)."""
+        for holder in (obj, obj.get("message"), obj.get("response")):
+            usage = holder.get("usage") if isinstance(holder, Mapping) else None
+            if not isinstance(usage, Mapping):
+                continue
+            inputs = usage.get("input_tokens")
+            if not isinstance(inputs, int):
+                continue
+            read = usage.get("cache_read_input_tokens")
+            if isinstance(read, int):
+                return cls(read, inputs)
+            details = usage.get("input_tokens_details")
+            cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+            if isinstance(cached, int) and cached <= inputs:
+                return cls(cached, inputs - cached)
+        return None
 
 
 class TimingsScanner:
@@ -99,7 +122,7 @@ class TimingsScanner:
         for raw in lines:
             line = raw.rstrip(b"\r")
             # Only the final event carries timings: skip the JSON parse of every token.
-            if line.startswith(b"data:") and b'"timings"' in line:
+            if line.startswith(b"data:") and (b'"timings"' in line or b'"usage"' in line):
                 self._parse(line[5:])
 
     def _parse(self, payload: bytes) -> None:

@@ -33,9 +33,11 @@ safe, and different slots warm in parallel. Does not own HTTP forwarding
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pion.llama.background import Background
@@ -43,12 +45,21 @@ from pion.llama.client import LlamaClient, LlamaServerError
 from pion.llama.coldbuild import cold, save_evicted
 from pion.llama.config import WarmerConfig
 from pion.llama.context import SlotState, Target, WarmerContext
+from pion.llama.endpoints import EndpointKind
 from pion.llama.eventlog import EventLog
 from pion.llama.fingerprint import FingerprintInputs, fingerprint, model_file_identity
 from pion.llama.index import SlotIndex
-from pion.llama.outcome import Outcome
-from pion.llama.prefix import WarmRequest
-from pion.llama.restore import HYBRID_ADVICE, NO_SAVING_ADVICE, reject, restore
+from pion.llama.learn import BoundaryLearner
+from pion.llama.outcome import WARM_KINDS, Outcome
+from pion.llama.prefix import PrefixSkip, WarmRequest
+from pion.llama.prompt import warm_request_for
+from pion.llama.restore import (
+    HYBRID_ADVICE,
+    NO_SAVING_ADVICE,
+    reject,
+    restore,
+    restore_partial,
+)
 from pion.llama.serverinfo import ServerInfo
 from pion.llama.slots import SlotTable
 from pion.llama.status import warmer_status
@@ -80,11 +91,14 @@ class PrefixWarmer:
             index = SlotIndex(config.slot_dir, self.log)
         store, background = self._open_store(index)
         self.ctx = WarmerContext(config, self.client, self.log, index, store, background)
+        if background is not None:
+            background.on_failure = self.ctx.failure
         self._slot_locks: dict[int, threading.Lock] = {}
         self._table: SlotTable | None = None
         self._info: ServerInfo | None = None
         self._outcomes: deque[Outcome] = deque(maxlen=50)
         self._counts: Counter[str] = Counter()
+        self.learner = BoundaryLearner()
 
     def _open_store(self, index: SlotIndex | None) -> tuple[SlotStore | None, Background | None]:
         store_config = self.config.store_config()
@@ -139,15 +153,52 @@ class PrefixWarmer:
         try:
             slot, fp, evicted = self._route(request, slot)
         except Exception as exc:
+            self.ctx.failure("route", exc)
             return self._record(self._failed(exc, self.config.slot, t0))
         with self._lock(slot):
             try:
                 outcome = self._ensure(request, slot, fp, evicted, t0)
             except Exception as exc:
                 # The fail-open boundary: whatever broke, the caller's request proceeds.
+                self.ctx.failure("ensure", exc)
                 outcome = self._failed(exc, slot, t0)
                 self.ctx.slots.pop(slot, None)
         return self._record(outcome)
+
+    def ensure_for(self, kind: EndpointKind, body: Mapping[str, Any], harness: str) -> Outcome:
+        """Find the warmable prefix of a request to any generation endpoint (a harness
+        marker, else the boundary learned from this harness's requests) and ensure it.
+        Never raises: a failure is a ``disabled`` outcome, no prefix a ``skipped`` one."""
+        t0 = time.monotonic()
+        try:
+            found = warm_request_for(
+                kind,
+                body,
+                self.client,
+                self.learner,
+                markers=self.config.markers,
+                harness=harness,
+                seeds=lambda: self._seeds(harness),
+                log=self.log,
+            )
+        except Exception as exc:
+            self.ctx.failure("prefix", exc)
+            return self._record(self._failed(exc, self.config.slot, t0))
+        if isinstance(found, PrefixSkip):
+            return self.skipped(found.reason)
+        return self.ensure(found)
+
+    def _seeds(self, harness: str) -> Iterator[tuple[int, ...]]:
+        """The tokens of the saved prefixes of ``harness`` (what earlier runs learned)."""
+        index = self.ctx.index
+        if index is None:
+            return
+        owner = self.config.harness if self.config.harness is not None else harness
+        for name, entry in sorted(index.load().files.items()):
+            if entry.harness == owner:
+                tokens = self.ctx.file_tokens(index.slot_dir / name)
+                if tokens:
+                    yield tokens
 
     def _failed(self, exc: Exception, slot: int, t0: float) -> Outcome:
         text = exc.short() if isinstance(exc, LlamaServerError) else repr(exc)
@@ -171,12 +222,19 @@ class PrefixWarmer:
             self._counts["skipped"] += 1
         return outcome
 
+    def billing_header_removed(self, text: str) -> None:
+        """Log and count a removed Claude Code billing-header block (the proxy removes it)."""
+        self.ctx.count("billing_headers_removed")
+        shown = text if len(text) <= 120 else text[:117] + "..."
+        self.log(f"removed Claude Code's billing-header system block: {shown!r}")
+
     def observe(self, outcome: Outcome, timings: Timings | None) -> None:
         """Log the real request's reuse; accept or reject a pending restore; report a
         confirmed hit or restore to the receipt."""
         try:
             self._observe(outcome, timings)
         except Exception as exc:
+            self.ctx.failure("observe", exc)
             self.log(f"observation failed (fail-open): {exc!r}")
 
     def status(self) -> dict[str, Any]:
@@ -274,6 +332,10 @@ class PrefixWarmer:
             restored = restore(ctx, target)
             if restored is not None:
                 return restored
+            base = restore_partial(ctx, target)
+            if base is not None:
+                built = cold(ctx, target)
+                return dataclasses.replace(built, kind="partial", file=base[0], shared=base[1])
         return cold(ctx, target)
 
     def _slot_alive(self, slot: int, tokens: int) -> bool:
@@ -295,7 +357,7 @@ class PrefixWarmer:
             f"observed normal request: prompt_n={timings.prompt_n} cache_n={timings.cache_n} "
             f"(reuse {timings.reuse:.0%})"
         )
-        if outcome.kind not in ("hit", "restored", "cold"):
+        if outcome.kind not in WARM_KINDS:
             return
         with self._lock(outcome.slot):
             state = self.ctx.slots.get(outcome.slot)
