@@ -15,10 +15,10 @@ slot launch_slot_: id  0 | task 0 | processing task, is_child = 0
 slot update_slots: id  0 | task 0 | new prompt, n_ctx_slot = 32768, n_keep = 0, task.n_tokens = 3000
 slot update_slots: id  0 | task 0 | cached n_tokens = 0, memory_seq_rm [0, end)
 slot update_slots: id  0 | task 0 | cached n_tokens = 2048, memory_seq_rm [2048, end)
-slot print_timing: id  0 | task 0 | prompt eval time =    4000.50 ms /  3000 tokens (1.33 ms per token)
+slot print_timing: id  0 | task 0 | prompt eval time =    4000.50 ms /  3000 tokens
 slot update_slots: id  0 | task 2 | new prompt, n_ctx_slot = 32768, n_keep = 0, task.n_tokens = 3100
 slot update_slots: id  0 | task 2 | cached n_tokens = 2990, memory_seq_rm [2990, end)
-slot print_timing: id  0 | task 2 | prompt eval time =      80.00 ms /   110 tokens (0.73 ms per token)
+slot print_timing: id  0 | task 2 | prompt eval time =      80.00 ms /   110 tokens
 """
 
 
