@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 from pion_testing.launcher import LlamaServerProcess
 
 from pion.llama.client import LlamaClient
-from pion.llama.slotfile import SEQ_MAGIC, SEQ_VERSION, SlotLayout, file_sha256, read_layout
+from pion.llama.slotfile import (
+    SEQ_MAGIC,
+    SEQ_VERSION,
+    SlotLayout,
+    file_sha256,
+    read_layout,
+    read_tokens,
+)
 
 from .conftest import StartServer
 
@@ -142,3 +149,27 @@ def test_files_of_real_servers(
     assert f16.difference(f32) == "cache type K f16 / V f16 != K f32 / V f16"
     assert np3 is not None and np3.n_stream == 3 and f16.difference(np3) is not None
     assert mamba is None  # a recurrent cache: not a plain K/V layout
+
+
+def test_tokens_of_both_packings(tmp_path: Path) -> None:
+    path = tmp_path / "t.bin"
+    path.write_bytes(synthetic())  # an older build's plain token list: 7, 8
+    assert read_tokens(path) == (7, 8)
+    packed = struct.pack("<iII", -1, 1, 3) + struct.pack("<3i", 11, 12, 13) + struct.pack("<I", 0)
+    data = struct.pack("<III", SEQ_MAGIC, SEQ_VERSION, len(packed) // 4) + packed
+    path.write_bytes(data + synthetic()[20:])
+    assert read_tokens(path) == (11, 12, 13)
+    path.write_bytes(struct.pack("<III", SEQ_MAGIC, SEQ_VERSION, 1000) + b"\0" * 8)
+    assert read_tokens(path) is None  # truncated
+    path.write_bytes(struct.pack("<III", SEQ_MAGIC, SEQ_VERSION, 3) + struct.pack("<iII", -1, 1, 9))
+    assert read_tokens(path) is None  # a count beyond the packed words
+    assert read_tokens(tmp_path / "missing.bin") is None
+
+
+@pytest.mark.llama
+def test_tokens_of_a_real_slot_file(llama_server: LlamaServerProcess, slot_dir: Path) -> None:
+    with LlamaClient(llama_server.url) as client:
+        tokens = client.tokenize("The slot file holds the prompt's own tokens.", True)
+        client.complete({"prompt": tokens, "n_predict": 0, "id_slot": 0, "cache_prompt": True})
+        client.slot_save(0, "tok.bin")
+    assert read_tokens(slot_dir / "tok.bin") == tuple(tokens)

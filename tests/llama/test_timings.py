@@ -81,3 +81,30 @@ def test_oversized_line_then_resync() -> None:
     scanner.feed(b"data: " + b"x" * (MAX_BUFFER + 1))
     scanner.feed(b"\n\n" + STREAM)
     assert scanner.close() == Timings(1200, 80, 12.5)
+
+
+def test_anthropic_usage_stands_for_timings() -> None:
+    body = {"type": "message", "usage": {"cache_read_input_tokens": 900, "input_tokens": 30}}
+    assert Timings.from_json(body) == Timings(900, 30)
+    start = {"type": "message_start", "message": {"usage": {**body["usage"], "output_tokens": 0}}}
+    delta = {"type": "message_delta", "usage": {"output_tokens": 5}}
+    raw = b"".join(
+        b"event: " + e["type"].encode() + b"\ndata: " + json.dumps(e).encode() + b"\n\n"
+        for e in (start, delta)
+    )
+    scanner = TimingsScanner(streaming=True)
+    scanner.feed(raw)
+    assert scanner.close() == Timings(900, 30)
+
+
+def test_responses_usage_stands_for_timings() -> None:
+    usage = {"input_tokens": 100, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 96}}
+    assert Timings.from_json({"object": "response", "usage": usage}) == Timings(96, 4)
+    completed = {"type": "response.completed", "response": {"usage": usage}}
+    assert Timings.from_json(completed) == Timings(96, 4)
+    # timings, when present, win over usage.
+    both = {**completed, "timings": TIMINGS}
+    assert Timings.from_json(both) == Timings(1200, 80, 12.5)
+    assert Timings.from_json({"usage": {"output_tokens": 1}}) is None
+    bad = {"usage": {"input_tokens": 1, "input_tokens_details": {"cached_tokens": 5}}}
+    assert Timings.from_json(bad) is None

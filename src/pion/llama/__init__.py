@@ -5,6 +5,9 @@ The pi-prefix-cache behaviour in Python (docs/llama.md). Reading order:
 
 - :mod:`~pion.llama.config`      WarmerConfig, ``PI_PREFIX_CACHE_*`` env vars
 - :mod:`~pion.llama.prefix`      the stable prefix of a chat request (boundary markers)
+- :mod:`~pion.llama.endpoints`   generation endpoints; Messages/Responses → chat, as llama-server
+- :mod:`~pion.llama.learn`       the boundary learned from what a harness's requests share
+- :mod:`~pion.llama.prompt`      the warmable prefix of a request to any endpoint
 - :mod:`~pion.llama.fingerprint` SHA-256 fingerprint, slot file names, model identity
 - :mod:`~pion.llama.client`      httpx client for llama-server's HTTP API
 - :mod:`~pion.llama.timings`     ``timings`` from JSON or SSE responses (sans-IO)
@@ -21,6 +24,7 @@ The pi-prefix-cache behaviour in Python (docs/llama.md). Reading order:
 - :mod:`~pion.llama.coldbuild`   cold warm-up, save, push; saving an evicted prefix
 - :mod:`~pion.llama.warmer`      the state machine: route / hit / restore / cold
 - :mod:`~pion.llama.status`      ``/pion/status`` data
+- :mod:`~pion.llama.storelist`   ``pion llama status --store``: what a store holds
 - :mod:`~pion.llama.proxy`       the OpenAI-compatible reverse proxy
 - :mod:`~pion.llama.cli`         ``pion llama proxy|warm|status|gc``
 - :mod:`~pion.llama.paths`       the cache root and the default log file

@@ -35,6 +35,7 @@ from pion.llama.prefix import WarmRequest, split_prefix
 from pion.llama.proxy import STATUS_PATH, serve
 from pion.llama.serve_cli import serve_command
 from pion.llama.slots import parse_slots
+from pion.llama.storelist import print_store_listing, store_listing
 from pion.llama.warmer import PrefixWarmer
 
 __all__ = ["llama_group", "main"]
@@ -199,13 +200,33 @@ def _age(ts: float) -> str:
 @click.option("--upstream", help="llama-server URL [env PI_PREFIX_CACHE_BASE_URL]")
 @click.option("--slot-dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--proxy", "proxy_url", help="a running proxy: show its state and outcomes")
+@click.option(
+    "--store",
+    "store_url",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    help="list the prefixes a store holds (URL, or PI_PREFIX_CACHE_STORE when bare)",
+)
+@click.option("--store-password", help="store AUTH password [..._STORE_PASSWORD, PION_PASSWORD]")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def status(
-    upstream: str | None, slot_dir: Path | None, proxy_url: str | None, as_json: bool
+    upstream: str | None,
+    slot_dir: Path | None,
+    proxy_url: str | None,
+    *,
+    store_url: str | None,
+    store_password: str | None,
+    as_json: bool,
 ) -> None:
-    """Slots, fingerprints, slot files and last outcomes."""
-    config = WarmerConfig.from_env(base_url=upstream, slot_dir=slot_dir)
+    """Slots, fingerprints, slot files and last outcomes; with --store, the store's
+    prefixes."""
+    config = WarmerConfig.from_env(
+        base_url=upstream, slot_dir=slot_dir, store=store_url or None, store_password=store_password
+    )
     data: dict[str, Any] = {"upstream": config.base_url}
+    if store_url is not None:
+        data["store"] = store_listing(config)
     with LlamaClient(config.base_url, timeout=10.0, api_key=config.api_key) as client:
         try:
             data["slots"] = client.slots()
@@ -261,6 +282,8 @@ def _print_status(data: dict[str, Any]) -> None:
             console.print(f"not in index: {name}")
         for key, why in data.get("no_restore", {}).items():
             console.print(f"[yellow]restores disabled for {key}: {why.get('reason')}[/yellow]")
+    if "store" in data:
+        print_store_listing(console, data["store"])
     proxy = data.get("proxy")
     if proxy:
         _print_proxy(console, proxy)

@@ -197,9 +197,9 @@ def _anthropic_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
     if system is not None:
         text = _anthropic_system(system)
         messages.append({"role": "system", "content": text or ""})
-    raw = body.get("messages")
-    if raw is None:
+    if "messages" not in body:
         raise ValueError("'messages' is required")
+    raw = body["messages"]
     if isinstance(raw, list):
         for msg in raw:
             messages.extend(_anthropic_message(msg))

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from pion.llama.client import LlamaClient
+from pion.llama.client import LlamaClient, LlamaServerError
 from pion.llama.endpoints import EndpointKind, completion_prompt, to_chat
 from pion.llama.learn import BoundaryLearner
 from pion.llama.prefix import PrefixSkip, WarmRequest, warm_request_from_chat
@@ -35,6 +35,9 @@ __all__ = ["MAX_WARM_BODY", "warm_request_for"]
 # it would delay the request more than any prefix saves (a 10 MB tools list overflows
 # every context anyway; llama-server answers it as it would directly).
 MAX_WARM_BODY = 4 * 1024 * 1024
+
+# llama-server's answer to a request it cannot render (std::invalid_argument).
+_INVALID_REQUEST = 400
 
 # Skip reasons of the chat path after which token mode still applies.
 _NO_MARKER = (
@@ -90,7 +93,13 @@ def warm_request_for(
         messages = chat.get("messages")
         if not isinstance(messages, list) or not messages:
             return PrefixSkip("no messages")
-        tokens = client.tokenize(client.apply_template(chat), True)
+        try:
+            tokens = client.tokenize(client.apply_template(chat), True)
+        except LlamaServerError as exc:
+            if exc.status != _INVALID_REQUEST:
+                raise
+            # The real request gets the same answer from llama-server.
+            return PrefixSkip(f"llama-server does not render it: {exc.short()}")
         label = _label_text(chat)
     key = f"{harness}|{kind}|{model_id or ''}"
     learned = learner.boundary(key, tokens, seeds)

@@ -2,15 +2,20 @@
 
 Owns the HTTP side of `pion llama` (docs/llama.md; a starlette app, run by uvicorn):
 
-- ``POST /v1/chat/completions`` and ``/chat/completions``: extract the stable prefix
-  (:mod:`pion.llama.prefix`), run :meth:`PrefixWarmer.ensure` in a worker thread (warm-ups
-  of one slot are serialised by the warmer's per-slot lock), then forward the request.
-- every other method and path (``/v1/completions``, ``/v1/models``, ``/health``, ``/slots``,
-  ...) is forwarded untouched.
+- ``POST`` to a generation endpoint (:data:`pion.llama.endpoints.ENDPOINTS`: chat
+  completions, ``/v1/messages``, ``/v1/responses``, the raw completions): find the stable
+  prefix and run :meth:`PrefixWarmer.ensure_for` in a worker thread (warm-ups of one slot
+  are serialised by the warmer's per-slot lock), then forward the request. A body over
+  :data:`~pion.llama.prompt.MAX_WARM_BODY`, not JSON or not an object is forwarded
+  without warming.
+- every other method and path (``/v1/models``, ``/health``, ``/slots``, ``HEAD /``,
+  ``/v1/messages/count_tokens``, ...) is forwarded untouched.
 - ``GET /pion/status``: the warmer's state as JSON (``pion llama status --proxy URL``).
 
 Invariants: the request body is forwarded byte for byte (the bytes read, not a re-encoded
-parse), with one exception: with several slots (``--slots``) a warmed chat request is
+parse), with two exceptions: Claude Code's billing-header block is removed from a
+``/v1/messages`` body (re-encoded, same values otherwise; ``--keep-billing-header`` keeps
+it), and with several slots (``--slots``) a warmed request is
 pinned to its prefix's slot by inserting ``"id_slot":N,`` right after the body's opening
 brace (:func:`pin_slot`; everything else stays as sent, and a request that names its own
 ``id_slot`` is left alone and not warmed); the response body is streamed back chunk by

@@ -24,6 +24,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import re
 import shutil
 import socket
 import threading
@@ -61,6 +62,8 @@ __all__ = [
 # After a transport failure the store is not tried again for this long: a dead or
 # blackholed store must not add a timeout to every request.
 RETRY_AFTER_S = 15.0
+# A manifest key's suffix (chunk keys have ``:upload:i`` after it).
+_FINGERPRINT = re.compile(r"[0-9a-f]{64}")
 # Chunks requested per round trip while pulling (16 MB in flight at 4 MB chunks).
 PIPELINE_CHUNKS = 4
 # Superseded chunks stay readable this long, for pulls already under way.
@@ -192,6 +195,31 @@ class SlotStore:
         except ValueError as exc:
             self._count("refused")
             raise StoreCorrupt(str(exc)) from None
+
+    def listing(self, limit: int = 1000) -> list[tuple[str, Manifest | str, int]]:
+        """The prefixes the store holds: (fingerprint, manifest or why it is unreadable,
+        seconds left before it expires, -1 for none), at most ``limit``, found with
+        ``SCAN`` over the manifest keys (``pion llama status --store``)."""
+        pattern = self.config.prefix + "*"
+        found: list[str] = []
+        for raw in self._call(
+            "SCAN", lambda: list(self._redis.scan_iter(match=pattern, count=500))
+        ):
+            key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+            fp = key[len(self.config.prefix) :]
+            if _FINGERPRINT.fullmatch(fp):
+                found.append(fp)
+        out: list[tuple[str, Manifest | str, int]] = []
+        for fp in sorted(found)[:limit]:
+            key = manifest_key(self.config.prefix, fp)
+            ttl = int(self._call("TTL", functools.partial(self._redis.ttl, key)))
+            try:
+                manifest: Manifest | str | None = self.manifest(fp)
+            except StoreCorrupt as exc:
+                manifest = f"unreadable: {exc}"
+            if manifest is not None:
+                out.append((fp, manifest, ttl))
+        return out
 
     # -- push -------------------------------------------------------------------------
 

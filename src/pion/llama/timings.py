@@ -4,7 +4,9 @@ llama-server resets a slot's counters after every request (docs/llama.md), so po
 ``/slots`` afterwards reads zeros; the only reliable record of how much of a request came
 from cache is the ``timings`` object in the response itself: ``cache_n`` (tokens reused),
 ``prompt_n`` (tokens processed), ``prompt_ms``. In a non-streamed answer it is a top-level
-key; in a stream it rides on the final ``data:`` event.
+key; in a stream it rides on the final ``data:`` event. Anthropic Messages answers carry
+no ``timings``: their ``usage`` (``cache_read_input_tokens``, ``input_tokens``) says the
+same, as does a Responses answer's ``usage.input_tokens_details.cached_tokens``.
 
 :class:`TimingsScanner` is sans-IO: it is fed the response bytes as they pass through the
 proxy and never changes or delays them. Memory is bounded: a streamed line or a JSON body
