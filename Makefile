@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 1974
 DATA   ?= ./data
 
-.PHONY: serve test lint typecheck pytest compat bench bench-quick install dev clean llama-server system-deps
+.PHONY: serve test lint typecheck pytest compat bench bench-quick install dev clean llama-server system-deps agents
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || { echo "run: sudo apt-get install -y python3-venv" >&2; exit 1; }
@@ -39,7 +39,7 @@ typecheck: dev
 
 # The compiled twins are built by `install`; PION_REQUIRE_SPEEDUPS makes a
 # silent fall-back to pure Python a test failure.
-pytest: dev system-deps llama-server
+pytest: dev system-deps llama-server agents
 	PION_REQUIRE_SPEEDUPS=1 $(BIN)/python -m pytest -q --durations=15
 
 ## Install what the tests need (Debian packages, llama-server, pinned Python deps),
@@ -52,14 +52,14 @@ compat: system-deps
 
 ## Benchmarks: tables on stdout, JSON under bench/results/, then BENCHMARKS.md and its
 ## plots (docs/bench/) from those results.
-bench: dev system-deps llama-server
+bench: dev system-deps llama-server agents
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/report.py
 
 ## Every benchmark at smoke sizes and the report from them, in $(BENCH_QUICK): proves the
 ## chain still works (part of `make test`) without replacing the committed figures.
 BENCH_QUICK ?= $(or $(TMPDIR),/tmp)/pion-bench-quick
-bench-quick: dev system-deps llama-server
+bench-quick: dev system-deps llama-server agents
 	rm -rf $(BENCH_QUICK)
 	PION_BENCH_RESULTS=$(BENCH_QUICK)/results $(BIN)/python bench/run.py --quick
 	$(BIN)/python bench/report.py --results $(BENCH_QUICK)/results \
@@ -72,6 +72,11 @@ system-deps:
 ## The real llama-server for the llama tests (built once, cached in ~/.cache/pion).
 llama-server: system-deps
 	scripts/build-llama-server >/dev/null
+
+## The agent harnesses (Pi, Claude Code, Codex; pinned npm versions, cached in
+## ~/.cache/pion/agents) for the real-harness tests and bench/agents.py.
+agents: system-deps
+	scripts/install-agents >/dev/null
 
 clean:
 	rm -rf $(VENV) .venv-3.* .mypy_cache .ruff_cache .pytest_cache src/pion/resp/*.so src/pion/vstore/*.so src/pion/codecs/*.so

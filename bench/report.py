@@ -90,6 +90,7 @@ SECTIONS: list[Entry] = [
     _entry("real.real_model", "real_model", "real_model_ttft"),
     _entry("features.llama", "llama_prefix"),
     _entry("real.llama_real", "llama_prefix_smollm2"),
+    _entry("agents.agents", "agents"),
     _entry("features.export_fetch", "export_fetch"),
     _entry("features.attend", "attend"),
 ]

@@ -28,6 +28,7 @@ BENCHES = [
     "real_model",
     "llama_prefix",
     "llama_store",
+    "agents",
     "client_memory",
     "attend",
     "keyspace",

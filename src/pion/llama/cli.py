@@ -8,6 +8,7 @@ calls library code.
 - ``warm``   pre-warm a system prompt into the slot (and disk), e.g. from a boot script
 - ``status`` slots, fingerprints, slot files and last outcomes
 - ``gc``     apply the slot-file budget (count and bytes) to a slot dir
+- ``serve``  llama-server and the proxy as one command (:mod:`pion.llama.serve_cli`)
 
 The top-level ``pion`` CLI registers :func:`llama_group`; ``python -m pion.llama.cli`` runs it
 standalone.
@@ -32,6 +33,7 @@ from pion.llama.config import WarmerConfig
 from pion.llama.index import SlotIndex
 from pion.llama.prefix import WarmRequest, split_prefix
 from pion.llama.proxy import STATUS_PATH, serve
+from pion.llama.serve_cli import serve_command
 from pion.llama.slots import parse_slots
 from pion.llama.storelist import print_store_listing, store_listing
 from pion.llama.warmer import PrefixWarmer
@@ -336,6 +338,9 @@ def gc(slot_dir: Path | None, max_files: int | None, max_bytes: int | None) -> N
     index = SlotIndex(config.slot_dir, log=click.echo)
     removed = index.cleanup(config.max_files, config.max_bytes)
     click.echo(f"removed {len(removed)} file(s); {len(index.files)} kept")
+
+
+llama_group.add_command(serve_command)
 
 
 def main() -> None:

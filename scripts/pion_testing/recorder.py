@@ -1,0 +1,137 @@
+"""A timing pass-through in front of llama-server or the proxy: what a harness waits for.
+
+Owns :class:`Recorder`, a small ASGI reverse proxy (starlette + httpx, served on a
+thread by :func:`pion.llama.proxy.serve_in_thread`) that forwards every request as sent
+and streams every answer back unchanged, recording per request the path, the body size,
+the seconds to the first generated token (the first streamed event that carries one:
+a chat ``delta`` with content, a Responses ``output_text``/function-call delta, a
+Messages ``content_block_delta``; the whole answer when it is not streamed) and to the
+last byte. ``bench/agents.py`` puts one in front of each side it compares, so direct
+and proxied sessions are timed the same way. Benchmark scaffolding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from pion.llama.proxy import serve_in_thread
+
+__all__ = ["Exchange", "Recorder", "recording"]
+
+GENERATION_PATHS = ("/chat/completions", "/responses", "/messages", "/completion")
+_TOKEN_MARKERS = (
+    b'"delta":{"content":"',
+    b'"delta":{"reasoning_content":"',
+    b'"delta":{"tool_calls"',
+    b"response.output_text.delta",
+    b"response.function_call_arguments.delta",
+    b"response.reasoning_text.delta",
+    b"content_block_delta",
+)
+_HOP = frozenset({b"host", b"content-length", b"transfer-encoding", b"connection"})
+
+
+@dataclass
+class Exchange:
+    """One request through the recorder."""
+
+    method: str
+    path: str
+    body_bytes: int
+    status: int = 0
+    first_token_s: float | None = None
+    total_s: float | None = None
+
+    @property
+    def generation(self) -> bool:
+        return self.method == "POST" and any(p in self.path for p in GENERATION_PATHS)
+
+
+class Recorder:
+    """Forwards everything to ``upstream``; :attr:`exchanges` lists what went through."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.exchanges: list[Exchange] = []
+        self._lock = threading.Lock()
+        self.app = Starlette(
+            routes=[
+                Route(
+                    "/{path:path}",
+                    self._forward,
+                    methods=["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS"],
+                )
+            ]
+        )
+
+    def since(self, n: int) -> list[Exchange]:
+        with self._lock:
+            return list(self.exchanges[n:])
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.exchanges)
+
+    async def _forward(self, request: Request) -> Response:
+        body = await request.body()
+        started = time.perf_counter()
+        exchange = Exchange(request.method, request.url.path, len(body))
+        with self._lock:
+            self.exchanges.append(exchange)
+        url = self.upstream + request.url.path
+        if request.url.query:
+            url += "?" + request.url.query
+        headers = [(k, v) for k, v in request.headers.raw if k.lower() not in _HOP]
+        client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None))
+        try:
+            upstream = await client.send(
+                client.build_request(request.method, url, headers=headers, content=body),
+                stream=True,
+            )
+        except httpx.HTTPError:
+            await client.aclose()
+            exchange.status = 502
+            return Response(status_code=502)
+        exchange.status = upstream.status_code
+
+        async def relay() -> AsyncIterator[bytes]:
+            seen = b""
+            try:
+                async for chunk in upstream.aiter_raw():
+                    if exchange.first_token_s is None:
+                        seen = (seen + chunk)[-65536:]
+                        if any(m in seen for m in _TOKEN_MARKERS):
+                            exchange.first_token_s = time.perf_counter() - started
+                    yield chunk
+            finally:
+                await upstream.aclose()
+                await client.aclose()
+                exchange.total_s = time.perf_counter() - started
+                if exchange.first_token_s is None:
+                    exchange.first_token_s = exchange.total_s
+
+        response = StreamingResponse(relay(), status_code=upstream.status_code)
+        response.raw_headers = [
+            (k, v)
+            for k, v in upstream.headers.raw
+            if k.lower() not in _HOP or k.lower() == b"content-length"
+        ]
+        return response
+
+
+@contextlib.contextmanager
+def recording(upstream: str) -> Iterator[tuple[Recorder, str]]:
+    """A :class:`Recorder` in front of ``upstream`` on a free port; yields it and its URL."""
+    recorder = Recorder(upstream)
+    with serve_in_thread(recorder.app) as url:
+        yield recorder, url

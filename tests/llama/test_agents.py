@@ -1,0 +1,172 @@
+"""The real agent harnesses through the proxy: Pi, Claude Code and Codex (pinned npm
+versions, scripts/install-agents), each configured with exactly the blocks of
+docs/llama.md, run non-interactively and offline against `pion llama proxy --persist`,
+the real llama-server and SmolLM2-135M-Instruct with a chat template that renders the
+tools first (tests/llama/templates/chatml-tools.jinja: SmolLM2's own drops them), so the
+prefix carries the tool schemas as on real models.
+
+Per harness, three sessions in one project folder with different prompts; the proxy's
+outcome for each session's main request (the longest prefix it warmed, from
+``/pion/status``) must be:
+
+1. cold, and saved (a slot file, listed in index.json);
+2. a hit: the prefix still in the slot;
+3. after a llama-server restart: restored from the slot file (in full, or >= 90% of it
+   from a saved prefix it extends), and llama-server's own log shows the session's main
+   request reusing >= 90% of the prefix.
+
+What the model answers is not checked (llama-server caps answers at 16 tokens to bound
+the time, and a harness may then exit non-zero); each session is bounded by a timeout.
+Reuse is read from llama-server's log (:mod:`pion_testing.tasklog`), not from the proxy.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pion_testing.agents import (
+    HARNESSES,
+    TOOLS_TEMPLATE,
+    SessionRun,
+    doc_blocks,
+    ensure_agents,
+    run_session,
+)
+from pion_testing.launcher import LlamaServerProcess
+from pion_testing.tasklog import TRACE_FLAGS, Task, main_task, read_tasks
+
+from pion.llama.agents import DEFAULT_CONTEXT
+from pion.llama.outcome import WARM_KINDS
+from pion.llama.proxy import STATUS_PATH, PrefixProxy, running_proxy
+
+from .conftest import StartServer
+
+pytestmark = [pytest.mark.llama, pytest.mark.real]
+
+# llama-server's cap on every answer: the sessions' cost is the prompt, not the answer.
+ANSWER_CAP = 16
+# A cold session of Claude Code prefills ~21k tokens on two shared cores.
+SESSION_TIMEOUT_S = 1200.0
+THREADS = 2
+PROMPTS = ("say hi", "say bye", "say hello again")
+
+
+@pytest.fixture(scope="session")
+def agents_bin() -> Path:
+    return ensure_agents()
+
+
+@pytest.fixture
+def agent_server(start_server: StartServer, smollm2_gguf: Path) -> LlamaServerProcess:
+    """SmolLM2 on llama-server as the docs configure it for agents: one slot of the context the
+    configurations announce, the tool-rendering template, the trace log."""
+    extra = ["--jinja", "--chat-template-file", str(TOOLS_TEMPLATE), "-n", str(ANSWER_CAP)]
+    return start_server(
+        smollm2_gguf, ctx=DEFAULT_CONTEXT, threads=THREADS, extra_args=[*extra, *TRACE_FLAGS]
+    )
+
+
+def status(url: str) -> dict[str, Any]:
+    data = httpx.get(url + STATUS_PATH, timeout=30).json()
+    assert isinstance(data, dict)
+    return data
+
+
+class Sessions:
+    """Runs one harness's sessions; for each, llama-server's main task and the proxy's
+    outcome for the main request's prefix."""
+
+    def __init__(self, name: str, bin_dir: Path, url: str, server: LlamaServerProcess) -> None:
+        self.harness = HARNESSES[name]
+        self.bin_dir = bin_dir
+        self.url = url
+        self.server = server
+        self.blocks = doc_blocks()
+        self.runs: list[SessionRun] = []
+        self.outcomes: list[dict[str, Any]] = []
+
+    def run(self, prompt: str, home: Path, cwd: Path) -> tuple[Task, dict[str, Any]]:
+        """One session: its main request as llama-server saw it (the longest prompt) and
+        the proxy's outcome for its prefix (the longest prefix it warmed)."""
+        offset = self.server.log_path.stat().st_size
+        started = time.time()
+        run = run_session(
+            self.harness,
+            self.bin_dir,
+            self.url,
+            prompt,
+            home=home,
+            cwd=cwd,
+            timeout=SESSION_TIMEOUT_S,
+            blocks=self.blocks,
+        )
+        self.runs.append(run)
+        assert not run.timed_out, self.explain()
+        tasks = read_tasks(self.server.log_path, offset)
+        assert tasks, self.explain()
+        self.outcomes = [o for o in status(self.url)["outcomes"] if o["at"] >= started]
+        warmed = [o for o in self.outcomes if o["kind"] in WARM_KINDS]
+        assert warmed, self.explain()
+        return main_task(tasks), max(warmed, key=lambda o: o["tokens"])
+
+    def explain(self) -> str:
+        """What the harnesses printed, the proxy's outcomes and llama-server's log tail,
+        for a failing assertion."""
+        parts = [
+            f"--- {r.harness} session {i} rc={r.returncode} {r.seconds:.1f}s\n{r.output[-3000:]}"
+            for i, r in enumerate(self.runs, 1)
+        ]
+        outcomes = "\n".join(o.get("summary", str(o)) for o in self.outcomes)
+        tail = self.server.tail(30)
+        return "\n".join([*parts, "--- outcomes", outcomes, "--- llama-server", tail])
+
+
+def saved_fingerprints(slot_dir: Path) -> set[str]:
+    """Fingerprints of index.json's files, each checked present on disk."""
+    index = json.loads((slot_dir / "index.json").read_text())
+    found = set()
+    for name, entry in index["files"].items():
+        assert (slot_dir / name).is_file(), name
+        found.add(entry["fingerprint"])
+    return found
+
+
+@pytest.mark.parametrize("name", ["pi", "claude", "codex"])
+def test_harness_session_saved_hit_restored(
+    name: str,
+    agents_bin: Path,
+    agent_server: LlamaServerProcess,
+    make_config: Any,
+    tmp_path: Path,
+) -> None:
+    server = agent_server
+    config = make_config(server, timeout=SESSION_TIMEOUT_S)
+    home, project = tmp_path / "home", tmp_path / "project"
+    with running_proxy(PrefixProxy(config)) as url:
+        sessions = Sessions(name, agents_bin, url, server)
+
+        # 1. cold: the prefix is built and saved.
+        first, cold = sessions.run(PROMPTS[0], home, project)
+        assert cold["kind"] == "cold" and cold["saved"], sessions.explain()
+        assert cold["fingerprint"] in saved_fingerprints(config.slot_dir)
+        # The template renders the tools first: the prefix carries them, most of the
+        # prompt.
+        assert cold["tokens"] > 0.5 * first.n_tokens, (first, cold)
+
+        # 2. another prompt in the same process: a hit.
+        second, hit = sessions.run(PROMPTS[1], home, project)
+        assert hit["kind"] == "hit", sessions.explain()
+        assert second.cached >= 0.9 * hit["tokens"], (second, hit)
+
+        # 3. llama-server restarted (its memory gone): restored from the slot file.
+        server.restart()
+        third, restored = sessions.run(PROMPTS[2], home, project)
+        assert restored["kind"] in ("restored", "partial"), sessions.explain()
+        from_disk = restored["shared"] if restored["kind"] == "partial" else restored["tokens"]
+        assert from_disk >= 0.9 * restored["tokens"], restored
+        assert third.cached >= 0.9 * restored["tokens"], (third, restored, sessions.explain())
