@@ -262,6 +262,9 @@ def test_client_kill_filters(servers: tuple[int, int]) -> None:
         assert me.call("CLIENT", "KILL", "ADDR", other_addr, "USER", "default").value == 1
         assert other.f.read1(1) == b""
         other = RawClient(port)
+        # A round trip first: the server has accepted the connection (a kill can only
+        # find what it has accepted).
+        assert other.call("PING").raw == b"+PONG\r\n"
         # LADDR matches every connection to this port; SKIPME yes spares the caller.
         assert me.call("CLIENT", "KILL", "LADDR", my_laddr).value >= 1
         assert other.f.read1(1) == b""
