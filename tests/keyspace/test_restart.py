@@ -111,7 +111,12 @@ def test_kill9_under_set_load_loses_no_acknowledged_key(spawn_server: Spawn) -> 
         writers = [Writer(srv.port, f"w{i}", 100 * round_no + i) for i in range(4)]
         for w in writers:
             w.start()
-        time.sleep(rng.uniform(0.5, 1.5))
+        # Every writer has had a write acknowledged (a loaded machine may take a while
+        # to answer the first), then the kill falls at a random moment.
+        deadline = time.monotonic() + 60
+        while not all(w.count for w in writers) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 1.0))
         srv.kill()
         for w in writers:
             w.join(timeout=60)
