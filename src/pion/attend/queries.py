@@ -72,7 +72,7 @@ def _size(buf: Buffer) -> int:
 
 def check_heads(cmd: str, h: int, d: int, what: str = "H") -> None:
     if not 1 <= h <= MAX_HEADS or not 1 <= d <= MAX_HEAD_DIM:
-        raise PionError(f"{cmd}: invalid {what}/D ({what} 1..{MAX_HEADS}, D 1..{MAX_HEAD_DIM})")
+        raise PionError(f"{cmd}: invalid {what}/D (1..{MAX_HEADS} / 1..{MAX_HEAD_DIM})")
 
 
 def _rows(cmd: str, q: Buffer, h: int, d: int, what: str) -> int:

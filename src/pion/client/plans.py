@@ -31,7 +31,6 @@ from pion.client.wire import (
     SessionLayout,
     as_rows,
     attend_sid,
-    blob,
     decode_rows,
     hash_array,
     int_arg,
@@ -48,6 +47,7 @@ from pion.client.wire import (
     text,
 )
 from pion.export.format import FormatError
+from pion.wire import bytes_of
 
 __all__ = ["Arrays", "Plan", "Warmed"]
 
@@ -113,7 +113,7 @@ def register(
     command: list[Any] = ["KV.PREFIX.REGISTER", ns, int_arg(kv_dim, "kv_dim"), vquant]
     if blocks is not None:
         hashes = hash_array(blocks)
-        command += ["BLOCKS", int_arg(block_size, "block_size"), len(hashes), blob(hashes)]
+        command += ["BLOCKS", int_arg(block_size, "block_size"), len(hashes), bytes_of(hashes)]
     if prefill_ms is not None:
         command += ["PREFILL_MS", _ms(prefill_ms, "prefill_ms")]
     _expect_ok((yield from _one(tuple(command))), "KV.PREFIX.REGISTER")
@@ -161,7 +161,7 @@ def membership(
 ) -> Plan[npt.NDArray[np.bool_] | None]:
     probes = hash_array(hashes)
     count = len(probes)
-    reply = yield from _one(("KV.PREFIX.MEMBERSHIP", ns, count, blob(probes.astype("<u8"))))
+    reply = yield from _one(("KV.PREFIX.MEMBERSHIP", ns, count, bytes_of(probes.astype("<u8"))))
     # A 7-byte bitmap can spell UNKNOWN; BLOCKS (never 7 bytes) tells them apart.
     ambiguous = reply == b"UNKNOWN" and (count + 7) // 8 == len(reply)
     if ambiguous and parse_blocks((yield from _one(("KV.PREFIX.BLOCKS", ns)))) is None:
@@ -222,7 +222,7 @@ def store(ns: str, keys: Sequence[npt.ArrayLike], values: Sequence[npt.ArrayLike
             fp16_layer = layouts is not None and layouts[side].fmt(layer) == "fp16"
             rows = given if fp16_layer or not half else given.astype("<f4")
             tail: Command = ("FMT", "F16") if half and fp16_layer else ()
-            batch.append(("V.STOREBATCH", sid, layer, 0, n, blob(rows), *tail))
+            batch.append(("V.STOREBATCH", sid, layer, 0, n, bytes_of(rows), *tail))
     for reply in check_all((yield batch)):
         _expect_ok(reply, "V.STOREBATCH")
     return n
@@ -413,8 +413,8 @@ def attend_store(ns: str, layer: int, keys: npt.ArrayLike, values: npt.ArrayLike
         h,
         n,
         d,
-        blob(k),
-        blob(v),
+        bytes_of(k),
+        bytes_of(v),
     )
     _expect_ok((yield from _one(command)), "ATTEND.PREFIX.STORE")
 
@@ -442,7 +442,7 @@ def attend_query(
         h,
         d,
         top_k,
-        blob(query),
+        bytes_of(query),
     )
     if fa_window is not None:
         command = (*command, int(fa_window))

@@ -35,7 +35,6 @@ __all__ = [
     "SessionLayout",
     "as_rows",
     "attend_sid",
-    "blob",
     "decode_rows",
     "hash_array",
     "int_arg",
@@ -88,12 +87,6 @@ def text(reply: object) -> str:
     if isinstance(reply, str):
         return reply
     raise PionProtocolError(f"expected a string reply, got {type(reply).__name__}")
-
-
-def blob(array: npt.NDArray[Any]) -> memoryview:
-    """A flat byte view of a C-contiguous array (its ``len`` is the byte count, which
-    is what redis-py writes as the bulk length)."""
-    return np.ascontiguousarray(array).data.cast("B")
 
 
 # -- arrays --------------------------------------------------------------------------

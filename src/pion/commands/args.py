@@ -1,45 +1,47 @@
-"""The argument cursor every handler parses with, and the strict integer parser.
+"""The argument cursor every handler parses with, and the validators of the names and
+sizes every command family shares.
 
 One small helper instead of ad-hoc indexing: :class:`Args` walks a command's arguments
 left to right, never reads past the command's own last argument (Pion's optional
-argument scans do; we do not), and its errors name the argument that was wrong.
+argument scans do; we do not), and its errors name the argument that was wrong. The
+bounds each reads against live with what they bound (a session id: the V-store's; a
+namespace: ``pion.wire``; heads: the attention tier's); this module is the one place
+that checks them, for every command module and the binary lane.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pion.attend.queries import check_heads
 from pion.errors import PionError
+from pion.keyspace.numbers import parse_int64
+from pion.vstore import MAX_SID_LEN
+from pion.wire import MAX_NS_LEN
 
-__all__ = ["Args", "parse_int"]
+__all__ = ["Args", "check_length", "parse_int"]
 
-_DIGITS = frozenset(b"0123456789")
 # Redis's text for a malformed integer; clients and people recognise it.
 _NOT_AN_INTEGER = "value is not an integer or out of range"
 
 
 def parse_int(raw: bytes, what: str | None = None) -> int:
-    """Parse a RESP integer argument strictly, as Redis's string2ll does: optional
-    ``-``, no ``+``, no spaces, no leading zeros, no ``-0``, within int64.
+    """Parse a RESP integer argument strictly, as Redis's string2ll does
+    (:func:`~pion.keyspace.numbers.parse_int64`).
 
     The error is Redis's text, followed by the argument's name when ``what`` is given.
     """
-    n = len(raw)
-    ok = 0 < n <= 20
-    if ok:
-        neg = raw[0] == 0x2D
-        digits = raw[1:] if neg else raw
-        ok = (
-            len(digits) > 0
-            and all(c in _DIGITS for c in digits)
-            and not (len(digits) > 1 and digits[0] == 0x30)
-            and not (neg and digits == b"0")
-        )
-    if ok:
-        value = int(raw)
-        if -(2**63) <= value < 2**63:
-            return value
-    raise PionError(_NOT_AN_INTEGER if what is None else f"{_NOT_AN_INTEGER} ({what})")
+    value = parse_int64(raw)
+    if value is None:
+        raise PionError(_NOT_AN_INTEGER if what is None else f"{_NOT_AN_INTEGER} ({what})")
+    return value
+
+
+def check_length(raw: bytes, limit: int, what: str) -> bytes:
+    """``raw`` when it is 1..``limit`` bytes; else ``-ERR <what> length must be 1..N``."""
+    if not 1 <= len(raw) <= limit:
+        raise PionError(f"{what} length must be 1..{limit}")
+    return raw
 
 
 class Args:
@@ -111,6 +113,21 @@ class Args:
         if (lo is not None and value < lo) or (hi is not None and value > hi):
             raise PionError(range_error or f"{self.command}: {what} out of range ({lo}..{hi})")
         return value
+
+    def session_id(self, what: str = "session_id") -> bytes:
+        """Consume a V-store session id (1..``MAX_SID_LEN`` bytes)."""
+        return check_length(self.arg(what), MAX_SID_LEN, f"{self.command}: {what}")
+
+    def namespace(self, what: str = "ns_key") -> bytes:
+        """Consume a namespace (1..``MAX_NS_LEN`` bytes)."""
+        return check_length(self.arg(what), MAX_NS_LEN, f"{self.command}: {what}")
+
+    def heads(self, what: str = "H") -> tuple[int, int]:
+        """Consume a head count and a head dimension, bounded as every attention form
+        bounds them (``-ERR <CMD>: invalid H/D (...)``)."""
+        h, d = self.integer(what), self.integer("D")
+        check_heads(self.command, h, d, what)
+        return h, d
 
     def rest(self) -> Sequence[bytes]:
         """Consume every argument left."""

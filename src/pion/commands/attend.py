@@ -18,12 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import numpy.typing as npt
 
 from pion.attend import queries
 from pion.attend.queries import (
-    MAX_HEAD_DIM,
-    MAX_HEADS,
     MAX_LAYER,
     FusedQuery,
     PrefixQuery,
@@ -31,31 +28,20 @@ from pion.attend.queries import (
     StoreRequest,
 )
 from pion.attend.warm import warm
-from pion.commands.args import Args
+from pion.commands.args import Args, check_length
 from pion.commands.state import Command, Context, ServerState
 from pion.commands.workers import redirect_namespace
 from pion.errors import PionError
 from pion.prefix.registry import k_sid, v_sid
 from pion.resp.reply import Reply, Simple
 from pion.vstore import MAX_SID_LEN
+from pion.wire import bytes_of
 
 __all__ = ["COMMANDS"]
 
-MAX_NS_LEN = 200  # as KV.PREFIX.REGISTER
 # S_suf and the sparse B/K_top are counts of tokens/blocks; their blobs bound them in
 # practice, this bounds the arithmetic before any blob is looked at.
 MAX_COUNT = 2**31 - 1
-
-
-def _bulk(array: npt.NDArray[np.float32]) -> memoryview:
-    return np.ascontiguousarray(array).data.cast("B")
-
-
-def _sid(cur: Args, what: str = "session_id") -> bytes:
-    sid = cur.arg(what)
-    if not 1 <= len(sid) <= MAX_SID_LEN:
-        raise PionError(f"{cur.command}: {what} length must be 1..{MAX_SID_LEN}")
-    return sid
 
 
 def _layer(cur: Args) -> int:
@@ -83,7 +69,7 @@ def _default_window(state: ServerState) -> int:
 
 def _store(ctx: Context, args: Sequence[bytes]) -> Reply:
     cur = Args(args, "ATTEND.PREFIX.STORE")
-    sid, layer = _sid(cur), _layer(cur)
+    sid, layer = cur.session_id(), _layer(cur)
     h, n, d = (_count(cur, what) for what in ("H", "N", "D"))
     k, v = cur.arg("K_blob"), cur.arg("V_blob")
     cur.expect_done()
@@ -93,14 +79,14 @@ def _store(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 def _lookup(ctx: Context, args: Sequence[bytes]) -> Reply:
     cur = Args(args, "ATTEND.PREFIX.LOOKUP")
-    key = (_sid(cur), _layer(cur))
+    key = (cur.session_id(), _layer(cur))
     state = ctx.state.attention.state(key, touch=True)
     return Simple({"warm": "HIT", "cold": "COLD", "missing": "MISS"}[state])
 
 
 def _drop(ctx: Context, args: Sequence[bytes]) -> Reply:
     cur = Args(args, "ATTEND.PREFIX.DROP")
-    sid = _sid(cur)
+    sid = cur.session_id()
     layer = None if cur.done() else _layer(cur)
     cur.expect_done()
     return ctx.state.attention.drop(sid, layer)
@@ -111,7 +97,7 @@ def _drop(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 def _query(ctx: Context, args: Sequence[bytes]) -> Reply:
     cur = Args(args, "ATTEND.PREFIX.QUERY")
-    sid, layer = _sid(cur), _layer(cur)
+    sid, layer = cur.session_id(), _layer(cur)
     h, d = _count(cur, "H"), _count(cur, "D")
     cur.integer("top_k", 1, None, f"{cur.command}: invalid top_k (must be > 0)")
     q = cur.arg("Q_blob")
@@ -121,27 +107,27 @@ def _query(ctx: Context, args: Sequence[bytes]) -> Reply:
     req = PrefixQuery(sid, layer, h, d, q, fa_window)
     result = queries.query(state.attention, cur.command, req, _default_window(state))
     if result.out.shape[1] == 1:
-        return _bulk(result.out)
+        return bytes_of(result.out)
     # M > 1: the output, then the LSE trailer [H, M] (logsumexp of the scaled scores).
-    return _bulk(np.concatenate((result.out.ravel(), result.lse.ravel())))
+    return bytes_of(np.concatenate((result.out.ravel(), result.lse.ravel())))
 
 
 def _query_fused(ctx: Context, args: Sequence[bytes]) -> Reply:
     cur = Args(args, "ATTEND.PREFIX.QUERY_FUSED")
-    sid, layer = _sid(cur), _layer(cur)
+    sid, layer = cur.session_id(), _layer(cur)
     h_q, d, s_suf, h_kv = (_count(cur, what) for what in ("H_q", "D", "S_suf", "H_kv"))
     q, k_suf, v_suf, head_map = (cur.arg(what) for what in ("Q", "K_suf", "V_suf", "head_map"))
     fa_window = _optional_int(cur, "fa_window", -1)
     cur.expect_done()
     req = FusedQuery(sid, layer, h_q, d, s_suf, h_kv, q, k_suf, v_suf, head_map, fa_window)
     state = ctx.state
-    return _bulk(queries.query_fused(state.attention, cur.command, req, _default_window(state)))
+    return bytes_of(queries.query_fused(state.attention, cur.command, req, _default_window(state)))
 
 
 def _sparse(ctx: Context, args: Sequence[bytes], fused: bool) -> Reply:
     name = "ATTEND.PREFIX.QUERY_SPARSE_AUTO" + ("_FUSED" if fused else "")
     cur = Args(args, name)
-    sid, layer = _sid(cur), _layer(cur)
+    sid, layer = cur.session_id(), _layer(cur)
     h_q, d, block, top, h_kv = (_count(cur, w) for w in ("H_q", "D", "B", "K_top", "H_kv"))
     if fused:
         s_suf = _count(cur, "S_suf")
@@ -156,7 +142,7 @@ def _sparse(ctx: Context, args: Sequence[bytes], fused: bool) -> Reply:
         sid, layer, h_q, d, block, top, h_kv, q, head_map, s_suf, k_suf, v_suf, fa_window, selector
     )
     state = ctx.state
-    return _bulk(queries.query_sparse(state.attention, cur.command, req, _default_window(state)))
+    return bytes_of(queries.query_sparse(state.attention, cur.command, req, _default_window(state)))
 
 
 def _sparse_auto(ctx: Context, args: Sequence[bytes]) -> Reply:
@@ -173,17 +159,12 @@ def _sparse_auto_fused(ctx: Context, args: Sequence[bytes]) -> Reply:
 def _warm(ctx: Context, args: Sequence[bytes]) -> Reply:
     cmd = "KV.PREFIX.WARM"
     cur = Args(args, cmd)
-    ns = cur.arg("ns_key")
-    if not 1 <= len(ns) <= MAX_NS_LEN:
-        raise PionError(f"{cmd}: ns_key length must be 1..{MAX_NS_LEN}")
-    h, d = cur.integer("H"), cur.integer("D")
-    if not 1 <= h <= MAX_HEADS or not 1 <= d <= MAX_HEAD_DIM:
-        raise PionError(f"{cmd}: invalid H/D (1..{MAX_HEADS} / 1..{MAX_HEAD_DIM})")
+    ns = cur.namespace()
+    h, d = cur.heads()
     attend_sid = ns
     if not cur.done():
         attend_sid = cur.arg("attend_sid") or ns
-        if len(attend_sid) > MAX_SID_LEN:
-            raise PionError(f"{cmd}: attend_sid length must be 1..{MAX_SID_LEN}")
+        check_length(attend_sid, MAX_SID_LEN, f"{cmd}: attend_sid")
     cur.expect_done()
     redirect_namespace(ctx, ns, cmd)
     state = ctx.state

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pion.codecs import FORMAT_NAMES, SCHEMA_ONLY_FORMATS
-from pion.commands.args import Args
+from pion.commands.args import Args, check_length
 from pion.commands.state import Command, Context
 from pion.commands.vstore import format_name
 from pion.commands.workers import (
@@ -24,11 +24,10 @@ from pion.commands.workers import (
 )
 from pion.errors import PionError
 from pion.resp.reply import Reply, Simple
-from pion.wire import namespace_sids
+from pion.wire import MAX_NS_LEN, namespace_sids
 
 __all__ = ["COMMANDS"]
 
-MAX_NS_LEN = 200
 MAX_BLOCK_SIZE = 8192
 MAX_HASH_COUNT = 1_048_576
 MAX_PREFILL_MS = 86_400_000  # one day
@@ -37,13 +36,6 @@ _UNKNOWN = Simple("UNKNOWN")
 _HIT = Simple("HIT")
 _MISS = Simple("MISS")
 _BLOCKS_HEADER = struct.Struct("<II")
-
-
-def _ns(cur: Args, cmd: str) -> bytes:
-    ns = cur.arg("ns_key")
-    if not 1 <= len(ns) <= MAX_NS_LEN:
-        raise PionError(f"{cmd}: ns_key length must be 1..{MAX_NS_LEN}")
-    return ns
 
 
 def _hash_blob(cur: Args, cmd: str, count_error: str) -> bytes:
@@ -65,7 +57,7 @@ def _prefill_ms(cur: Args, cmd: str) -> int:
 def _register(ctx: Context, args: Sequence[bytes]) -> Reply:
     cmd = "KV.PREFIX.REGISTER"
     cur = Args(args, cmd)
-    ns = _ns(cur, cmd)
+    ns = cur.namespace()
     max_dim = ctx.state.config.vstore.max_dim
     kv_dim = cur.integer("kv_dim", 1, max_dim, f"{cmd}: kv_dim out of range (1..{max_dim})")
     raw_vquant = cur.arg("vquant")
@@ -111,11 +103,10 @@ def _lookup(ctx: Context, args: Sequence[bytes]) -> Reply:
         # The form routers probe with, many times a second: no cursor, and nothing is
         # allocated beyond the reply, which is a constant.
         ns = args[0]
-        if not 1 <= len(ns) <= MAX_NS_LEN:
-            raise PionError(f"{cmd}: ns_key length must be 1..{MAX_NS_LEN}")
+        check_length(ns, MAX_NS_LEN, f"{cmd}: ns_key")
     else:
         cur = Args(args, cmd)
-        ns = _ns(cur, cmd)
+        ns = cur.namespace()
         while not cur.done():
             opt = cur.keyword()
             if cur.done():
@@ -136,7 +127,7 @@ def _lookup(ctx: Context, args: Sequence[bytes]) -> Reply:
 def _drop(ctx: Context, args: Sequence[bytes]) -> Reply:
     cmd = "KV.PREFIX.DROP"
     cur = Args(args, cmd)
-    namespaces = [_ns(cur, cmd) for _ in range(len(args))]
+    namespaces = [cur.namespace() for _ in range(len(args))]
     redirect_namespaces(ctx, namespaces, cmd)
     tier = ctx.state.tier
     return sum(
@@ -146,12 +137,12 @@ def _drop(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 
 def _owner(ctx: Context, args: Sequence[bytes]) -> Reply:
-    ns = _ns(Args(args, "KV.PREFIX.OWNER"), "KV.PREFIX.OWNER")
+    ns = Args(args, "KV.PREFIX.OWNER").namespace()
     return Simple(str(owner_of(ctx, ns)))
 
 
 def _blocks(ctx: Context, args: Sequence[bytes]) -> Reply:
-    ns = _ns(Args(args, "KV.PREFIX.BLOCKS"), "KV.PREFIX.BLOCKS")
+    ns = Args(args, "KV.PREFIX.BLOCKS").namespace()
     redirect_namespace(ctx, ns, "KV.PREFIX.BLOCKS")
     if ctx.state.tier is not None:
         ctx.state.tier.ensure_local(namespace_sids(ns)[:1], required=True)
@@ -166,7 +157,7 @@ def _blocks(ctx: Context, args: Sequence[bytes]) -> Reply:
 def _membership(ctx: Context, args: Sequence[bytes]) -> Reply:
     cmd = "KV.PREFIX.MEMBERSHIP"
     cur = Args(args, cmd)
-    ns = _ns(cur, cmd)
+    ns = cur.namespace()
     probes = _hash_blob(cur, cmd, f"hash_count out of range (0..{MAX_HASH_COUNT})")
     redirect_namespace(ctx, ns, cmd)
     if ctx.state.tier is not None:

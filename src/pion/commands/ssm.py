@@ -14,19 +14,14 @@ from collections.abc import Sequence
 
 from pion.commands.args import Args
 from pion.commands.state import Command, Context
-from pion.errors import PionError
 from pion.resp.reply import Reply, Simple
 from pion.ssm import MAX_SSM_LAYER
-from pion.vstore import MAX_SID_LEN
 
 __all__ = ["COMMANDS"]
 
 
 def _key(cur: Args) -> tuple[bytes, int]:
-    sid = cur.arg("session_id")
-    if not 1 <= len(sid) <= MAX_SID_LEN:
-        raise PionError(f"{cur.command}: session_id length must be 1..{MAX_SID_LEN}")
-    return sid, _layer(cur)
+    return cur.session_id(), _layer(cur)
 
 
 def _layer(cur: Args) -> int:
@@ -51,9 +46,7 @@ def _fetch(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 def _drop(ctx: Context, args: Sequence[bytes]) -> Reply:
     cur = Args(args, "SSM.PREFIX.DROP")
-    sid = cur.arg("session_id")
-    if not 1 <= len(sid) <= MAX_SID_LEN:
-        raise PionError(f"{cur.command}: session_id length must be 1..{MAX_SID_LEN}")
+    sid = cur.session_id()
     layer = None if cur.done() else _layer(cur)
     cur.expect_done()
     ctx.state.ssm.drop(sid, layer)

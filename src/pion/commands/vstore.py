@@ -55,6 +55,7 @@ from pion.errors import PionError
 from pion.resp.decoder import SCRATCH_BYTES
 from pion.resp.reply import Reply, Simple
 from pion.vstore import ENCODE_CHUNK_BYTES, Encoded, FloatRows, Pieces, encode_rows
+from pion.wire import bytes_of
 
 __all__ = [
     "COMMANDS",
@@ -132,7 +133,7 @@ def _from_tier(ctx: Context, sid: bytes, *, required: bool) -> None:
 def _bulk(ctx: Context, array: npt.NDArray[np.generic]) -> memoryview:
     """A flat byte view of a fetched array (no copy for a C-contiguous one), counted in
     the receipt's bytes served."""
-    view = np.ascontiguousarray(array).data.cast("B")
+    view = bytes_of(array)
     ctx.state.receipt.credit_bytes(view.nbytes)
     return view
 

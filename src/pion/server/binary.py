@@ -39,8 +39,6 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, cast
 
-import numpy as np
-
 from pion.attend import queries
 from pion.commands.state import ClientState, Context, ServerState
 from pion.errors import BodyError, ColdMissError, FrameError, PionError
@@ -66,6 +64,7 @@ from pion.server.dispatch import admit, dispatch
 from pion.server.replies import coalesce
 from pion.server.slices import CHECK_EVERY, SLICE_S
 from pion.server.tls import HANDSHAKE_TIMEOUT_S, server_context
+from pion.wire import bytes_of
 
 if TYPE_CHECKING:
     from pion.server.app import PionServer
@@ -272,7 +271,7 @@ class BinaryConnection(asyncio.Protocol):
                 return STATUS_MISS, exc.resp_line().encode()
             state = self._state
             out = queries.query_fused(state.attention, _COMMAND, req, state.config.fa_window)
-            return STATUS_OK, np.ascontiguousarray(out).data.cast("B")
+            return STATUS_OK, bytes_of(out)
         except ColdMissError as exc:
             return STATUS_COLDMISS, exc.resp_line().encode()
         except PionError as exc:

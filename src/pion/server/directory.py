@@ -78,11 +78,10 @@ import xxhash
 
 from pion.errors import PionError
 from pion.vstore import DropSession, Journal, Mutation
-from pion.wire import namespace_for
+from pion.wire import MAX_NS_LEN, namespace_for
 
 __all__ = [
     "MAX_LOAD",
-    "MAX_NS_LEN",
     "MAX_SLOTS",
     "MIN_SLOTS",
     "Directory",
@@ -101,7 +100,6 @@ SLOT = struct.Struct("<BxHiQII")
 SLOT_SIZE = 256
 NS_OFFSET = SLOT.size  # 24
 # The longest namespace KV.PREFIX.REGISTER accepts: it fits a slot.
-MAX_NS_LEN = 200
 # Bounds on the table size: the smallest is 512 KiB of shared memory, the largest
 # 2 x 64 MiB (pages are only allocated where entries land).
 MIN_SLOTS = 1024

@@ -27,6 +27,7 @@ from typing import TypeVar
 import numpy as np
 
 from pion.commands.deferred import Piece, Split, Stream
+from pion.wire import bytes_of
 
 __all__ = ["OFFLOAD_THREADS", "Offloader", "piece_bytes", "stream_parts"]
 
@@ -131,7 +132,7 @@ def piece_bytes(compute: Callable[[], Piece]) -> memoryview:
     array). Runs on a worker thread."""
     piece = compute()
     if isinstance(piece, np.ndarray):
-        return np.ascontiguousarray(piece).data.cast("B")
+        return bytes_of(piece)
     return memoryview(piece).cast("B")
 
 

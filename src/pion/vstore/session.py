@@ -28,7 +28,6 @@ __all__ = [
     "Encoded",
     "FloatRows",
     "Session",
-    "bytes_of",
     "check_rope",
     "encode_for",
     "encode_rows",
@@ -224,8 +223,3 @@ def _encode(
         raise CodecError(f"layer {layer} row {start + exc.row}: {exc.detail}") from None
     except CodecError as exc:
         raise CodecError(f"layer {layer}: {exc.message}") from None
-
-
-def bytes_of(array: npt.NDArray[np.generic]) -> memoryview:
-    """A flat byte view of a C-contiguous array, without copying."""
-    return np.ascontiguousarray(array).data.cast("B")

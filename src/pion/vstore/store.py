@@ -85,12 +85,12 @@ from pion.vstore.session import (
     Encoded,
     FloatRows,
     Session,
-    bytes_of,
     encode_rows,
     validate_create,
 )
 from pion.vstore.views import BlockTable, SessionInfo, namespace_of
 from pion.watch import Watchers
+from pion.wire import bytes_of
 
 __all__ = ["MAX_REPLY_BYTES", "MAX_RUNS", "MAX_ZERO_FILL_BYTES", "VStore"]
 
