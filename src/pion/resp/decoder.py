@@ -231,6 +231,11 @@ class RequestDecoder:
         ready = self._ready
         if ready:
             return ready.pop()
+        if self._args is None and self._pos >= len(self._buf):
+            # Everything handed out (the common case after a batch): nothing to parse.
+            if self._pos:
+                self._compact()
+            return None
         return self._parse()
 
     def _parse(self) -> list[bytes] | None:

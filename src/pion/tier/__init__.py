@@ -17,6 +17,7 @@ Reading order:
 - ``health.py``   circuit breaker, backoff, error and latency counters
 - ``remote.py``   the operations (Lua scripts for the metadata, pipelines for rows)
 - ``ops.py``, ``ledger.py``, ``writer.py``, ``journal.py``   the write path
+- ``rowread.py``  row keys read from every node at once, into preallocated rows
 - ``fill.py``     the read path (read-through fill)
 - ``service.py``  :class:`Tier`: what the server and the handlers call
 
