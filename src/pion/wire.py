@@ -5,8 +5,8 @@
 - Worker ``i`` of a multi-worker server also listens on its affinity port
   ``port + 2 + i`` (``port + 1`` is the binary lane): :func:`affinity_port`.
 
-Like ``resp``, ``codecs`` and ``errors``, this module imports nothing else from the
-package, so both sides can use it.
+Like ``errors``, this module imports nothing else from the package (``resp`` and
+``codecs`` import only ``errors``), so both sides can use it.
 """
 
 from __future__ import annotations

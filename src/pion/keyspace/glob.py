@@ -1,6 +1,6 @@
 """Redis's glob-style patterns (``KEYS``, ``SCAN ... MATCH``), byte for byte.
 
-The semantics are those of Redis 7's ``stringmatchlen`` (``src/util.c``), including its
+The semantics are those of Redis 7's ``stringmatchlen`` (``util.c`` in Redis's source), including its
 corners, so a pattern selects the same keys here as on redis-server (an oracle test
 checks this):
 
