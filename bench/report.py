@@ -99,7 +99,7 @@ SECTIONS: list[Entry] = [
 # -- the generic section, for results no renderer claims -----------------------------
 
 _RATIO = re.compile(r"(ratio|_x_|x_redis|speedup|over_|_over)", re.IGNORECASE)
-_SKIP = {"benchmark", "time", "machine", "quick"}
+_SKIP = {"benchmark", "time", "machine", "environment", "quick"}
 
 
 def flatten(data: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:

@@ -1,9 +1,12 @@
 """The exception tree of Pion, and the RESP error code each class answers with.
 
-Every error a command can raise derives from :class:`PionError`. The dispatcher in
-``pion.server.dispatch`` is the one place that turns these into RESP error replies:
-``-<code> <message>``. Anything that is *not* a ``PionError`` is a bug; the dispatcher
-logs it with its traceback and answers ``-ERR internal error``.
+Every error a command can raise derives from :class:`PionError`. Each lane turns them
+into replies at its one boundary: the dispatcher (``pion.server.dispatch``) into RESP
+errors, ``-<code> <message>`` (:meth:`PionError.resp_line`), for commands and their
+encoded replies, the connection for a streamed reply that fails midway, and the binary
+lane (``pion.server.binary``) into a frame status with the same line. Anything that is
+*not* a ``PionError`` is a bug: logged with its traceback, counted, and answered
+``-ERR internal error``.
 
 Tree::
 

@@ -8,8 +8,8 @@
 - A tensor goes on the wire as its bytes, C order, without a copy when it is
   contiguous already: :func:`bytes_of`.
 
-Like ``resp``, ``codecs`` and ``errors``, this module imports nothing else from the
-package, so both sides can use it.
+Like ``errors``, this module imports nothing else from the package (``resp`` and
+``codecs`` import only ``errors``), so both sides can use it.
 """
 
 from __future__ import annotations

@@ -94,6 +94,7 @@ def test_the_environment_and_dates_come_from_the_results(tmp_path: Path) -> None
     row = "| Test CPU 9000, 2 CPUs; 3 GiB RAM; Linux-test; Python 3.11; redis-server 6.2.99 |"
     assert f"{row} `decoder`, `late` |" in first
     assert platform.platform() not in first  # the rendering machine is not described
+    assert "| x | 1 |" in first and "environment.cpu" not in first  # not a figure
 
 
 def test_a_section_without_its_results_renders_nothing(tmp_path: Path) -> None:

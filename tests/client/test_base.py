@@ -45,7 +45,7 @@ def test_both_shells_expose_the_same_public_methods() -> None:
     sync, aio = _public(PionPromptCache), _public(AsyncPionPromptCache)
     assert sync - {"close"} == aio - {"aclose"}
     assert set(_operations()) == sync - {"close", "make_namespace"}
-    assert len(_operations()) == 17
+    assert len(_operations()) == 20
 
 
 @pytest.mark.parametrize("name", _operations())

@@ -236,3 +236,21 @@ def test_example_runs_end_to_end(spawn_server: Any) -> None:
     assert run.returncode == 0, run.stderr
     assert "prefilled and stored" in run.stdout and "restored from Pion" in run.stdout
     assert run.stdout.count("(same as a fresh prefill)") == 2
+
+
+def test_store_prefix_computes_the_last_positions_logits_only(pc: PionPromptCache) -> None:
+    """The prefill only fills the cache: logits for every prefix position (a [N, vocab]
+    matmul) would be thrown away, so the forward is asked for the last one alone."""
+    ref = Reference("gqa")
+    shapes: list[tuple[int, ...]] = []
+    hook = ref.model.register_forward_hook(
+        lambda _m, _args, out: shapes.append(tuple(out.logits.shape))
+    )
+    try:
+        ns = prefix_namespace(ref.model, ref.prefix, "fp16")
+        store_prefix(pc, ns, ref.model, ref.prefix, "fp16")
+    finally:
+        hook.remove()
+    assert shapes == [(1, 1, ref.model.config.vocab_size)]
+    cos, agree, _ = ref.after_restore(load_prefix(pc, ns, ref.model))
+    assert cos >= BOUNDS["fp16"][0] and agree == 1.0

@@ -35,23 +35,20 @@ docstring in both shells: the duplication this module exists to remove.
 
 from __future__ import annotations
 
-import inspect
-import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping, Sequence
-from types import MethodType
-from typing import Any, Concatenate, Generic, ParamSpec, TypeAlias, TypeVar, overload
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from typing import Any, Concatenate, Generic, ParamSpec, TypeAlias, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import redis
 import redis.asyncio
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
-from pion.client import plans
+from pion.client import attend, plans
 from pion.client.errors import PionWrongWorker, error_from_redis
 from pion.client.export import ExportLane, is_loopback_host
+from pion.client.operation import operation
+from pion.client.options import connection_options, tls_options
 from pion.client.plans import Arrays, Plan, Warmed
 from pion.client.wire import Command, make_namespace
 from pion.wire import affinity_port
@@ -78,52 +75,6 @@ DEFAULT_PORT = 1974  # Pion's default port
 PlanFactory: TypeAlias = Callable[[], Plan[T]]
 # The driver's batches, each addressed to a port; it is sent each batch's replies.
 Route: TypeAlias = Generator[tuple[int, list[Command]], list[object], T]
-
-# No CLIENT SETINFO on connect: two round trips saved per connection.
-_NO_SETINFO: dict[str, Any]
-try:
-    from redis.driver_info import DriverInfo
-
-    _NO_SETINFO = {"driver_info": DriverInfo(name=None, lib_version=None)}
-except ImportError:  # redis-py before 7.1 has no DriverInfo
-    _NO_SETINFO = {"lib_name": None, "lib_version": None}
-
-
-def connection_options(
-    password: str | None,
-    username: str | None,
-    timeout: float,
-    extra: Mapping[str, Any] | None,
-    *,
-    retry: object = None,
-) -> dict[str, Any]:
-    """redis-py options shared by the sync and asyncio clients. ``retry``: the
-    no-retry policy to use (redis.asyncio takes its own ``Retry`` class; default the
-    sync one); a ``retry`` in ``extra`` wins, as every other option there does."""
-    return {
-        "password": password,
-        "username": username,
-        "socket_timeout": timeout,
-        "socket_connect_timeout": timeout,
-        "protocol": 2,
-        **_NO_SETINFO,
-        # redis-py retries ConnectionError 10 times with backoff by default, and it
-        # classes NOAUTH/WRONGPASS/LOADING replies as ConnectionErrors: such a reply
-        # would take seconds to surface. A dead pooled socket is still replaced on
-        # checkout, so no retry is needed for that.
-        "retry": Retry(NoBackoff(), 0) if retry is None else retry,
-        **(extra or {}),
-    }
-
-
-def tls_options(ssl: bool | Mapping[str, Any]) -> dict[str, Any]:
-    """redis-py's options for the client's ``ssl`` argument: ``{}`` for False,
-    ``ssl=True`` plus each ``key`` of a mapping as ``ssl_<key>``."""
-    if ssl is False:
-        return {}
-    if ssl is True:
-        return {"ssl": True}
-    return {"ssl": True, **{f"ssl_{key}": value for key, value in ssl.items()}}
 
 
 def map_results(results: Sequence[object]) -> list[object]:
@@ -152,75 +103,6 @@ def _output_only(plan: Plan[tuple[A, B]]) -> Plan[A]:
 def _discarded(plan: Plan[object]) -> Plan[None]:
     """``plan`` run for its effect, its result dropped."""
     yield from plan
-
-
-_RESULT = "PlanFactory["
-
-
-def _caller_signature(build: Callable[..., Any]) -> inspect.Signature:
-    """``build``'s signature as a caller sees it: ``-> PlanFactory[X]`` shown as
-    ``-> X``. Annotations are strings here (this module postpones their evaluation)."""
-    signature = inspect.signature(build)
-    written = signature.return_annotation
-    if not (isinstance(written, str) and written.startswith(_RESULT) and written.endswith("]")):
-        raise TypeError(f"{build.__qualname__} must be annotated -> PlanFactory[...]")
-    return signature.replace(return_annotation=written[len(_RESULT) : -1])
-
-
-class operation(Generic[P, T]):  # lower case, as property and classmethod are
-    """A client method written once (see the module docstring). ``build`` checks the
-    call's arguments and returns a plan factory; the shell class the method is read
-    from makes the callable (a blocking method, or a coroutine function)."""
-
-    def __init__(self, build: Callable[Concatenate[Any, P], PlanFactory[T]]) -> None:
-        self.build = build
-        self.__name__ = build.__name__
-        self.__qualname__ = build.__qualname__
-        self.__doc__ = build.__doc__
-        self.__signature__ = _caller_signature(build)
-        # One function per shell class, as a def'd method is one function; weak, so a
-        # subclass made in a test does not live forever.
-        self._functions: weakref.WeakKeyDictionary[type[Any], Callable[..., Any]] = (
-            weakref.WeakKeyDictionary()
-        )
-
-    @overload
-    def __get__(
-        self, cache: None, owner: type[BasePromptCache[redis.Redis]]
-    ) -> Callable[Concatenate[BasePromptCache[redis.Redis], P], T]: ...
-    @overload
-    def __get__(
-        self, cache: None, owner: type[BasePromptCache[redis.asyncio.Redis]]
-    ) -> Callable[Concatenate[BasePromptCache[redis.asyncio.Redis], P], Coroutine[Any, Any, T]]: ...
-    @overload
-    def __get__(
-        self, cache: BasePromptCache[redis.Redis], owner: type[Any] | None = None
-    ) -> Callable[P, T]: ...
-    @overload
-    def __get__(
-        self, cache: BasePromptCache[redis.asyncio.Redis], owner: type[Any] | None = None
-    ) -> Callable[P, Coroutine[Any, Any, T]]: ...
-    def __get__(self, cache: BasePromptCache[Any] | None, owner: type[Any] | None = None) -> Any:
-        shell = owner if cache is None else type(cache)
-        if shell is None:
-            raise TypeError("__get__(None, None) is invalid")
-        function = self._functions.get(shell)
-        if function is None:
-            made = shell._shell_method(self)
-            if made is None:  # read from BasePromptCache itself, which runs nothing
-                return self
-            function = self._functions[shell] = self._dress(made, shell)
-        return function if cache is None else MethodType(function, cache)
-
-    def _dress(self, function: Callable[..., Any], shell: type[Any]) -> Callable[..., Any]:
-        """``function`` named, documented and signed as this method of ``shell``."""
-        function.__name__ = self.__name__
-        function.__qualname__ = f"{shell.__qualname__}.{self.__name__}"
-        function.__module__ = shell.__module__
-        function.__doc__ = self.__doc__
-        # Read by inspect.signature (and help()); typeshed does not declare it.
-        function.__signature__ = self.__signature__  # type: ignore[attr-defined]
-        return function
 
 
 class BasePromptCache(ABC, Generic[C]):
@@ -490,6 +372,95 @@ class BasePromptCache(ABC, Generic[C]):
         for M = 1): ``(output, lse)``, for merging with locally computed suffix
         attention."""
         return self._attend(ns, layer, q, top_k, fa_window)
+
+    @operation
+    def attend_query_fused(  # noqa: PLR0917 (Pion's positional signature)
+        self,
+        ns: str,
+        layer: int,
+        q: npt.ArrayLike,
+        k_suf: npt.ArrayLike,
+        v_suf: npt.ArrayLike,
+        head_map: npt.ArrayLike | None = None,
+        fa_window: int | None = None,
+    ) -> PlanFactory[npt.NDArray[np.float32]]:
+        """ATTEND.PREFIX.QUERY_FUSED: ``q`` ``[H_q, M, D]`` over the cached prefix and
+        the suffix ``k_suf``/``v_suf`` ``[H_kv, S_suf, D]`` (causal within it) in one
+        softmax; returns ``[H_q, M, D]``. ``head_map[h]`` is query head ``h``'s kv-head
+        (None: ``h // (H_q // H_kv)``). Pion's ``attend_query_fused`` arguments, in its
+        order. After ``-COLDMISS`` it WARMs and retries once."""
+        return lambda: attend.query_fused(
+            ns,
+            layer,
+            q,
+            (k_suf, v_suf),
+            head_map=head_map,
+            fa_window=fa_window,
+            on_rehydrate=self._count_rehydrate,
+        )
+
+    @operation
+    def attend_query_sparse_auto(  # noqa: PLR0917 (Pion's positional signature)
+        self,
+        ns: str,
+        layer: int,
+        q: npt.ArrayLike,
+        block: int,
+        k_top: int,
+        h_kv: int | None = None,
+        head_map: npt.ArrayLike | None = None,
+        fa_window: int | None = None,
+        selector: str = "block_mean",
+    ) -> PlanFactory[npt.NDArray[np.float32]]:
+        """ATTEND.PREFIX.QUERY_SPARSE_AUTO: ``q`` ``[H_q, D]`` (M = 1) over the
+        ``k_top`` best prefix blocks of ``block`` tokens, picked on the server by
+        ``selector`` (``"block_mean"`` or ``"quest"``), plus the last block; returns
+        ``[H_q, D]``. ``h_kv`` defaults to ``H_q``. Pion's arguments, in its order."""
+        return lambda: attend.query_sparse(
+            ns,
+            layer,
+            q,
+            block,
+            k_top,
+            suffix=None,
+            h_kv=h_kv,
+            head_map=head_map,
+            fa_window=fa_window,
+            selector=selector,
+            on_rehydrate=self._count_rehydrate,
+        )
+
+    @operation
+    def attend_query_sparse_auto_fused(  # noqa: PLR0917 (Pion's positional signature)
+        self,
+        ns: str,
+        layer: int,
+        q: npt.ArrayLike,
+        block: int,
+        k_top: int,
+        k_suf: npt.ArrayLike,
+        v_suf: npt.ArrayLike,
+        h_kv: int | None = None,
+        head_map: npt.ArrayLike | None = None,
+        fa_window: int | None = None,
+        selector: str = "block_mean",
+    ) -> PlanFactory[npt.NDArray[np.float32]]:
+        """ATTEND.PREFIX.QUERY_SPARSE_AUTO_FUSED: ``attend_query_sparse_auto`` plus the
+        dense suffix ``k_suf``/``v_suf`` ``[H_kv, S_suf, D]`` in the same softmax;
+        returns ``[H_q, D]``. ``h_kv`` defaults to the suffix's head count."""
+        return lambda: attend.query_sparse(
+            ns,
+            layer,
+            q,
+            block,
+            k_top,
+            suffix=(k_suf, v_suf),
+            h_kv=h_kv,
+            head_map=head_map,
+            fa_window=fa_window,
+            selector=selector,
+            on_rehydrate=self._count_rehydrate,
+        )
 
     def _attend(
         self, ns: str, layer: int, q: npt.ArrayLike, top_k: int, fa_window: int | None

@@ -264,7 +264,7 @@ def round_to_fp16(x: F32Array) -> F32Array:
     Rounds the fp32 mantissa to nearest even at bit 13 (fp16 keeps 10 of fp32's 23
     mantissa bits); values below 2**-14 (fp16 subnormals) round to multiples of 2**-24.
     Bit-identical to numpy's two casts for every fp32 value in [-65504, 65504] (checked
-    exhaustively when written, and on a dense sample by tests/codecs/test_codecs_base.py), and
+    exhaustively when written, and on a dense sample by tests/codecs/test_base.py), and
     faster, because numpy's fp16 casts are not vectorised on every build.
     """
     u = x.view(np.uint32)

@@ -23,7 +23,7 @@ from pion.commands.state import Command, Context
 from pion.errors import NoAuthError, NoProtoError, PionError, WrongPassError
 from pion.resp.reply import NO_REPLY, Reply, Simple
 
-__all__ = ["COMMANDS"]
+__all__ = ["COMMANDS", "KEY_POSITIONS"]
 
 log = logging.getLogger("pion.server")
 
@@ -242,13 +242,60 @@ def _command(ctx: Context, args: Sequence[bytes]) -> Reply:
     raise PionError(f"unknown subcommand '{sub.lower()}'. Try COMMAND HELP.")
 
 
+# The key positions (first key, last key, step) of the commands that take keys of the
+# plain keyspace, as redis-server 7 reports them (a test compares the two); every other
+# command has none: its arguments are namespaces, session ids or options. One line per
+# command: a keyspace command added to the table adds its line here.
+KEY_POSITIONS: dict[str, tuple[int, int, int]] = {
+    "DECR": (1, 1, 1),
+    "DECRBY": (1, 1, 1),
+    "DEL": (1, -1, 1),
+    "EXISTS": (1, -1, 1),
+    "EXPIRE": (1, 1, 1),
+    "EXPIREAT": (1, 1, 1),
+    "EXPIRETIME": (1, 1, 1),
+    "GET": (1, 1, 1),
+    "HDEL": (1, 1, 1),
+    "HEXISTS": (1, 1, 1),
+    "HGET": (1, 1, 1),
+    "HGETALL": (1, 1, 1),
+    "HLEN": (1, 1, 1),
+    "HMGET": (1, 1, 1),
+    "HMSET": (1, 1, 1),
+    "HSET": (1, 1, 1),
+    "INCR": (1, 1, 1),
+    "INCRBY": (1, 1, 1),
+    "MGET": (1, -1, 1),
+    "MSET": (1, -1, 2),
+    "PERSIST": (1, 1, 1),
+    "PEXPIRE": (1, 1, 1),
+    "PEXPIREAT": (1, 1, 1),
+    "PEXPIRETIME": (1, 1, 1),
+    "PTTL": (1, 1, 1),
+    "SET": (1, 1, 1),
+    "TTL": (1, 1, 1),
+    "TYPE": (1, 1, 1),
+    "UNLINK": (1, -1, 1),
+    "ZADD": (1, 1, 1),
+    "ZCARD": (1, 1, 1),
+    "ZRANGE": (1, 1, 1),
+    "ZRANGEBYSCORE": (1, 1, 1),
+    "ZREM": (1, 1, 1),
+    "ZREVRANGE": (1, 1, 1),
+    "ZREVRANGEBYSCORE": (1, 1, 1),
+    "ZSCORE": (1, 1, 1),
+}
+
+
 def _command_info(cmd: Command) -> Reply:
-    """Redis 7's COMMAND entry: name, arity, flags, first/last key and step (no keys
-    here: our arguments are namespaces, not keyspace keys), ACL categories, tips, key
-    specs, subcommands. redis-py's RESP3 parser reads all ten."""
+    """Redis 7's COMMAND entry: name, arity, flags, first/last key and step
+    (:data:`KEY_POSITIONS`; 0, 0, 0 for the commands without keyspace keys), ACL
+    categories, tips, key specs, subcommands. redis-py's RESP3 parser reads all ten."""
     flags: list[Reply] = [Simple(f) for f in sorted(cmd.flags)]
     categories: list[Reply] = [Simple("@pion")]
-    return [cmd.name.lower().encode(), cmd.arity, flags, 0, 0, 0, categories, [], [], []]
+    first, last, step = KEY_POSITIONS.get(cmd.name, (0, 0, 0))
+    name = cmd.name.lower().encode()
+    return [name, cmd.arity, flags, first, last, step, categories, [], [], []]
 
 
 _ANY = frozenset({"noauth", "loading", "fast"})

@@ -113,6 +113,7 @@ def _server(ctx: Context) -> list[str]:
         f"tcp_port:{cfg.port}",
         f"uptime_in_seconds:{ctx.state.uptime()}",
         f"worker_id:{cfg.worker_id}",
+        f"workers:{cfg.workers}",
     ]
 
 

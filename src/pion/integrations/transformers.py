@@ -114,6 +114,17 @@ def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
     return {"cache": cache} if "cache" in params else {"past_key_values": cache}
 
 
+def _last_logits_only(model: Any) -> dict[str, Any]:
+    """The keyword that makes the forward compute logits for the last position only
+    (``logits_to_keep``; ``num_logits_to_keep`` before transformers 4.50): a prefill
+    that only fills the cache need not multiply every position by the vocabulary."""
+    params = inspect.signature(model.forward).parameters
+    for name in ("logits_to_keep", "num_logits_to_keep"):
+        if name in params:
+            return {name: 1}
+    return {}
+
+
 def _new_cache(model: Any) -> Any:
     try:
         return DynamicCache(config=model.config)
@@ -173,7 +184,7 @@ def store_prefix(
     _synchronize(model)
     start = time.perf_counter()
     with torch.no_grad():
-        model(ids, use_cache=True, **cache_kwargs(model, cache))
+        model(ids, use_cache=True, **_last_logits_only(model), **cache_kwargs(model, cache))
     _synchronize(model)
     prefill_ms = (time.perf_counter() - start) * 1000
     keys, values = cache_to_arrays(cache, n_layers)

@@ -1,8 +1,8 @@
 """Redis's glob-style patterns (``KEYS``, ``SCAN ... MATCH``), byte for byte.
 
-The semantics are those of Redis 7's ``stringmatchlen`` (``src/util.c``), including its
-corners, so a pattern selects the same keys here as on redis-server (an oracle test
-checks this):
+The semantics are those of Redis 7's ``stringmatchlen`` (``util.c`` in Redis's
+source), including its corners, so a pattern selects the same keys here as on
+redis-server (an oracle test checks this):
 
 * ``*`` any run of bytes, ``?`` exactly one byte, ``\\x`` the byte ``x``;
 * ``[abc]``, ``[^abc]``, ``[a-z]`` (a reversed range ``[z-a]`` is swapped; bytes compare

@@ -89,7 +89,8 @@ class KeyJournal(Protocol):
 
 Budget: TypeAlias = Callable[[int], None]
 """Asked for the bytes a write adds before it is journaled; raises ``OOMError`` when
-they cannot be had (see ``pion.commands.budget``)."""
+they cannot be had: the server sets it to ``pion.vstore.VStore.make_room``, which
+evicts V-store namespaces (``pion.commands.state.ServerState``)."""
 
 
 class Keyspace:

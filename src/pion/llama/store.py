@@ -14,7 +14,7 @@ request one short timeout, not one per operation. Every operation has a socket t
 (``timeout``) and a pull a deadline for the whole transfer.
 
 Nothing here decides *whether* to push, pull or trust a file for a server: the warmer does
-(:mod:`pion.llama.tiers`). Does not import the server package: it speaks RESP through
+(:mod:`pion.llama.warmer`). Does not import the server package: it speaks RESP through
 redis-py, as any client would.
 """
 

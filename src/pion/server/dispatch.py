@@ -1,4 +1,4 @@
-"""The one place where a request becomes reply bytes and exceptions become RESP errors.
+"""The RESP lane's boundary: where a request becomes reply bytes and exceptions RESP errors.
 
 Checks run in Redis's order: unknown command, authentication, arity, loading, then
 whether persistence still accepts writes (the commands that only free space always
