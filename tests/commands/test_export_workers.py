@@ -16,14 +16,16 @@ import redis
 from safetensors.numpy import load_file
 
 from pion.client import PionPromptCache
-from support.workers import Server
+from support import ServerProcess
 
 N, DIM = 20, 16
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Server]:
-    srv = Server(["-w", "2", "--independent-workers", "--dir", str(tmp_path / "data")])
+def cluster(tmp_path: Path) -> Iterator[ServerProcess]:
+    srv = ServerProcess(
+        tmp_path, ["-w", "2", "--independent-workers", "--dir", str(tmp_path / "data")]
+    )
     yield srv
     if srv.proc.poll() is None:
         srv.stop(signal.SIGTERM)
@@ -39,7 +41,7 @@ def _store(r: redis.Redis, ns: str, seed: int) -> np.ndarray:
 
 
 def test_export_redirects_to_the_owner_and_the_client_follows(
-    cluster: Server, tmp_path: Path
+    cluster: ServerProcess, tmp_path: Path
 ) -> None:
     owner, other = cluster.worker(0), cluster.worker(1)
     rows = _store(owner, "w0", 1)

@@ -10,19 +10,19 @@ from pathlib import Path
 import pytest
 
 from pion.wire import affinity_port
+from support import ServerProcess
 from support.keyspace import RawClient
-from support.workers import Server
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data: Path = tmp_path_factory.mktemp("txworkers")
-    srv = Server(["-w", "2", "--independent-workers", "--dir", str(data)])
+    srv = ServerProcess(data.parent, ["-w", "2", "--independent-workers", "--dir", str(data)])
     yield srv
     srv.close()
 
 
-def test_a_transaction_on_another_workers_namespace_is_refused(cluster: Server) -> None:
+def test_a_transaction_on_another_workers_namespace_is_refused(cluster: ServerProcess) -> None:
     w0 = RawClient(affinity_port(cluster.port, 0))
     w1 = RawClient(affinity_port(cluster.port, 1))
     assert w0.call("KV.PREFIX.REGISTER", "moved", 8, "fp16").raw == b"+OK\r\n"

@@ -190,7 +190,7 @@ def test_the_log_that_filled_the_disk_resumes_without_a_snapshot(
     assert info["wal_status"] == "ok" and info["wal_blocked_bytes"] == 0
     assert not (data / "pion.vstore.0").exists()  # no snapshot was needed
     srv.kill()
-    err = srv.stderr_text()
+    err = srv.log()
     assert re.search(r"no room for a record of \d+ bytes \(\d+ bytes free", err), err
     assert "has room again" in err
 

@@ -247,7 +247,7 @@ def test_kill9_between_snapshot_storebatch_and_restore(spawn_server: Spawn) -> N
     assert _tpl(r, "spec") == 10 and _layer(r, "spec", 10) == accepted
     r.execute_command("V.STOREBATCH", "spec", 0, 10, 5, draft, "FMT", "F16")
     srv.kill()
-    assert "WAL replayed: 3 records" in srv.stderr_text()  # CREATE, STORE, VSNAP
+    assert "WAL replayed: 3 records" in srv.log()  # CREATE, STORE, VSNAP
     # 3: the draft is there (acknowledged); reject it, die.
     srv, r = _spawn(spawn_server)
     assert _tpl(r, "spec") == 15 and _layer(r, "spec", 15) == accepted + draft
@@ -272,7 +272,7 @@ def test_kill9_between_snapshot_storebatch_and_restore(spawn_server: Spawn) -> N
     assert _tpl(r, "spec") == 10
     assert r.execute_command("V.SNAPSHOT", "spec") > snap2
     assert srv.stop(signal.SIGTERM) == 0
-    assert "WAL replayed: 1 records" in srv.stderr_text()  # the STORE after the SAVE
+    assert "WAL replayed: 1 records" in srv.log()  # the STORE after the SAVE
 
 
 def test_kill9_with_a_rope_layout(spawn_server: Spawn) -> None:
@@ -302,7 +302,7 @@ def test_reset_recipe_on_a_real_server(spawn_server: Spawn, tmp_path: Path) -> N
     assert r.execute_command("V.INFO").startswith(b"enabled:1\r\nsessions:0\r\n")
     r.execute_command("V.CREATE", "after", DIM)
     assert srv.stop() == 0
-    err = srv.stderr_text()
+    err = srv.log()
     assert f"{snapshot_path(data, 0)} is missing" in err
     assert "WAL replayed: 0 records" in err
     # What was written after the recipe is kept.

@@ -173,7 +173,7 @@ def test_torn_tail_is_cut_with_a_log_line(spawn_server: Spawn, tmp_path: Path) -
     assert b"layer_0_tokens:2" in srv2.client().execute_command("V.INFO", "s")
     assert log.stat().st_size == good
     assert srv2.stop() == 0
-    err = srv2.stderr_text()
+    err = srv2.log()
     assert f"torn write at offset {good}" in err and "incomplete final record" in err
     assert "never acknowledged" in err
 

@@ -16,7 +16,14 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from support import MiB, encode_command, read_reply_line, running_server, store_fetchable
+from support import (
+    MiB,
+    encode_command,
+    read_reply_line,
+    running_server,
+    store_fetchable,
+    wait_until,
+)
 
 ROWS, DIM = 256, 8192
 FETCH = encode_command("V.FETCH", "big", 0, "RANGE", 0, ROWS)
@@ -103,7 +110,8 @@ def test_maxclients_refuses_with_redis_text(tmp_path: Path) -> None:
         assert kept[0].info("stats")["rejected_connections"] == 1
         assert kept[0].info("clients")["maxclients"] == 3
         kept.pop().close()
-        time.sleep(0.2)
+        # The slot frees when the server reads the close: wait for that, then use it.
+        wait_until(lambda: kept[0].info("clients")["connected_clients"] == 2, what="the slot")
         with srv.client() as again:  # a slot freed is a slot usable
             assert again.ping()
         for c in kept:

@@ -7,100 +7,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from pion.config import ProtocolLimits, ServerConfig
-from pion.server.app import PionServer
+from pion.config import ProtocolLimits
 from pion.server.connection import Connection
-from pion.server.run import build_state
-
-
-class FakeTransport:
-    def __init__(self) -> None:
-        self.written = bytearray()
-        self.closed = False
-        self.reading = True
-
-    def writelines(self, chunks: list[Any]) -> None:
-        for c in chunks:
-            self.written += bytes(c)
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.closed = True
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-    def get_extra_info(self, name: str) -> Any:
-        return None
-
-    def set_write_buffer_limits(self, high: int) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-
-class PeerNotReading(FakeTransport):
-    """A transport whose peer reads nothing: every byte written stays buffered, and
-    like asyncio's transports it calls pause_writing() once over its high mark."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.protocol: Connection | None = None
-        self.high = 0
-        self.buffered = 0
-        self.paused = False
-
-    def set_write_buffer_limits(self, high: int) -> None:
-        self.high = high
-
-    def get_write_buffer_size(self) -> int:
-        return self.buffered
-
-    def writelines(self, chunks: list[Any]) -> None:
-        super().writelines(chunks)
-        self.buffered += sum(len(bytes(c)) for c in chunks)
-        if self.buffered > self.high and not self.paused and self.protocol is not None:
-            self.paused = True
-            self.protocol.pause_writing()
-
-    def drain(self) -> None:
-        """The peer read everything."""
-        self.buffered = 0
-        if self.paused and self.protocol is not None:
-            self.paused = False
-            self.protocol.resume_writing()
-
-
-def connect(
-    tmp_path: Path, transport: FakeTransport | None = None, **config: Any
-) -> tuple[Connection, FakeTransport]:
-    state = build_state(ServerConfig(port=0, wal_enabled=False, dir=tmp_path, **config))
-    # Pure protocol tests: no data directory behind this state.
-    assert state.persistence is not None
-    state.persistence.close()
-    state.persistence = None
-    state.loading = False
-    server = PionServer(state)
-    conn = Connection(
-        state, server.table, server.sink, 1, server.connections, memory=server.client_memory
-    )
-    transport = transport or FakeTransport()
-    if isinstance(transport, PeerNotReading):
-        transport.protocol = conn
-    conn.connection_made(transport)  # type: ignore[arg-type]
-    return conn, transport
+from support.transport import FakeTransport, connect
 
 
 def run(coro_fn: Any) -> None:
@@ -173,7 +82,7 @@ def test_commands_stop_at_the_high_water_mark_checked_per_command(tmp_path: Path
     reads: with a 2000-byte mark only a handful run, not all 100."""
 
     async def body() -> None:
-        t = PeerNotReading()
+        t = FakeTransport(keep=True)
         conn, _ = connect(tmp_path, t, protocol=ProtocolLimits(reply_high_water=2000))
         state = conn._state
         conn.data_received(b"".join(_echo(i) for i in range(100)))

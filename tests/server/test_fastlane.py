@@ -11,65 +11,12 @@ from typing import Any
 
 import pytest
 
-from pion.config import ServerConfig
 from pion.server import dispatch
-from pion.server.app import PionServer
 from pion.server.connection import Connection
-from pion.server.run import build_state
+from support.transport import FakeTransport, connect
 
 VALUE = b"v" * 256
 BIG = b"b" * 5000  # past SMALL_BULK: header, value, CRLF as three chunks
-
-
-class FakeTransport:
-    """What the connection writes, gathered; always ready to write."""
-
-    def __init__(self) -> None:
-        self.written = bytearray()
-        self.closed = False
-
-    def writelines(self, chunks: list[Any]) -> None:
-        for c in chunks:
-            self.written += bytes(c)
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.closed = True
-
-    def pause_reading(self) -> None: ...
-
-    def resume_reading(self) -> None: ...
-
-    def get_extra_info(self, name: str) -> Any:
-        return None
-
-    def set_write_buffer_limits(self, high: int) -> None: ...
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-
-def connect(tmp_path: Path, **config: Any) -> tuple[Connection, FakeTransport]:
-    state = build_state(ServerConfig(port=0, wal_enabled=False, dir=tmp_path, **config))
-    assert state.persistence is not None
-    state.persistence.close()
-    state.persistence = None
-    state.loading = False
-    server = PionServer(state)
-    conn = Connection(
-        state, server.table, server.sink, 1, server.connections, memory=server.client_memory
-    )
-    transport = FakeTransport()
-    conn.connection_made(transport)  # type: ignore[arg-type]
-    return conn, transport
 
 
 def frame(*args: bytes) -> bytes:

@@ -22,8 +22,8 @@ from pion.config import ServerConfig
 from pion.errors import PionError
 from pion.prefix import Receipt
 from pion.server.metrics import LATENCY_COMMANDS, WorkerMetrics, merge
-from support import make_store
-from support.workers import Server, info_fields, sample, scrape, stats, wait_until
+from support import ServerProcess, make_store, wait_until
+from support.workers import info_fields, sample, scrape, stats
 
 ROWS = np.ones((6, 16), np.float32)
 HASHES = np.arange(8, dtype="<u8")
@@ -119,7 +119,7 @@ def _check_commands(families: dict[str, object], worker: str) -> None:
 
 
 def test_single_process_endpoint_matches_the_server(tmp_path: Path) -> None:
-    srv = Server(["--dir", str(tmp_path), "--metrics-port", "0"])
+    srv = ServerProcess(tmp_path.parent, ["--dir", str(tmp_path), "--metrics-port", "0"])
     try:
         assert srv.metrics_port is not None
         r = srv.client(protocol=2)
@@ -139,15 +139,16 @@ def test_single_process_endpoint_matches_the_server(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Server]:
-    srv = Server(
-        ["-w", "2", "--independent-workers", "--dir", str(tmp_path), "--metrics-port", "0"]
+def cluster(tmp_path: Path) -> Iterator[ServerProcess]:
+    srv = ServerProcess(
+        tmp_path.parent,
+        ["-w", "2", "--independent-workers", "--dir", str(tmp_path), "--metrics-port", "0"],
     )
     yield srv
     srv.close()
 
 
-def test_workers_are_merged_one_series_each(cluster: Server) -> None:
+def test_workers_are_merged_one_series_each(cluster: ServerProcess) -> None:
     assert cluster.metrics_port is not None
     w0, w1 = cluster.worker(0, protocol=2), cluster.worker(1, protocol=2)
     _workload(w0, "zero")

@@ -28,69 +28,11 @@ from pion.codecs import get_codec
 from pion.commands import vstore as vstore_commands
 from pion.commands.deferred import LazyBulk, Offload, Stream
 from pion.config import ProtocolLimits, ServerConfig
-from pion.server.app import PionServer
-from pion.server.connection import Connection
-from pion.server.run import ServerThread, build_state
+from pion.server.run import ServerThread
 from pion.vstore import layer as layer_module
+from support.transport import FakeTransport, connect
 
 # -- harness ---------------------------------------------------------------------------
-
-
-class FakeTransport:
-    def __init__(self, high: int = 1 << 40) -> None:
-        self.written = bytearray()
-        self.closed = False
-        self.aborted = False
-        self.reading = True
-        self.buffered = 0  # bytes "in the socket", until drain()
-        self.keep = False  # hold written bytes as unsent (a peer that does not read)
-        self.protocol: Connection | None = None
-        self.high = high
-        self.paused = False
-
-    def writelines(self, chunks: list[Any]) -> None:
-        for c in chunks:
-            data = bytes(c)
-            self.written += data
-            if self.keep:
-                self.buffered += len(data)
-        if self.keep and self.buffered > self.high and not self.paused:
-            self.paused = True
-            assert self.protocol is not None
-            self.protocol.pause_writing()
-
-    def write(self, data: bytes) -> None:
-        self.writelines([data])
-
-    def drain(self) -> None:
-        self.buffered = 0
-        if self.paused and self.protocol is not None:
-            self.paused = False
-            self.protocol.resume_writing()
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.closed = self.aborted = True
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-    def get_extra_info(self, name: str) -> Any:
-        return None
-
-    def set_write_buffer_limits(self, high: int) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return self.buffered
 
 
 class ManualOffload:
@@ -113,31 +55,6 @@ class ManualOffload:
     def run_all(self) -> None:
         while self.queue:
             self.run_one()
-
-
-def connect(
-    tmp_path: Path, offload: Any = None, transport: FakeTransport | None = None, **config: Any
-) -> tuple[Connection, FakeTransport]:
-    state = build_state(ServerConfig(port=0, wal_enabled=False, dir=tmp_path, **config))
-    assert state.persistence is not None
-    state.persistence.close()
-    state.persistence = None
-    state.loading = False
-    server = PionServer(state)
-    server.offload.close()
-    conn = Connection(
-        state,
-        server.table,
-        server.sink,
-        1,
-        server.connections,
-        memory=server.client_memory,
-        offload=offload,
-    )
-    transport = transport or FakeTransport()
-    transport.protocol = conn
-    conn.connection_made(transport)  # type: ignore[arg-type]
-    return conn, transport
 
 
 def encode(*args: object) -> bytes:
@@ -180,7 +97,7 @@ def test_offloaded_and_inline_give_the_same_bytes(tmp_path: Path, small_offload:
     )
 
     async def run(offload: Any) -> bytes:
-        conn, t = connect(tmp_path / str(id(offload)), offload)
+        conn, t = connect(tmp_path / str(id(offload)), offload=offload)
         conn.data_received(wire)
         if offload is not None:
             offload.run_all()
@@ -202,7 +119,7 @@ def test_one_command_at_a_time_and_one_parsed_ahead(tmp_path: Path, small_offloa
 
     async def body() -> None:
         manual = ManualOffload()
-        conn, t = connect(tmp_path, manual)
+        conn, t = connect(tmp_path, offload=manual)
         state = conn._state
         conn.data_received(encode("V.CREATE", "s", 64, "VQUANT", "turbo3"))
         ran = state.counters.total_commands_processed
@@ -238,7 +155,7 @@ def test_streamed_reply_waits_for_a_client_behind(tmp_path: Path, small_offload:
         manual = ManualOffload()
         transport = FakeTransport(high=10_000)
         conn, t = connect(
-            tmp_path, manual, transport, protocol=ProtocolLimits(reply_high_water=10_000)
+            tmp_path, transport, offload=manual, protocol=ProtocolLimits(reply_high_water=10_000)
         )
         conn.data_received(encode("V.CREATE", "s", 64, "VQUANT", "fp16"))
         conn.data_received(encode("V.STOREBATCH", "s", 0, 0, 200, rows(200, 64, 3).tobytes()))
@@ -276,7 +193,7 @@ def test_offloaded_store_error_is_the_synchronous_one(tmp_path: Path, small_offl
     )
 
     async def run(offload: Any) -> list[Any]:
-        conn, t = connect(tmp_path / str(id(offload)), offload)
+        conn, t = connect(tmp_path / str(id(offload)), offload=offload)
         conn.data_received(wire + encode("V.INFO", "s"))
         if offload is not None:
             offload.run_all()
@@ -295,7 +212,7 @@ def test_layout_changed_while_encoding(tmp_path: Path, small_offload: None) -> N
 
     async def body() -> None:
         manual = ManualOffload()
-        conn, t = connect(tmp_path, manual)
+        conn, t = connect(tmp_path, offload=manual)
         state = conn._state
         conn.data_received(encode("KV.PREFIX.REGISTER", "ns", 64, "int8"))
         data = rows(100, 64, 4)
@@ -316,7 +233,7 @@ def test_layout_changed_while_encoding(tmp_path: Path, small_offload: None) -> N
 def test_session_dropped_while_encoding(tmp_path: Path, small_offload: None) -> None:
     async def body() -> None:
         manual = ManualOffload()
-        conn, t = connect(tmp_path, manual)
+        conn, t = connect(tmp_path, offload=manual)
         conn.data_received(encode("V.CREATE", "s", 64, "VQUANT", "int8"))
         conn.data_received(encode("V.STOREBATCH", "s", 0, 0, 100, rows(100, 64, 1).tobytes()))
         conn._state.vstore.drop(b"s")
@@ -333,7 +250,7 @@ def test_client_gone_while_encoding_the_store_still_applies(
 
     async def body() -> None:
         manual = ManualOffload()
-        conn, t = connect(tmp_path, manual)
+        conn, t = connect(tmp_path, offload=manual)
         conn.data_received(encode("V.CREATE", "s", 64, "VQUANT", "int8"))
         written = len(t.written)
         conn.data_received(encode("V.STOREBATCH", "s", 0, 0, 100, rows(100, 64, 1).tobytes()))
@@ -354,7 +271,7 @@ def test_a_failed_piece_drops_the_connection(tmp_path: Path) -> None:
 
     async def body() -> None:
         manual = ManualOffload()
-        conn, t = connect(tmp_path, manual)
+        conn, t = connect(tmp_path, offload=manual)
         stream = Stream([LazyBulk(8, [lambda: np.zeros(1, "<f8"), boom])], array=False)
         conn._start([b"V.FETCH"], stream)
         manual.run_one()
@@ -369,7 +286,7 @@ def test_a_failed_piece_drops_the_connection(tmp_path: Path) -> None:
 def test_a_short_stream_drops_the_connection(tmp_path: Path) -> None:
     async def body() -> None:
         manual = ManualOffload()
-        conn, t = connect(tmp_path, manual)
+        conn, t = connect(tmp_path, offload=manual)
         stream = Stream([LazyBulk(16, [lambda: np.zeros(1, "<f8")])], array=True)
         conn._start([b"V.FETCH"], stream)
         manual.run_all()
@@ -387,7 +304,7 @@ def test_offload_finish_runs_inside_the_error_boundary(tmp_path: Path) -> None:
 
     async def body() -> None:
         manual = ManualOffload()
-        conn, t = connect(tmp_path, manual)
+        conn, t = connect(tmp_path, offload=manual)
         conn._start([b"V.STOREBATCH"], Offload(work=lambda: 1, finish=finish))
         manual.run_all()
         conn.data_received(encode("PING"))
@@ -457,7 +374,7 @@ def oracle(program: list[tuple[object, ...]], tmp_path: Path) -> list[Any]:
     """The program run inline, one command after the other, on a fresh server state."""
 
     async def body() -> bytes:
-        conn, t = connect(tmp_path / f"oracle{next(_names)}", None)
+        conn, t = connect(tmp_path / f"oracle{next(_names)}")
         conn.data_received(b"".join(encode(*op) for op in program))
         return bytes(t.written)
 

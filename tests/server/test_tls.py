@@ -24,7 +24,8 @@ from pion.server.binary_wire import HEADER, MAGIC, OP_AUTH, OP_PING, STATUS_OK
 from pion.server.run import ServerThread
 from pion.server.tls import server_context
 from pion.wire import affinity_port
-from support.workers import Certs, Server, make_certs, scrape, stats
+from support import ServerProcess
+from support.workers import Certs, make_certs, scrape, stats
 
 
 @pytest.fixture(scope="module")
@@ -211,8 +212,9 @@ def test_bad_tls_configuration_is_refused(tmp_path: Path, certs: Certs) -> None:
 
 
 @pytest.fixture
-def tls_cluster(tmp_path: Path, certs: Certs) -> Iterator[Server]:
-    srv = Server(
+def tls_cluster(tmp_path: Path, certs: Certs) -> Iterator[ServerProcess]:
+    srv = ServerProcess(
+        tmp_path.parent,
         [
             "-w", "2", "--independent-workers", "--dir", str(tmp_path),
             "--tls-cert", str(certs.cert), "--tls-key", str(certs.key),
@@ -223,7 +225,7 @@ def tls_cluster(tmp_path: Path, certs: Certs) -> Iterator[Server]:
     srv.close()
 
 
-def test_workers_over_tls(tls_cluster: Server, certs: Certs) -> None:
+def test_workers_over_tls(tls_cluster: ServerProcess, certs: Certs) -> None:
     srv = tls_cluster
     options = {"ssl": True, "ssl_ca_certs": str(certs.ca), "password": "pw"}
     # The main port and every affinity port speak TLS, and require AUTH.

@@ -26,24 +26,25 @@ from pion_vllm_mlx.prompt_cache import PionPromptCache as PionClient
 from pion.client import PionPromptCache
 from pion.client.errors import PionWrongWorker
 from pion.wire import affinity_port
-from support.workers import Server, gone, info_fields, stats, wait_until
+from support import ServerProcess, wait_until
+from support.workers import gone, info_fields, stats
 
 ROWS = np.arange(6 * 8, dtype=np.float32).reshape(6, 8) / 7
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """Two workers, shared by the read-mostly tests of this module (each uses its own
     namespaces)."""
     data = tmp_path_factory.mktemp("workers")
-    srv = Server(["-w", "2", "--independent-workers", "--dir", str(data)])
+    srv = ServerProcess(data.parent, ["-w", "2", "--independent-workers", "--dir", str(data)])
     yield srv
     srv.close()
 
 
 @pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[list[Server]]:
-    started: list[Server] = []
+def spawn(tmp_path: Path) -> Iterator[list[ServerProcess]]:
+    started: list[ServerProcess] = []
     yield started
     for srv in started:
         if srv.proc.poll() is None:
@@ -51,7 +52,7 @@ def spawn(tmp_path: Path) -> Iterator[list[Server]]:
         srv.close()
 
 
-def _register_on(srv: Server, worker: int, ns: str, **kw: object) -> redis.Redis:
+def _register_on(srv: ServerProcess, worker: int, ns: str, **kw: object) -> redis.Redis:
     r = srv.worker(worker)
     args: list[object] = ["KV.PREFIX.REGISTER", ns, 8, "fp16"]
     for key, value in kw.items():
@@ -60,7 +61,7 @@ def _register_on(srv: Server, worker: int, ns: str, **kw: object) -> redis.Redis
     return r
 
 
-def test_connections_land_on_every_worker(cluster: Server) -> None:
+def test_connections_land_on_every_worker(cluster: ServerProcess) -> None:
     seen = set()
     clients = [cluster.client() for _ in range(40)]
     try:
@@ -77,7 +78,7 @@ def test_connections_land_on_every_worker(cluster: Server) -> None:
         assert server_info["worker_id"] == w and server_info["tcp_port"] == cluster.port
 
 
-def test_lookup_hits_on_every_worker_and_credits_the_asking_worker(cluster: Server) -> None:
+def test_lookup_hits_on_every_worker_and_credits_the_asking_worker(cluster: ServerProcess) -> None:
     w0, w1 = cluster.worker(0), cluster.worker(1)
     _register_on(cluster, 0, "hit-ns", prefill_ms=1500)
     w0.execute_command("V.STOREBATCH", "hit-ns_pk", 0, 0, 6, ROWS.tobytes())
@@ -105,7 +106,7 @@ def test_lookup_hits_on_every_worker_and_credits_the_asking_worker(cluster: Serv
         c.close()
 
 
-def test_redirect_texts(cluster: Server) -> None:
+def test_redirect_texts(cluster: ServerProcess) -> None:
     w0 = cluster.worker(0)
     blob = np.arange(4, dtype="<u8").tobytes()
     assert (
@@ -154,7 +155,7 @@ def test_redirect_texts(cluster: Server) -> None:
     )
 
 
-def test_register_race_has_one_owner(cluster: Server) -> None:
+def test_register_race_has_one_owner(cluster: ServerProcess) -> None:
     results: list[object] = []
 
     def register(worker: int) -> None:
@@ -185,9 +186,10 @@ def _holds(r: redis.Redis, sid: str) -> bool:
     return True
 
 
-def test_drop_and_eviction_leave_the_directory(tmp_path: Path, spawn: list[Server]) -> None:
-    srv = Server(
-        ["-w", "2", "--independent-workers", "--dir", str(tmp_path), "--vstore-max-sessions", "2"]
+def test_drop_and_eviction_leave_the_directory(tmp_path: Path, spawn: list[ServerProcess]) -> None:
+    srv = ServerProcess(
+        tmp_path.parent,
+        ["-w", "2", "--independent-workers", "--dir", str(tmp_path), "--vstore-max-sessions", "2"],
     )
     spawn.append(srv)
     w1 = srv.worker(1)
@@ -205,7 +207,7 @@ def test_drop_and_eviction_leave_the_directory(tmp_path: Path, spawn: list[Serve
     assert srv.worker(0).execute_command("KV.PREFIX.OWNER", "old") == b"1"
 
 
-def _client_on_worker(srv: Server, worker: int, **kw: object) -> PionPromptCache:
+def _client_on_worker(srv: ServerProcess, worker: int, **kw: object) -> PionPromptCache:
     """A PionPromptCache on the main port whose connection landed on ``worker``."""
     for _ in range(200):
         pc = PionPromptCache(port=srv.port, **kw)  # type: ignore[arg-type]
@@ -215,7 +217,7 @@ def _client_on_worker(srv: Server, worker: int, **kw: object) -> PionPromptCache
     raise AssertionError(f"no connection landed on worker {worker}")
 
 
-def test_client_follows_redirects_to_the_affinity_port(cluster: Server) -> None:
+def test_client_follows_redirects_to_the_affinity_port(cluster: ServerProcess) -> None:
     keys = [np.full((5, 8), k, np.float32) for k in range(3)]
     values = [np.full((5, 8), -k, np.float32) for k in range(3)]
     owner = _client_on_worker(cluster, 0)
@@ -240,7 +242,7 @@ def test_client_follows_redirects_to_the_affinity_port(cluster: Server) -> None:
         pc.close()
 
 
-def test_real_pion_client_looks_up_through_any_worker(cluster: Server) -> None:
+def test_real_pion_client_looks_up_through_any_worker(cluster: ServerProcess) -> None:
     _register_on(cluster, 1, "real-client-ns")
     model = SimpleNamespace(
         args=SimpleNamespace(
@@ -257,8 +259,10 @@ def test_real_pion_client_looks_up_through_any_worker(cluster: Server) -> None:
         assert pc.lookup("real-client-missing") is False
 
 
-def test_kill9_worker_restarts_with_its_data(tmp_path: Path, spawn: list[Server]) -> None:
-    srv = Server(["-w", "2", "--independent-workers", "--dir", str(tmp_path)])
+def test_kill9_worker_restarts_with_its_data(tmp_path: Path, spawn: list[ServerProcess]) -> None:
+    srv = ServerProcess(
+        tmp_path.parent, ["-w", "2", "--independent-workers", "--dir", str(tmp_path)]
+    )
     spawn.append(srv)
     w1 = srv.worker(1)
     _register_on(srv, 1, "durable")
@@ -308,8 +312,10 @@ def test_kill9_worker_restarts_with_its_data(tmp_path: Path, spawn: list[Server]
     assert srv.stop() == 0
 
 
-def test_kill9_supervisor_leaves_no_worker(tmp_path: Path, spawn: list[Server]) -> None:
-    srv = Server(["-w", "2", "--independent-workers", "--dir", str(tmp_path)])
+def test_kill9_supervisor_leaves_no_worker(tmp_path: Path, spawn: list[ServerProcess]) -> None:
+    srv = ServerProcess(
+        tmp_path.parent, ["-w", "2", "--independent-workers", "--dir", str(tmp_path)]
+    )
     spawn.append(srv)
     workers = srv.worker_pids()
     assert len(workers) == 2
@@ -320,21 +326,29 @@ def test_kill9_supervisor_leaves_no_worker(tmp_path: Path, spawn: list[Server]) 
         with pytest.raises(redis.ConnectionError):
             srv.client(port, socket_connect_timeout=2).ping()
     # The data directory is free again: a new server starts on it.
-    again = Server(["-w", "2", "--independent-workers", "--dir", str(tmp_path)])
+    again = ServerProcess(
+        tmp_path.parent, ["-w", "2", "--independent-workers", "--dir", str(tmp_path)]
+    )
     spawn.append(again)
     assert again.client().ping()
 
 
-def test_sigterm_stops_every_worker_and_data_survives(tmp_path: Path, spawn: list[Server]) -> None:
-    srv = Server(["-w", "2", "--independent-workers", "--dir", str(tmp_path)])
+def test_sigterm_stops_every_worker_and_data_survives(
+    tmp_path: Path, spawn: list[ServerProcess]
+) -> None:
+    srv = ServerProcess(
+        tmp_path.parent, ["-w", "2", "--independent-workers", "--dir", str(tmp_path)]
+    )
     spawn.append(srv)
     for w in (0, 1):
         _register_on(srv, w, f"kept-{w}")
     workers = srv.worker_pids()
     assert srv.stop(signal.SIGTERM) == 0
     assert all(gone(pid) for pid in workers)
-    assert "stopped" in srv.stderr_text()
-    again = Server(["-w", "2", "--independent-workers", "--dir", str(tmp_path)])
+    assert "stopped" in srv.log()
+    again = ServerProcess(
+        tmp_path.parent, ["-w", "2", "--independent-workers", "--dir", str(tmp_path)]
+    )
     spawn.append(again)
     for w in (0, 1):
         # Each worker recovered its own files, and the directory was rebuilt.
@@ -342,8 +356,10 @@ def test_sigterm_stops_every_worker_and_data_survives(tmp_path: Path, spawn: lis
         assert again.worker(1 - w).execute_command("KV.PREFIX.LOOKUP", f"kept-{w}") == b"HIT"
 
 
-def test_shutdown_command_stops_the_server(tmp_path: Path, spawn: list[Server]) -> None:
-    srv = Server(["-w", "2", "--independent-workers", "--dir", str(tmp_path)])
+def test_shutdown_command_stops_the_server(tmp_path: Path, spawn: list[ServerProcess]) -> None:
+    srv = ServerProcess(
+        tmp_path.parent, ["-w", "2", "--independent-workers", "--dir", str(tmp_path)]
+    )
     spawn.append(srv)
     workers = srv.worker_pids()
     with pytest.raises(redis.ConnectionError):

@@ -1,8 +1,8 @@
 """Helpers shared by the test packages: the one support package, on pytest's
 ``pythonpath`` (``from support import ...``). Beside the helpers below, its modules
 ``support.attend`` (a float64 attention reference), ``support.keyspace`` (a raw RESP
-client and a redis-server oracle) and ``support.workers`` (pion-server processes with
-workers, TLS and metrics).
+client and a redis-server oracle), ``support.transport`` (a fake asyncio transport) and
+``support.workers`` (helpers for workers, TLS certificates and metrics).
 
 - V-store: :func:`make_store`, :func:`rows`, :func:`durable_state` (everything durable
   about a store, comparable with ``==``), :func:`check_layers` (the sparse-run
@@ -10,8 +10,9 @@ workers, TLS and metrics).
 - Persistence: :func:`open_store` (a store recovered from a real data directory;
   :func:`open_stores_with_ssm` with the SSM store beside it),
   :func:`small_workload`, :class:`StateRecorder`, wire helpers for real servers.
-- Real server processes: :class:`ServerProcess` / :func:`running_server` (a
-  ``pion-server`` whose RSS and log a test reads), :func:`encode_command`,
+- Real server processes: :class:`ServerProcess` / :func:`running_server` (the one
+  wrapper of a ``pion-server`` process: its ports, log, RSS and workers; the
+  ``spawn_server`` fixture makes them too), :func:`wait_until`, :func:`encode_command`,
   :func:`read_reply_line`, :func:`store_fetchable`.
 - `pion llama`: chat requests and ``[prefix-cache]`` log reading.
 - Network: :func:`non_loopback_address` (to connect from a peer that is not loopback).
@@ -48,6 +49,7 @@ from pion.persistence import Persistence
 from pion.persistence.ssm_durable import SsmDurable
 from pion.ssm import SsmStore
 from pion.vstore import Mutation, SetBlocks, StoreRows, VStore
+from pion.wire import affinity_port
 
 # -- V-store ---------------------------------------------------------------------------
 
@@ -214,7 +216,8 @@ def wait_loaded(r: redis.Redis, timeout: float = 60) -> None:
 # lot), and the raw-socket helpers the hostile clients of those tests share.
 
 MiB = 1024 * 1024
-_READY = re.compile(rb"pion-server ready port=(\d+)")
+# Lines a starting pion-server prints: its RESP port, and its metrics port (if any).
+_READY = re.compile(rb"pion-server (ready|metrics) port=(\d+)")
 _WITH_NOFILE = (
     "import resource, runpy, sys; "
     "resource.setrlimit(resource.RLIMIT_NOFILE, (%d, %d)); "
@@ -223,56 +226,75 @@ _WITH_NOFILE = (
 
 
 class ServerProcess:
-    """``python -m pion server --port 0 <args>``; stderr goes to ``log_path``."""
+    """``python -m pion server --port 0 <args>``: the one wrapper of a real pion-server
+    process (one process, or a supervisor of ``-w N``). Its log goes to a file in
+    ``log_dir`` (a pipe nobody drains would stall a server that logs a lot); without
+    ``--dir`` among ``args`` its data is ``log_dir/data``."""
 
     def __init__(
         self,
-        tmp_path: Path,
+        log_dir: Path,
         args: Sequence[str],
         *,
         password: str | None = None,
         env: dict[str, str] | None = None,
         nofile: tuple[int, int] | None = None,
+        timeout: float = 90,
     ) -> None:
         self.password = password
-        self.log_path = tmp_path / f"server-{time.monotonic_ns()}.log"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"server-{time.monotonic_ns()}.log"
         argv = list(args)
         if "--dir" not in argv:
-            argv += ["--dir", str(tmp_path / "data")]
+            argv += ["--dir", str(log_dir / "data")]
         if password is not None:
             argv += ["--requirepass", password]
+        self.args = argv
         cmd = [sys.executable, "-m", "pion", "server", "--port", "0", *argv]
         if nofile is not None:
             # Start the server under this open-files limit (soft, hard), as `ulimit -n`.
             cmd[1:3] = ["-c", _WITH_NOFILE % nofile]
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            env={**os.environ, **(env or {})},
+            cmd, stdout=subprocess.PIPE, stderr=self._log, env={**os.environ, **(env or {})}
         )
+        self.port = 0
+        self.metrics_port: int | None = None
         assert self.proc.stdout is not None
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
             if not line:
                 break
             m = _READY.search(line)
-            if m:
-                self.port = int(m.group(1))
+            if m and m.group(1) == b"metrics":
+                self.metrics_port = int(m.group(2))
+            elif m:
+                self.port = int(m.group(2))
                 self._ps = psutil.Process(self.proc.pid)
                 return
-        self.stop()
+        self.close()
         raise RuntimeError(f"pion-server did not start:\n{self.log()}")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
 
     def rss(self) -> int:
         """The server's resident set size in bytes, now."""
         return int(self._ps.memory_info().rss)
 
-    def client(self, **kw: Any) -> redis.Redis:
+    def client(self, port: int | None = None, **kw: Any) -> redis.Redis:
         kw.setdefault("socket_timeout", 30)
-        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, **kw)
+        kw.setdefault("password", self.password)
+        return redis.Redis(host="127.0.0.1", port=self.port if port is None else port, **kw)
+
+    def worker(self, index: int, **kw: Any) -> redis.Redis:
+        """A client of worker ``index``'s affinity port (``-w N``)."""
+        return self.client(affinity_port(self.port, index), **kw)
+
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in psutil.Process(self.pid).children()]
 
     def connect(self, timeout: float = 10) -> socket.socket:
         return socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
@@ -282,20 +304,34 @@ class ServerProcess:
             return dict(r.info(section))
 
     def log(self) -> str:
-        self._log.flush()
+        """What the server has logged so far (all of it, once it has exited)."""
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def stop(self) -> None:
+    def kill(self) -> None:
+        """kill -9, and wait for it."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        """Send ``sig`` (while it runs) and return its exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+    def close(self) -> None:
+        """Stop it (SIGTERM, then SIGKILL past 30 s) and release its streams."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
+                self.kill()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self._log.close()
@@ -307,7 +343,7 @@ def running_server(tmp_path: Path, *args: str, **kw: Any) -> Iterator[ServerProc
     try:
         yield srv
     finally:
-        srv.stop()
+        srv.close()
 
 
 def encode_command(*parts: bytes | str | int) -> bytes:
@@ -413,13 +449,23 @@ def raw_exchange(
 # -- cluster tier ----------------------------------------------------------------------
 
 
-def wait_until(predicate: Any, timeout: float = 20.0, what: str = "condition") -> None:
-    """Poll ``predicate()`` until it is true; fail naming ``what`` after ``timeout``."""
+def wait_until(
+    predicate: Any, timeout: float = 60.0, what: str = "condition", step: float = 0.05
+) -> Any:
+    """Poll ``predicate()`` until it returns something true, and return that; a
+    connection error while the server comes up counts as not yet. Fails naming
+    ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while True:
+        try:
+            value = predicate()
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            value = None
+        if value:
+            return value
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(step)
 
 
 def store_prefix(

@@ -1,8 +1,8 @@
-"""Test helpers for real `pion-server` processes with workers, TLS and metrics
+"""Test helpers for pion-server's workers, TLS and metrics
 (``from support.workers import ...``).
 
-- :class:`Server`: a `pion-server` subprocess (``-w N`` or not) with its ready and
-  metrics ports, worker processes and affinity-port clients.
+- :func:`stats`, :func:`info_fields`, :func:`gone`: what a test reads of workers (the
+  processes themselves are :class:`support.ServerProcess`).
 - :func:`make_certs`: a CA, a server certificate for 127.0.0.1/localhost and a client
   certificate, generated with the ``openssl`` command line.
 - :func:`scrape`: the metrics endpoint parsed by prometheus_client's own parser.
@@ -11,12 +11,8 @@
 from __future__ import annotations
 
 import os
-import re
-import signal
 import ssl
 import subprocess
-import sys
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,70 +21,6 @@ from typing import Any
 import psutil
 import redis
 from prometheus_client.parser import text_string_to_metric_families
-
-from pion.wire import affinity_port
-
-_LINE = re.compile(rb"pion-server (ready|metrics) port=(\d+)")
-
-
-class Server:
-    """A real `pion-server` process, started with ``args`` (``--port 0`` added)."""
-
-    def __init__(self, args: list[str], *, timeout: float = 90) -> None:
-        self.args = args
-        cmd = [sys.executable, "-m", "pion", "server", "--port", "0", *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.port = 0
-        self.metrics_port: int | None = None
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        line = b""
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            m = _LINE.search(line)
-            if m and m.group(1) == b"metrics":
-                self.metrics_port = int(m.group(2))
-            elif m:
-                self.port = int(m.group(2))
-                return
-        self.proc.kill()
-        _, err = self.proc.communicate(timeout=30)
-        raise RuntimeError(f"pion-server did not start: {line!r}\n{err.decode(errors='replace')}")
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def client(self, port: int | None = None, **kw: Any) -> redis.Redis:
-        kw.setdefault("socket_timeout", 30)
-        return redis.Redis(host="127.0.0.1", port=self.port if port is None else port, **kw)
-
-    def worker(self, index: int, **kw: Any) -> redis.Redis:
-        """A client of worker ``index``'s affinity port."""
-        return self.client(affinity_port(self.port, index), **kw)
-
-    def worker_pids(self) -> list[int]:
-        return [p.pid for p in psutil.Process(self.pid).children()]
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        return self.proc.wait(timeout=timeout)
-
-    def stderr_text(self) -> str:
-        assert self.proc.stderr is not None
-        if self.proc.poll() is None:
-            return ""
-        return self.proc.stderr.read().decode(errors="replace")
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.stop()
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
 
 
 def stats(r: redis.Redis) -> dict[str, Any]:
@@ -106,20 +38,6 @@ def info_fields(raw: bytes) -> dict[str, str]:
             key, _, value = line.partition(":")
             out[key] = value
     return out
-
-
-def wait_until(predicate: Any, timeout: float = 60, step: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = predicate()
-        except (redis.ConnectionError, redis.TimeoutError, OSError):
-            value = None
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(step)
 
 
 def gone(pid: int) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import pion.vstore.store as store_module
+import pion.vstore.reads as reads_module
 from pion.config import VStoreLimits
 from pion.errors import OOMError, PionError
 from pion.vstore import MAX_RUNS, MAX_ZERO_FILL_BYTES, StoreRows
@@ -110,7 +110,7 @@ def test_zero_fill_is_bounded_by_the_rows_held() -> None:
 
 
 def test_zero_fill_may_match_the_held_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_module, "MAX_ZERO_FILL_BYTES", 0)
+    monkeypatch.setattr(reads_module, "MAX_ZERO_FILL_BYTES", 0)
     vs = make_store(limits=VStoreLimits(max_rows=1000))
     vs.create(b"s", 4, "fp16")
     vs.store(b"s", 0, 0, rows(5, 4))

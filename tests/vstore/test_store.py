@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import pion.vstore.layer as layer_module
+import pion.vstore.reads as reads_module
 import pion.vstore.session as session_module
-import pion.vstore.store as store_module
 from pion.codecs import FORMAT_NAMES, get_codec
 from pion.config import VStoreLimits
 from pion.errors import CodecError, PionError, SessionNotFoundError
@@ -271,7 +271,7 @@ def test_fetch_counts_and_checks(monkeypatch: pytest.MonkeyPatch) -> None:
         vs.fetch_range(b"s", 0, 5, 5)
     with pytest.raises(PionError, match="end must be <= 200000"):
         vs.fetch_range(b"s", 0, 0, 200001)
-    monkeypatch.setattr(store_module, "MAX_REPLY_BYTES", 1 << 20)
+    monkeypatch.setattr(reads_module, "MAX_REPLY_BYTES", 1 << 20)
     with pytest.raises(PionError, match="exceeds the 1048576-byte limit"):
         vs.fetch_range(b"s", 0, 0, 257)  # 257 rows x 4 KiB fp32
     assert vs.fetch_range(b"s", 0, 0, 257, native=True) is not None  # fp16: half

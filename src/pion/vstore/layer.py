@@ -198,8 +198,11 @@ class Layer:
         old_tpl = self.tpl
         i, j = self._span(start, end)
         if i == j:
-            owned = adopt and rows.flags.owndata and rows.flags.writeable
-            if owned and rows.flags.c_contiguous and rows.dtype == np.uint8:
+            # The caller hands ``rows`` over (a store's freshly encoded rows, or the
+            # tier's fill, received in place): a writable contiguous block becomes the
+            # run as it is.
+            owned = adopt and rows.flags.writeable and rows.flags.c_contiguous
+            if owned and rows.dtype == np.uint8:
                 fresh = rows
             else:
                 fresh = np.zeros((end - start, self.row_bytes), dtype=np.uint8)

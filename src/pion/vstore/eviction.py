@@ -1,0 +1,71 @@
+"""Making room in the V-store: the least recently used namespaces go first.
+
+Eviction. The unit is the namespace: a ``<ns>_pk``/``<ns>_pv`` sid
+takes its other half with it (``views.namespace_of``); a namespace's age is that of its
+most recently used half. Creating a session beyond ``max_sessions`` evicts the least
+recently used namespace(s); a write that would take ``vstore_bytes`` past
+``maxmemory`` evicts LRU namespaces holding bytes until it fits. The namespace being
+written is never a victim, so a write that cannot fit even then (or that alone is
+larger than the budget) raises ``OOMError`` and evicts nothing. The order lives in
+``lru.py``: a touch and each victim cost O(1), whatever the number of sessions.
+"""
+
+from __future__ import annotations
+
+from pion.errors import OOMError
+from pion.vstore.lru import Group
+from pion.vstore.mutations import DropSession
+from pion.vstore.table import SessionTable
+
+__all__ = ["Eviction"]
+
+
+class Eviction(SessionTable):
+    """Evictions for the session bound (``max_sessions``) and the byte budget
+    (``maxmemory``, shared with other stores through ``external_bytes``)."""
+
+    def make_room(self, nbytes: int) -> None:
+        """Make ``nbytes`` fit under ``maxmemory`` for another store sharing the budget
+        (the keyspace): evict LRU namespaces as a V-store write would, or raise
+        ``OOMError`` and evict nothing."""
+        self._make_room_for_bytes((), nbytes)
+
+    def _make_room_for_bytes(self, spare: Group, grow: int) -> None:
+        """Evict LRU groups holding bytes (never ``spare``, the writer's own) until a
+        write growing ``vstore_bytes`` by ``grow`` fits the budget; evict nothing and
+        raise OOMError when it cannot fit. Examines only the groups it evicts."""
+        budget = self.maxmemory
+        if budget <= 0 or grow <= 0:
+            return
+        used = self.vstore_bytes + self.external_bytes()
+        if used + grow <= budget:
+            return
+        if grow > budget:
+            raise OOMError(
+                f"command not allowed: a write of {grow} bytes is larger than "
+                f"maxmemory ({budget} bytes)"
+            )
+        excess = used + grow - budget
+        evictable = self.vstore_bytes - self._lru.bytes_of(spare)
+        if evictable < excess:
+            raise OOMError(
+                f"command not allowed when used memory > 'maxmemory': the write needs "
+                f"{grow} bytes, {used} of {budget} are held and only "
+                f"{evictable} are evictable"
+            )
+        plan: list[Group] = []
+        freed = 0
+        for group in self._lru.holding(spare):
+            if freed >= excess:
+                break
+            plan.append(group)
+            freed += self._lru.bytes_of(group)
+        for group in plan:
+            self._evict(group)
+
+    def _evict(self, group: Group) -> None:
+        for sid in group:
+            if sid in self._sessions:
+                self._journal(DropSession(sid, "evict"))
+                self._apply_drop(sid)
+                self.evictions += 1
