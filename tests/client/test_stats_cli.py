@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from pion.client.cli import stats_command
 from pion.server.run import ServerThread
-from support.workers import Server
+from support import ServerProcess
 
 
 def test_stats_json_and_table(server: ServerThread, client: redis.Redis) -> None:
@@ -53,7 +53,9 @@ def test_stats_unreachable() -> None:
 def test_stats_merges_every_worker(tmp_path: Path) -> None:
     """Under -w 2 a connection to the main port reaches one worker: `pion stats` reads
     each worker on its affinity port and shows their sum (per-worker rows on demand)."""
-    srv = Server(["-w", "2", "--independent-workers", "--dir", str(tmp_path)])
+    srv = ServerProcess(
+        tmp_path.parent, ["-w", "2", "--independent-workers", "--dir", str(tmp_path)]
+    )
     try:
         for worker, (ns, prefill_ms) in enumerate((("a", 1500), ("b", 250))):
             w = srv.worker(worker)

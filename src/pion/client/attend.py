@@ -17,7 +17,8 @@ import numpy.typing as npt
 
 from pion.client.errors import PionColdMiss, PionProtocolError
 from pion.client.plans import Plan, check
-from pion.client.wire import Command, attend_sid, blob, int_arg, parse_warm
+from pion.client.wire import Command, attend_sid, int_arg, parse_warm
+from pion.wire import bytes_of
 
 __all__ = ["SELECTORS", "query_fused", "query_sparse"]
 
@@ -35,8 +36,8 @@ def _f32(array: npt.ArrayLike, ndim: int, what: str) -> F32:
 
 
 def _blob(a: F32) -> memoryview | bytes:
-    """``blob``, or ``b""`` for an empty array (no S_suf rows: a view cannot be cast)."""
-    return blob(a) if a.size else b""
+    """``bytes_of``, or ``b""`` for an empty array (no S_suf rows: a view cannot be cast)."""
+    return bytes_of(a) if a.size else b""
 
 
 def _suffix(k_suf: npt.ArrayLike, v_suf: npt.ArrayLike, d: int) -> tuple[F32, F32]:
@@ -111,7 +112,7 @@ def query_fused(
         d,
         s_suf,
         h_kv,
-        blob(query),
+        bytes_of(query),
         _blob(k),
         _blob(v),
         _head_map(head_map, h_q, h_kv),
@@ -152,10 +153,10 @@ def query_sparse(
     counts = (int_arg(block, "block"), int_arg(k_top, "k_top"), kv_heads)
     hm = _head_map(head_map, h_q, kv_heads)
     if suf is None:
-        command: Command = (*head, *counts, blob(query), hm)
+        command: Command = (*head, *counts, bytes_of(query), hm)
     else:
         k, v = suf
-        command = (*head, *counts, int(k.shape[1]), blob(query), _blob(k), _blob(v), hm)
+        command = (*head, *counts, int(k.shape[1]), bytes_of(query), _blob(k), _blob(v), hm)
     window = -1 if fa_window is None else int(fa_window)
     command = (*command, window, SELECTORS[selector])
     reply = yield from _cold_retry(command, ns, kv_heads, d, on_rehydrate)

@@ -1,5 +1,5 @@
 """``SSM.PREFIX.*``: opaque per-layer state blobs of recurrent and hybrid models
-(docs/protocol.md, "SSM state"), stored by :class:`pion.attend.SsmStore`.
+(docs/protocol.md, "SSM state"), stored by :class:`pion.ssm.SsmStore`.
 
 - ``SSM.PREFIX.STORE <sid> <layer> <blob>`` -> ``+OK`` (an empty blob is kept);
 - ``SSM.PREFIX.FETCH <sid> <layer>`` -> the blob, ``$-1`` when absent;

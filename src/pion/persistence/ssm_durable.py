@@ -113,7 +113,7 @@ class _Journal:
 
 
 class SsmDurable:
-    """Adapter from :class:`~pion.attend.SsmStore` to the durable-store protocol."""
+    """Adapter from :class:`~pion.ssm.SsmStore` to the durable-store protocol."""
 
     name = "ssm"
 
