@@ -204,25 +204,27 @@ load_block(const float *row, Py_ssize_t dim, Py_ssize_t j, int block, float *out
 {
     const Py_ssize_t lo = j * block;
     const Py_ssize_t n = dim - lo < block ? dim - lo : block;
-    if (n == block) { /* the common case, a fixed-size copy the compiler unrolls */
-        for (int i = 0; i < block; i++)
-            out[i] = row[lo + i];
+    v8u m8 = {0};
+    if (n == block) { /* the common case: whole vectors */
+        for (int i = 0; i < block; i += 8) {
+            const v8f v = ld8(row + lo + i);
+            st8(out + i, v);
+            const v8u u = (v8u)v & 0x7FFFFFFFu;
+            m8 = selu(u > m8, u, m8);
+        }
     } else {
         for (Py_ssize_t i = 0; i < n; i++)
             out[i] = row[lo + i];
         for (Py_ssize_t i = n; i < block; i++)
             out[i] = 0.0f;
-    }
-    uint32_t lanes[8] = {0};
-    for (int i = 0; i < block; i += 8) {
-        for (int l = 0; l < 8; l++) {
-            const uint32_t u = bits_of(out[i + l]) & 0x7FFFFFFFu;
-            lanes[l] = u > lanes[l] ? u : lanes[l];
+        for (int i = 0; i < block; i += 8) {
+            const v8u u = (v8u)ld8(out + i) & 0x7FFFFFFFu;
+            m8 = selu(u > m8, u, m8);
         }
     }
     uint32_t m = 0;
     for (int l = 0; l < 8; l++)
-        m = lanes[l] > m ? lanes[l] : m;
+        m = m8[l] > m ? m8[l] : m;
     return m;
 }
 
@@ -370,56 +372,70 @@ mlx4_encode_body(const float *x, uint8_t *out, Py_ssize_t n, Py_ssize_t dim)
     const Py_ssize_t g = (dim + 31) / 32;
     const Py_ssize_t nc = g * 16, rb = g * 20;
     const float eps = (float)1e-7;
-    float w[32];
+    float w[8][32];
     for (Py_ssize_t r = 0; r < n; r++) {
         uint8_t *o = out + r * rb;
-        for (Py_ssize_t j = 0; j < g; j++) {
-            const uint32_t abits = load_block(x + r * dim, dim, j, 32, w);
-            if (abits >= NOT_FINITE || float_of(abits) > FP16_MAX)
-                return 0;
-            v8f hi = splat(-INFINITY), lo = splat(INFINITY);
-            for (int i = 0; i < 32; i += 8) {
-                /* to_fp16_precision() on eight lanes */
-                const v8f v = ld8(w + i);
-                const v8u u = (v8u)v;
-                const v8u mag = u & 0x7FFFFFFFu;
-                const v8u r = ((mag + 0xFFFu + ((mag >> 13) & 1u)) & 0xFFFFE000u) |
-                              (u & 0x80000000u);
-                const v8f sub = rint8(v * 0x1p24f) * 0x1p-24f;
-                const v8f f = sel(mag < 0x38800000u, sub, (v8f)r);
-                st8(w + i, f);
-                hi = sel(f > hi, f, hi);
-                lo = sel(f < lo, f, lo);
+        /* Eight groups at a time: their values rounded to fp16 precision and their
+         * extremes first, then their scales and biases as eight lanes (the scalar
+         * chain of divisions of one group would otherwise wait on itself). */
+        for (Py_ssize_t j0 = 0; j0 < g; j0 += 8) {
+            const int count = g - j0 < 8 ? (int)(g - j0) : 8;
+            float gmax[8] = {0}, gmin[8] = {0};
+            for (int q = 0; q < count; q++) {
+                const uint32_t abits = load_block(x + r * dim, dim, j0 + q, 32, w[q]);
+                if (abits >= NOT_FINITE || float_of(abits) > FP16_MAX)
+                    return 0;
+                v8f hi = splat(-INFINITY), lo = splat(INFINITY);
+                for (int i = 0; i < 32; i += 8) {
+                    /* to_fp16_precision() on eight lanes */
+                    const v8f v = ld8(w[q] + i);
+                    const v8u u = (v8u)v;
+                    const v8u mag = u & 0x7FFFFFFFu;
+                    const v8u rr = ((mag + 0xFFFu + ((mag >> 13) & 1u)) & 0xFFFFE000u) |
+                                   (u & 0x80000000u);
+                    const v8f sub = rint8(v * 0x1p24f) * 0x1p-24f;
+                    const v8f f = sel(mag < 0x38800000u, sub, (v8f)rr);
+                    st8(w[q] + i, f);
+                    hi = sel(f > hi, f, hi);
+                    lo = sel(f < lo, f, lo);
+                }
+                float w_max = hi[0], w_min = lo[0];
+                for (int l = 1; l < 8; l++) {
+                    w_max = hi[l] > w_max ? hi[l] : w_max;
+                    w_min = lo[l] < w_min ? lo[l] : w_min;
+                }
+                gmax[q] = w_max;
+                gmin[q] = w_min;
             }
-            float w_max = hi[0], w_min = lo[0];
-            for (int l = 1; l < 8; l++) {
-                w_max = hi[l] > w_max ? hi[l] : w_max;
-                w_min = lo[l] < w_min ? lo[l] : w_min;
+            /* mlx4.py's scale and bias, one group per lane */
+            const v8f wmax = ld8(gmax), wmin = ld8(gmin);
+            const v8f amax = (v8f)((v8i)wmax & 0x7FFFFFFF);
+            const v8f amin = (v8f)((v8i)wmin & 0x7FFFFFFF);
+            const v8i mask = amin > amax;
+            v8f scale = (wmax - wmin) / 15.0f;
+            scale = sel(scale > eps, scale, splat(eps));
+            scale = sel(mask, scale, -scale);
+            const v8f edge = sel(mask, wmin, wmax);
+            const v8f q0 = rint8(edge / scale);
+            const v8i nz = q0 != 0.0f;
+            scale = sel(nz, edge / q0, scale);
+            const v8f bias = sel(nz, edge, splat(0.0f));
+            for (int q = 0; q < count; q++) {
+                const Py_ssize_t j = j0 + q;
+                const float sq = scale[q], bq = bias[q];
+                int32_t codes[32];
+                for (int i = 0; i < 32; i += 8) {
+                    v8f v = rint8((ld8(w[q] + i) - bq) / sq);
+                    v = sel(v > 0.0f, v, splat(0.0f));
+                    v = sel(v < 15.0f, v, splat(15.0f));
+                    const v8i c = __builtin_convertvector(v, v8i);
+                    memcpy(codes + i, &c, sizeof c);
+                }
+                for (int i = 0; i < 16; i++)
+                    o[j * 16 + i] = (uint8_t)(codes[2 * i] | (codes[2 * i + 1] << 4));
+                store_half(o + nc + 2 * j, half_bits(sq));
+                store_half(o + nc + 2 * g + 2 * j, half_bits(bq));
             }
-            const int mask = fabsf(w_min) > fabsf(w_max);
-            float scale = (w_max - w_min) / 15.0f;
-            scale = scale > eps ? scale : eps;
-            if (!mask)
-                scale = -scale;
-            const float edge = mask ? w_min : w_max;
-            const float q0 = rint_even(edge / scale);
-            float bias = 0.0f;
-            if (q0 != 0.0f) {
-                scale = edge / q0;
-                bias = edge;
-            }
-            int32_t codes[32];
-            for (int i = 0; i < 32; i += 8) {
-                v8f v = rint8((ld8(w + i) - bias) / scale);
-                v = sel(v > 0.0f, v, splat(0.0f));
-                v = sel(v < 15.0f, v, splat(15.0f));
-                const v8i c = __builtin_convertvector(v, v8i);
-                memcpy(codes + i, &c, sizeof c);
-            }
-            for (int i = 0; i < 16; i++)
-                o[j * 16 + i] = (uint8_t)(codes[2 * i] | (codes[2 * i + 1] << 4));
-            store_half(o + nc + 2 * j, half_bits(scale));
-            store_half(o + nc + 2 * g + 2 * j, half_bits(bias));
         }
     }
     return 1;
@@ -435,14 +451,17 @@ mlx4_decode_body(const uint8_t *data, float *out, Py_ssize_t n, Py_ssize_t dim)
         for (Py_ssize_t j = 0; j < g; j++) {
             const float scale = half_value(load_half(b + nc + 2 * j));
             const float bias = half_value(load_half(b + nc + 2 * g + 2 * j));
-            float vals[32];
+            int32_t codes[32];
             for (int i = 0; i < 16; i++) {
-                const uint8_t byte = b[j * 16 + i];
-                vals[2 * i] = (float)(byte & 15) * scale;
-                vals[2 * i + 1] = (float)(byte >> 4) * scale;
+                codes[2 * i] = b[j * 16 + i] & 15;
+                codes[2 * i + 1] = b[j * 16 + i] >> 4;
             }
-            for (int i = 0; i < 32; i++)
-                vals[i] += bias;
+            float vals[32];
+            for (int i = 0; i < 32; i += 8) {
+                v8i c;
+                memcpy(&c, codes + i, sizeof c);
+                st8(vals + i, __builtin_convertvector(c, v8f) * scale + bias);
+            }
             const Py_ssize_t lo = j * 32, k = dim - lo < 32 ? dim - lo : 32;
             memcpy(out + r * dim + lo, vals, (size_t)k * sizeof(float));
         }
@@ -513,10 +532,13 @@ halving_sum(float *t, int n)
     return t[0];
 }
 
+/* `bits` is a constant at each call (see turbo_encode_by_bits): the loops over the
+ * thresholds and the packing compile for one format each. */
 INLINE int
-turbo_encode_body(const float *x, uint8_t *out, Py_ssize_t n, Py_ssize_t dim, const Turbo *T)
+turbo_encode_body(const float *x, uint8_t *out, Py_ssize_t n, Py_ssize_t dim, const Turbo *T,
+                  const int bits)
 {
-    const int bits = T->bits, k = (1 << (bits - 1)) - 1;
+    const int k = (1 << (bits - 1)) - 1;
     const int payload = 128 * bits / 8;
     const Py_ssize_t g = (dim + 127) / 128, rb = g * (2 + payload);
     float grp[128], sq[128], y[128], c2[64];
@@ -583,9 +605,9 @@ turbo_encode_body(const float *x, uint8_t *out, Py_ssize_t n, Py_ssize_t dim, co
 }
 
 INLINE void
-turbo_decode_body(const uint8_t *data, float *out, Py_ssize_t n, Py_ssize_t dim, const Turbo *T)
+turbo_decode_body(const uint8_t *data, float *out, Py_ssize_t n, Py_ssize_t dim, const Turbo *T,
+                  const int bits)
 {
-    const int bits = T->bits;
     const int payload = 128 * bits / 8;
     const Py_ssize_t g = (dim + 127) / 128, rb = g * (2 + payload);
     float v[128], h[128];
@@ -622,6 +644,28 @@ turbo_decode_body(const uint8_t *data, float *out, Py_ssize_t n, Py_ssize_t dim,
     }
 }
 
+INLINE int
+turbo_encode_by_bits(const float *x, uint8_t *out, Py_ssize_t n, Py_ssize_t dim, const Turbo *T)
+{
+    if (T->bits == 4)
+        return turbo_encode_body(x, out, n, dim, T, 4);
+    if (T->bits == 3)
+        return turbo_encode_body(x, out, n, dim, T, 3);
+    return turbo_encode_body(x, out, n, dim, T, 2);
+}
+
+INLINE void
+turbo_decode_by_bits(const uint8_t *data, float *out, Py_ssize_t n, Py_ssize_t dim,
+                     const Turbo *T)
+{
+    if (T->bits == 4)
+        turbo_decode_body(data, out, n, dim, T, 4);
+    else if (T->bits == 3)
+        turbo_decode_body(data, out, n, dim, T, 3);
+    else
+        turbo_decode_body(data, out, n, dim, T, 2);
+}
+
 /* -- one baseline and one AVX2 build of every kernel, chosen at run time ---------- */
 
 #define KERNELS(suffix)                                                                   \
@@ -653,12 +697,12 @@ turbo_decode_body(const uint8_t *data, float *out, Py_ssize_t n, Py_ssize_t dim,
     static int turbo_encode_##suffix(const float *x, uint8_t *o, Py_ssize_t n, Py_ssize_t d, \
                                      const Turbo *T)                                      \
     {                                                                                     \
-        return turbo_encode_body(x, o, n, d, T);                                          \
+        return turbo_encode_by_bits(x, o, n, d, T);                                       \
     }                                                                                     \
     static void turbo_decode_##suffix(const uint8_t *s, float *o, Py_ssize_t n, Py_ssize_t d, \
                                       const Turbo *T)                                     \
     {                                                                                     \
-        turbo_decode_body(s, o, n, d, T);                                                 \
+        turbo_decode_by_bits(s, o, n, d, T);                                              \
     }
 
 KERNELS(base)
