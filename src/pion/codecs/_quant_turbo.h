@@ -28,26 +28,20 @@ hadamard128(const float *v, float *out)
     /* The loops run over the term index outside and the outputs inside: every output's
      * sum still takes its terms in index order, and the 16 sums advance together
      * (independent chains, not one add's latency after another). */
-    v8f y[8][2];
-    for (int a = 0; a < 8; a++)
-        y[a][0] = y[a][1] = splat(0.0f);
-    for (int b = 0; b < 16; b++) {
-        const v8f h_lo = ld8(H16[b]), h_hi = ld8(H16[b] + 8);
-        for (int a = 0; a < 8; a++) {
-            const float x = v[16 * a + b];
-            y[a][0] += x * h_lo;
-            y[a][1] += x * h_hi;
+    v8f y[8][2], z[8][2];
+    for (int half = 0; half < 2; half++) { /* eight accumulators at a time: no spills */
+        for (int a = 0; a < 8; a++)
+            y[a][half] = splat(0.0f);
+        for (int b = 0; b < 16; b++) {
+            const v8f h = ld8(H16[b] + 8 * half);
+            for (int a = 0; a < 8; a++)
+                y[a][half] += v[16 * a + b] * h;
         }
-    }
-    v8f z[8][2];
-    for (int c = 0; c < 8; c++)
-        z[c][0] = z[c][1] = splat(0.0f);
-    for (int a = 0; a < 8; a++) {
-        for (int c = 0; c < 8; c++) {
-            const float h = H16[a][c]; /* H8 is the top-left of H16 */
-            z[c][0] += h * y[a][0];
-            z[c][1] += h * y[a][1];
-        }
+        for (int c = 0; c < 8; c++)
+            z[c][half] = splat(0.0f);
+        for (int a = 0; a < 8; a++)
+            for (int c = 0; c < 8; c++)
+                z[c][half] += H16[a][c] * y[a][half]; /* H8 is the top-left of H16 */
     }
     for (int c = 0; c < 8; c++) {
         st8(out + 16 * c, z[c][0]);
