@@ -147,23 +147,24 @@ turbo_decode_body(const uint8_t *data, float *out, Py_ssize_t n, Py_ssize_t dim,
             const uint8_t *b = data + r * rb + j * (2 + payload);
             const uint8_t *p = b + 2;
             const float norm = half_value(load_half(b));
-            uint8_t code[128];
+            /* each code's centroid, straight from the payload bytes */
+            const float *value = T->value;
             if (bits == 4) {
                 for (int i = 0; i < 64; i++) {
-                    code[2 * i] = p[i] & 15;
-                    code[2 * i + 1] = p[i] >> 4;
+                    v[2 * i] = value[p[i] & 15];
+                    v[2 * i + 1] = value[p[i] >> 4];
+                }
+            } else if (bits == 3) {
+                for (int i = 0; i < 32; i++) {
+                    const int signs = p[32 + i / 2] >> (4 * (i & 1)); /* bits of 4i.. */
+                    for (int k = 0; k < 4; k++)
+                        v[4 * i + k] = value[((p[i] >> (2 * k)) & 3) | (((signs >> k) & 1) << 2)];
                 }
             } else {
                 for (int i = 0; i < 32; i++)
                     for (int k = 0; k < 4; k++)
-                        code[4 * i + k] = (p[i] >> (2 * k)) & 3;
-                if (bits == 3)
-                    for (int i = 0; i < 16; i++)
-                        for (int k = 0; k < 8; k++)
-                            code[8 * i + k] |= (uint8_t)(((p[32 + i] >> k) & 1) << 2);
+                        v[4 * i + k] = value[(p[i] >> (2 * k)) & 3];
             }
-            for (int i = 0; i < 128; i++)
-                v[i] = T->value[code[i]];
             for (int i = 0; i < 128; i += 8)
                 st8(v + i, (ld8(v + i) * ld8(T->s2 + i)) * norm);
             hadamard128(v, h);
