@@ -139,7 +139,8 @@ def pion_run(
         store_cpu_s = _cpu_of(server, store)
         fetch_cpu_s = _cpu_of(server, fetch)
         c.close()
-        stored_per_command = tokens * get_codec(fmt, rope).row_bytes(dim)
+        codec = get_codec(fmt, rope)
+        stored_per_command = tokens * codec.row_bytes(dim)
         return {
             "store_s": store_s,
             "fetch_s": fetch_s,
@@ -148,7 +149,10 @@ def pion_run(
             "vstore_bytes": vstore_bytes,
             "rss_idle": idle,
             "rss_peak_after_load": peak,
-            "in_flight_bound": store_in_flight_bound(len(blobs[0]), stored_per_command),
+            "in_flight_bound": store_in_flight_bound(
+                len(blobs[0]), stored_per_command, compiled=codec.compiled
+            ),
+            "compiled_codec": codec.compiled,
         }
     finally:
         server.stop()

@@ -181,7 +181,7 @@ def test_the_twin_checks_its_buffers() -> None:
 
 
 def test_bf16_rope_body_in_slices() -> None:
-    """Many rows (the body goes through fp8's twin in slices of 1 MiB of input) at
+    """Many rows (the body goes through fp8's twin in slices of 256 KiB of input) at
     rope 64, the layout of the benchmark: the reference's bytes and values."""
     codec = get_codec("bf16_rope_fp8_body", 64)
     assert codec.compiled == compiled_module.COMPILED

@@ -1,4 +1,4 @@
-"""Storage formats for K/V rows: numpy encode/decode with frozen on-disk ids.
+"""Storage formats for K/V rows: encode/decode with frozen on-disk ids.
 
 Eight formats, one module per family::
 
@@ -11,6 +11,12 @@ Eight formats, one module per family::
                one parameter: ``rope``)
     base.py    the Codec base class, CodecValueError, shared helpers
     registry.py  name/id table (ids are frozen; see its docstring)
+    compiled.py  the compiled twins of the block codecs (_quant.c), when built
+
+Each module's numpy code is the reference. int8, fp8, mlx4g32 and turbo (and so
+bf16_rope_fp8_body's body) also have a compiled twin in ``_quant.c``, and fp16's casts
+one in ``_speedups.c``: same bytes, same fp32 bits, the GIL released; where no
+compiler was there at install time, numpy runs.
 
 Each module's docstring specifies its row layout byte by byte. Every codec maps fp32
 rows ``[n, dim]`` (dim 1..8192) to ``uint8 [n, row_bytes(dim)]`` and back; block formats

@@ -59,8 +59,8 @@ BF16_OVERFLOW_BITS = 0x7F7F8000
 U16Array = npt.NDArray[np.uint16]
 # The body is stored by the fp8 codec itself, so both formats share one definition.
 _BODY = Fp8Codec()
-# Input bytes per slice of the compiled path's body (its scratch rows).
-_SLICE_BYTES = 1 << 20
+# Input bytes per slice of the compiled path (its scratch rows and temporaries).
+_SLICE_BYTES = 256 << 10
 
 
 def to_bf16(x: F32Array) -> U16Array:
@@ -108,22 +108,24 @@ class Bf16RopeFp8Codec(Codec):
         return 2 * self._rope + blocks_of(dim - self._rope, BLOCK) * (2 + BLOCK)
 
     # The body goes through fp8's compiled twin when it is built, in row slices of at
-    # most _SLICE_BYTES of input (the body of a row is not contiguous in either array).
+    # most _SLICE_BYTES of input (the body of a row is not contiguous in either array),
+    # which also bounds the bf16 part's temporaries.
     compiled: ClassVar[bool] = _BODY.compiled
 
     def _encode_into(self, x: F32Array, out: U8Array) -> bool:
         n, dim = x.shape
         self._check(dim)
         r = self._rope
-        head = x[:, :r]
-        if (np.abs(head).view(np.uint32) >= np.uint32(BF16_OVERFLOW_BITS)).any():
-            return False  # inf, NaN or a bf16 overflow: the reference raises
-        out[:, : 2 * r] = to_bf16(head).view(np.uint8).reshape(n, 2 * r)
         step = max(1, _SLICE_BYTES // (4 * dim))
         scratch = np.empty((min(step, n), out.shape[1] - 2 * r), np.uint8)
         for lo in range(0, n, step):
+            head = x[lo : lo + step, :r]
+            if (np.abs(head).view(np.uint32) >= np.uint32(BF16_OVERFLOW_BITS)).any():
+                return False  # inf, NaN or a bf16 overflow: the reference raises
+            rows = head.shape[0]
+            out[lo : lo + step, : 2 * r] = to_bf16(head).view(np.uint8).reshape(rows, 2 * r)
             body = np.ascontiguousarray(x[lo : lo + step, r:])
-            encoded = scratch[: body.shape[0]]
+            encoded = scratch[:rows]
             if not _BODY._encode_into(body, encoded):
                 return False
             out[lo : lo + step, 2 * r :] = encoded
