@@ -291,6 +291,15 @@ def test_info_commandstats_and_errorstats(server: ServerThread) -> None:
     c.close()
 
 
+def test_copy_to_another_database_is_refused(server: ServerThread) -> None:
+    c = RawClient(server.port)
+    c.call("SET", "k", "v")
+    # One database: Redis would copy into database 1; we refuse as SELECT 1 does.
+    assert c.call("COPY", "k", "k2", "DB", "1").raw == b"-ERR DB index is out of range\r\n"
+    assert c.call("COPY", "k", "k2", "DB", "0").raw == b":1\r\n"
+    c.close()
+
+
 def test_wait_answers_zero_at_once(server: ServerThread) -> None:
     r = redis.Redis(port=server.port)
     assert r.wait(1, 0) == 0  # Redis would block forever: there are no replicas

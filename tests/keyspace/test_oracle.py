@@ -328,7 +328,7 @@ NEW_COMMANDS = st.one_of(
         st.just(b"COPY"),
         key,
         key,
-        st.sampled_from([[], [b"REPLACE"], [b"DB", b"0"], [b"DB", b"1"], [b"bogus"]]),
+        st.sampled_from([[], [b"REPLACE"], [b"DB", b"0"], [b"DB", b"x"], [b"bogus"]]),
     ),
     _cmd(st.just(b"OBJECT"), st.sampled_from([b"IDLETIME", b"FREQ", b"bogus"]), key),
     _const(b"RANDOMKEY"),

@@ -386,7 +386,9 @@ class Keyspace:
     def sweep(self, max_keys: int) -> int:
         """Remove up to ``max_keys`` keys whose deadline has passed, earliest first;
         returns how many (``expiry.py`` decides how often). Advances ``lru_clock``."""
-        self.lru_clock = self.clock() // 1000
+        second = self.clock() // 1000
+        if second != self.lru_clock:  # a new int only once a second: entries share it
+            self.lru_clock = second
         due = self.deadlines.due(self.clock(), max_keys, self._deadline_of)
         if due:
             self._expire(tuple(due))
