@@ -12,8 +12,9 @@ import pytest
 import redis
 
 from pion.errors import OOMError
-from pion.keyspace import CopyKey, KeyMutation, Keyspace, RenameKey
+from pion.keyspace import CopyKey, KeyMutation, Keyspace, RenameKey, SetRange
 from pion.keyspace.entries import value_size
+from pion.keyspace.strings import append, setrange
 from pion.persistence import keyspace_format as kf
 from pion.server.run import ServerThread
 from support.keyspace import Err, RawClient, RedisServer
@@ -180,6 +181,32 @@ def test_rename_and_copy_are_one_record_each_and_replay_to_the_same_state() -> N
     assert ks.used_bytes == replayed.used_bytes == total
 
 
+def test_append_and_setrange_log_only_the_bytes_written() -> None:
+    log: list[KeyMutation] = []
+
+    class Journal:
+        def append(self, m: KeyMutation) -> None:
+            op, parts = kf.encode(m)
+            log.append(kf.decode(op, b"".join(bytes(p) for p in parts)))
+
+    ks = Keyspace()
+    ks.journal = Journal()
+    ks.set_string(b"s", b"x" * 100_000, ks.clock() + 100_000)
+    assert append(ks, b"s", b"tail") == 100_004
+    assert setrange(ks, b"s", 100_010, b"end") == 100_013
+    assert setrange(ks, b"new", 3, b"abc") == 6
+    assert [type(m) for m in log[1:]] == [SetRange, SetRange, SetRange]
+    assert sum(len(bytes(m.data)) for m in log[1:] if isinstance(m, SetRange)) == 10
+    replayed = Keyspace()
+    for m in log:
+        replayed.apply(m)
+    assert replayed.string(b"s") == b"x" * 100_000 + b"tail" + bytes(6) + b"end"
+    assert replayed.string(b"new") == bytes(3) + b"abc" == ks.string(b"new")
+    assert replayed.deadline(b"s") == ks.deadline(b"s") > 0
+    assert replayed.deadline(b"new") == 0
+    assert replayed.used_bytes == ks.used_bytes
+
+
 def test_writes_that_grow_a_key_ask_the_maxmemory_budget_first() -> None:
     ks = Keyspace()
     ks.set_string(b"s", b"x" * 1000)
@@ -195,7 +222,7 @@ def test_writes_that_grow_a_key_ask_the_maxmemory_budget_first() -> None:
     with pytest.raises(OOMError):
         ks.copy(b"s", b"s2", replace=False)
     with pytest.raises(OOMError):
-        ks.set_string(b"s", ks.string(b"s", read=False) + b"y" * 600)  # what APPEND does
+        append(ks, b"s", b"y" * 600)
     with pytest.raises(OOMError):
         ks.hash_set(b"h", [(b"f", b"v" * 1600)])  # what HINCRBYFLOAT's result would
     assert ks.used_bytes == before and b"s2" not in ks

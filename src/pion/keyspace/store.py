@@ -61,6 +61,7 @@ from pion.keyspace.mutations import (
     RenameKey,
     SetDeadline,
     SetFields,
+    SetRange,
     SetScores,
     SetString,
     SetStrings,
@@ -234,6 +235,21 @@ class Keyspace:
         self._reserve(size - (e.size if e is not None else 0))
         self._journal(SetString(key, value, deadline))
         self._put(key, value, deadline, size)
+
+    def set_range(self, key: bytes, offset: int, data: bytes) -> int:
+        """SETRANGE and APPEND (``offset`` = the current length): ``data`` written at
+        ``offset`` of the string ``key`` holds (a missing key starts empty with no
+        deadline; zero bytes pad a gap; the deadline stays). Returns the new length.
+        The caller checked the key's type and the size limit."""
+        e = self._entry(key)
+        old_len = len(cast(bytes, e.value)) if e is not None else 0
+        new_len = max(old_len, offset + len(data))
+        self._reserve(new_len - old_len if e is not None else len(key) + new_len + KEY_OVERHEAD)
+        # Logged as the bytes written, not the new value: appending to a large string
+        # costs the log what was appended.
+        self._journal(SetRange(key, offset, data))
+        self._apply_range(key, offset, data)
+        return new_len
 
     def set_strings(self, items: list[tuple[bytes, bytes]]) -> None:
         """MSET: every pair at once (the last value of a repeated key wins)."""
@@ -459,6 +475,9 @@ class Keyspace:
         elif isinstance(m, CopyKey):
             if m.source in self._data and m.source != m.destination:
                 self._apply_copy(m.source, m.destination)
+        elif isinstance(m, SetRange):
+            self._typed(m.key, bytes)
+            self._apply_range(m.key, m.offset, own(m.data))
         else:
             self._put(m.key, {} if m.kind == "hash" else SortedSet(), m.deadline)
 
@@ -508,6 +527,17 @@ class Keyspace:
         size = e.size + len(destination) - len(source)
         self._drop(source)
         self._put(destination, value, deadline, size)
+
+    def _apply_range(self, key: bytes, offset: int, data: bytes) -> None:
+        e = self._data.get(key)
+        old = cast(bytes, e.value) if e is not None else b""
+        if offset == len(old):
+            new = old + data  # APPEND
+        else:
+            if len(old) < offset:
+                old += bytes(offset - len(old))
+            new = old[:offset] + data + old[offset + len(data) :]
+        self._put(key, new, e.deadline if e is not None else 0)
 
     def _apply_copy(self, source: bytes, destination: bytes) -> None:
         e = self._data[source]
