@@ -95,14 +95,7 @@ NOT_SERVED = frozenset(
         "HSETEX",
         "HTTL",
         "HOTKEYS",
-        # sorted-set algebra over several keys, and blocking pops
-        "ZDIFF",
-        "ZDIFFSTORE",
-        "ZINTER",
-        "ZINTERCARD",
-        "ZINTERSTORE",
-        "ZUNION",
-        "ZUNIONSTORE",
+        # storing a range, popping from several keys, and blocking pops
         "ZRANGESTORE",
         "ZMPOP",
         "BZMPOP",

@@ -176,7 +176,8 @@ def test_truncated_payloads_are_refused(m: KeyMutation) -> None:
         (27, struct.pack("<I", 1) + b"a" + struct.pack("<I", 5) + b"b", "runs past"),
         (28, struct.pack("<IQ", 1, 1 << 40) + b"kv", "past a string"),
         (28, struct.pack("<I", 1) + b"k", "shorter"),
-        (29, b"", "unknown op"),
+        (29, struct.pack("<I", 1) + b"k" + struct.pack("<I", 0), "count 0"),
+        (30, b"", "unknown op"),
     ],
 )
 def test_hostile_payloads_are_refused(op: int, payload: bytes, why: str) -> None:

@@ -140,6 +140,28 @@ def test_random_picks_cover_the_value_and_respect_the_count(server: ServerThread
     r.close()
 
 
+def test_object_idletime_counts_seconds_since_the_last_lookup() -> None:
+    now = [1_700_000_000_000]
+    ks = Keyspace(clock=lambda: now[0])
+    ks.set_string(b"a", b"1")
+    ks.set_string(b"b", b"2")
+    now[0] += 5_000
+    ks.sweep(10)  # the server's tick advances the one-second LRU clock
+    assert ks.string(b"b") == b"2"
+    a, b = ks.peek(b"a"), ks.peek(b"b")
+    assert a is not None and b is not None
+    assert now[0] // 1000 - a.touched == 5 and now[0] // 1000 - b.touched == 0
+
+
+def test_object_idletime_on_the_wire(server: ServerThread) -> None:
+    c = RawClient(server.port)
+    c.call("SET", "k", "v")
+    assert c.call("OBJECT", "IDLETIME", "k").raw == b":0\r\n"
+    assert c.call("OBJECT", "IDLETIME", "missing").raw == b"$-1\r\n"
+    assert c.call("OBJECT", "REFCOUNT", "k").raw == b":1\r\n"
+    c.close()
+
+
 def test_random_key_finds_the_one_live_key_among_holes() -> None:
     ks = Keyspace()
     for i in range(900):

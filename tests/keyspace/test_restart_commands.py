@@ -67,6 +67,11 @@ def _writes(r: redis.Redis, far_s: int) -> None:
     r.copy("h", "hcopy")
     r.renamenx("hcopy", "hmoved")
     r.copy("s", "h", replace=True)  # a string replaces the hash
+    r.zadd("u1", {"a": 1, "b": 2})
+    r.zadd("u2", {"b": 10, "c": 3})
+    r.zunionstore("union", {"u1": 2, "u2": 1})
+    r.zinterstore("z3", ["u1", "u2"], aggregate="MAX")  # replaces z3 (and its members)
+    r.zdiffstore("diff", ["u1", "u2"])
 
 
 def test_new_writes_survive_kill9_from_the_log(spawn_server: Spawn) -> None:

@@ -28,6 +28,7 @@ from pion.commands import (
     strings,
     vstore,
     zsets,
+    zsets_algebra,
     zsets_more,
 )
 from pion.commands.state import Command, CommandTable
@@ -50,6 +51,7 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     hashes.COMMANDS,
     zsets.COMMANDS,
     zsets_more.COMMANDS,
+    zsets_algebra.COMMANDS,
 )
 
 

@@ -33,6 +33,8 @@ record               meaning
                      replacing whatever the new name held
 ``CopyKey``          COPY: a key's value and deadline are copied to a new name,
                      replacing whatever the new name held
+``ReplaceScores``    ZUNIONSTORE and friends: a key becomes a sorted set of exactly
+                     these members (whatever it held goes, its deadline too)
 ``SetRange``         SETRANGE/APPEND: bytes written at an offset of a string (a
                      missing key starts empty; zero bytes pad a gap; the deadline
                      stays)
@@ -57,6 +59,7 @@ __all__ = [
     "NewKey",
     "Payload",
     "RenameKey",
+    "ReplaceScores",
     "SetDeadline",
     "SetFields",
     "SetRange",
@@ -136,6 +139,12 @@ class CopyKey:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplaceScores:
+    key: bytes
+    items: tuple[tuple[float, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class SetRange:
     key: bytes
     offset: int
@@ -163,4 +172,5 @@ KeyMutation: TypeAlias = (
     | RenameKey
     | CopyKey
     | SetRange
+    | ReplaceScores
 )

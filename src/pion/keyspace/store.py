@@ -59,6 +59,7 @@ from pion.keyspace.mutations import (
     KeyMutation,
     NewKey,
     RenameKey,
+    ReplaceScores,
     SetDeadline,
     SetFields,
     SetRange,
@@ -346,6 +347,20 @@ class Keyspace:
             self._apply_delete_members(key, gone)
         return len(gone)
 
+    def zset_replace(self, key: bytes, items: list[tuple[float, bytes]]) -> None:
+        """ZUNIONSTORE, ZINTERSTORE, ZDIFFSTORE: ``key`` becomes a sorted set of exactly
+        ``items`` (distinct members), with no deadline, whatever it held; no items
+        deletes it."""
+        d = self._entry(key)
+        if not items:
+            if d is not None:
+                self.delete((key,))
+            return
+        size = len(key) + KEY_OVERHEAD + sum(len(m) + MEMBER_OVERHEAD for _, m in items)
+        self._reserve(size - (d.size if d is not None else 0))
+        self._journal(ReplaceScores(key, tuple(items)))
+        self._apply_replace(key, items)
+
     def rename(self, source: bytes, destination: bytes) -> bool:
         """RENAME: ``source`` moves to ``destination`` with its deadline, replacing
         whatever that held; False when ``source`` does not exist."""
@@ -475,6 +490,8 @@ class Keyspace:
         elif isinstance(m, CopyKey):
             if m.source in self._data and m.source != m.destination:
                 self._apply_copy(m.source, m.destination)
+        elif isinstance(m, ReplaceScores):
+            self._apply_replace(m.key, m.items)
         elif isinstance(m, SetRange):
             self._typed(m.key, bytes)
             self._apply_range(m.key, m.offset, own(m.data))
@@ -538,6 +555,11 @@ class Keyspace:
                 old += bytes(offset - len(old))
             new = old[:offset] + data + old[offset + len(data) :]
         self._put(key, new, e.deadline if e is not None else 0)
+
+    def _apply_replace(self, key: bytes, items: Iterable[tuple[float, bytes]]) -> None:
+        if key in self._data:
+            self._drop(key)
+        self._apply_scores(key, items)
 
     def _apply_copy(self, source: bytes, destination: bytes) -> None:
         e = self._data[source]

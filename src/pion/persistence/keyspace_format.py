@@ -28,9 +28,12 @@ Op codes and payloads::
     28 SETRANGE  blob key, u64 offset, then the bytes written: every byte left in the
                  payload (SETRANGE and APPEND: a missing key starts empty, zero bytes
                  pad a gap, the deadline stays)
-    29..31       reserved for the keyspace
+    29 ZSTORE    as ZADD, but the key is first emptied of whatever it held (and its
+                 deadline): ZUNIONSTORE, ZINTERSTORE, ZDIFFSTORE
+    30..31       reserved for the keyspace
 
-Ops 26 to 28 came with RENAME, COPY, SETRANGE and APPEND: they carry the key names and
+Ops 26 to 29 came with RENAME, COPY, SETRANGE and APPEND, and the *STORE commands of
+sorted sets (op 29 makes their replace-the-destination one record). 26 to 28 carry the key names and
 the bytes written, not whole values, so appending to a large string costs the log what
 was appended. As ``format.py`` rules, ops are only added, so the format stays version
 1: a build that predates them meets one as a named ``unknown op code`` error, never as
@@ -62,6 +65,7 @@ from pion.keyspace import (
     KeyMutation,
     NewKey,
     RenameKey,
+    ReplaceScores,
     SetDeadline,
     SetFields,
     SetRange,
@@ -87,6 +91,7 @@ OP_KEY: Final = 25
 OP_RENAME: Final = 26
 OP_COPY: Final = 27
 OP_SETRANGE: Final = 28
+OP_ZSTORE: Final = 29
 
 OPS: Final = {
     OP_SET: "SET",
@@ -102,6 +107,7 @@ OPS: Final = {
     OP_RENAME: "RENAME",
     OP_COPY: "COPY",
     OP_SETRANGE: "SETRANGE",
+    OP_ZSTORE: "ZSTORE",
 }
 UNIT_OPS: Final = frozenset({OP_SET, OP_KEY})
 
@@ -191,7 +197,7 @@ def encode(m: KeyMutation) -> tuple[int, list[Buffer]]:
         p.raw(_U32.pack(len(names)))
         for name in names:
             p.blob(name)
-    elif isinstance(m, SetScores):
+    elif isinstance(m, (SetScores, ReplaceScores)):
         p.blob(m.key)
         p.raw(_U32.pack(len(m.items)))
         for score, member in m.items:
@@ -298,6 +304,9 @@ def decode(op: int, payload: Buffer) -> KeyMutation:
     elif op == OP_ZADD:
         key = r.key()
         m = SetScores(key, tuple(_score_member(r) for _ in range(r.count(12))))
+    elif op == OP_ZSTORE:
+        key = r.key()
+        m = ReplaceScores(key, tuple(_score_member(r) for _ in range(r.count(12))))
     elif op == OP_ZREM:
         key = r.key()
         m = DeleteMembers(key, _names(r))
@@ -353,4 +362,5 @@ _OP_BY_TYPE: Final[dict[type, int]] = {
     RenameKey: OP_RENAME,
     CopyKey: OP_COPY,
     SetRange: OP_SETRANGE,
+    ReplaceScores: OP_ZSTORE,
 }
