@@ -61,13 +61,9 @@ NOT_SERVED = frozenset(
         "LMOVE",
         "LMOVEM",
         "SSCAN",
-        # bit operations on strings
-        "BITCOUNT",
+        # bit searches and fields
         "BITFIELD_RO",
-        "BITOP",
         "BITPOS",
-        "GETBIT",
-        "SETBIT",
         # string algorithms
         "LCS",
         "STRALGO",

@@ -86,6 +86,19 @@ BOUNDS = [
     b"",
     b"(",
 ]
+BIT_OFFSETS = [b"0", b"1", b"7", b"8", b"13", b"30", b"-1", b"x", b"4294967296"]
+BITS = [b"0", b"1", b"2", b"x"]
+BITCOUNT_RANGES = [
+    [],
+    [b"0", b"-1"],
+    [b"1", b"2"],
+    [b"-2", b"-1", b"BIT"],
+    [b"3", b"20", b"bit"],
+    [b"1"],
+    [b"x", b"1"],
+    [b"0", b"1", b"bogus"],
+    [b"5", b"2"],
+]
 LEX_BOUNDS = [b"-", b"+", b"[a", b"(a", b"[m1", b"(m2", b"[", b"x", b"+x"]
 PATTERNS = [
     b"*",
@@ -351,6 +364,19 @@ NEW_COMMANDS = st.one_of(
     # ours on their own).
     _cmd(st.just(b"OBJECT"), st.sampled_from([b"FREQ", b"bogus"]), key),
     _const(b"RANDOMKEY"),
+    _cmd(st.just(b"GETBIT"), key, st.sampled_from(BIT_OFFSETS)),
+    _cmd(st.just(b"SETBIT"), key, st.sampled_from(BIT_OFFSETS), st.sampled_from(BITS)),
+    _cmd(
+        st.just(b"BITCOUNT"),
+        key,
+        st.sampled_from(BITCOUNT_RANGES),
+    ),
+    _cmd(
+        st.just(b"BITOP"),
+        st.sampled_from([b"AND", b"OR", b"XOR", b"NOT", b"bogus"]),
+        key,
+        st.lists(key, min_size=1, max_size=3),
+    ),
     _cmd(
         st.sampled_from([b"ZUNION", b"ZINTER", b"ZDIFF"]),
         st.sampled_from([b"1", b"2", b"3", b"0", b"x"]),

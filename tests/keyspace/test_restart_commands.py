@@ -72,6 +72,10 @@ def _writes(r: redis.Redis, far_s: int) -> None:
     r.zunionstore("union", {"u1": 2, "u2": 1})
     r.zinterstore("z3", ["u1", "u2"], aggregate="MAX")  # replaces z3 (and its members)
     r.zdiffstore("diff", ["u1", "u2"])
+    r.setbit("bits", 100, 1)
+    r.setbit("bits", 3, 1)
+    r.setbit("bits", 100, 0)
+    r.bitop("OR", "bitor", "bits", "s")
 
 
 def test_new_writes_survive_kill9_from_the_log(spawn_server: Spawn) -> None:

@@ -15,6 +15,7 @@ from types import MappingProxyType
 
 from pion.commands import (
     attend,
+    bits,
     export,
     generic,
     hashes,
@@ -52,6 +53,7 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     zsets.COMMANDS,
     zsets_more.COMMANDS,
     zsets_algebra.COMMANDS,
+    bits.COMMANDS,
 )
 
 
