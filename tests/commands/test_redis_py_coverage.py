@@ -61,9 +61,8 @@ NOT_SERVED = frozenset(
         "LMOVE",
         "LMOVEM",
         "SSCAN",
-        # bit searches and fields
+        # bit fields
         "BITFIELD_RO",
-        "BITPOS",
         # string algorithms
         "LCS",
         "STRALGO",

@@ -372,6 +372,12 @@ NEW_COMMANDS = st.one_of(
         st.sampled_from(BITCOUNT_RANGES),
     ),
     _cmd(
+        st.just(b"BITPOS"),
+        key,
+        st.sampled_from([b"0", b"1", b"2", b"x"]),
+        st.sampled_from([*BITCOUNT_RANGES, [b"2"], [b"-1"], [b"0", b"-1", b"BIT", b"x"]]),
+    ),
+    _cmd(
         st.just(b"BITOP"),
         st.sampled_from([b"AND", b"OR", b"XOR", b"NOT", b"bogus"]),
         key,

@@ -1,5 +1,5 @@
 """Bit operations on string values (Redis's ``bitops.c``): GETBIT, SETBIT, BITCOUNT,
-BITOP, as operations on a :class:`~pion.keyspace.Keyspace`.
+BITPOS, BITOP, as operations on a :class:`~pion.keyspace.Keyspace`.
 
 Bit 0 is the most significant bit of byte 0, as in Redis. SETBIT writes one byte
 through :meth:`Keyspace.set_range` (logged as the byte it wrote, like APPEND), so a
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pion.errors import PionError
 from pion.keyspace.store import Keyspace
 
-__all__ = ["MAX_BIT_OFFSET", "bitcount", "bitop", "getbit", "setbit"]
+__all__ = ["MAX_BIT_OFFSET", "bitcount", "bitop", "bitpos", "getbit", "setbit"]
 
 # Redis refuses offsets whose byte is at or past proto-max-bulk-len (512 MB).
 MAX_BIT_OFFSET = 512 * 1024 * 1024 * 8 - 1
@@ -60,6 +60,32 @@ def bitcount(value: bytes, start: int, end: int, in_bits: bool) -> int:
     span &= (1 << (nbits - (start & 7))) - 1
     span >>= 7 - (end & 7)
     return span.bit_count()
+
+
+def bitpos(value: bytes, bit: int, start: int, end: int | None, in_bits: bool) -> int:
+    """BITPOS over ``start..end`` (``end`` None: to the string's end), Redis 7.0's
+    answers: -1 for an empty range or no such bit, except that a clear bit looked for
+    without an ``end`` is found just past the string (it reads as zero padded)."""
+    total = len(value) * 8 if in_bits else len(value)
+    stop = (total - 1) if end is None else end
+    start = max(start + total if start < 0 else start, 0)
+    stop = max(stop + total if stop < 0 else stop, 0)
+    stop = min(stop, total - 1)
+    if start > stop:
+        return -1
+    lo, hi = (start, stop) if in_bits else (start * 8, stop * 8 + 7)
+    first = lo >> 3
+    span = int.from_bytes(value[first : (hi >> 3) + 1], "big")
+    nbits = ((hi >> 3) - first + 1) * 8
+    width = hi - lo + 1
+    seg = (span >> (nbits - 1 - (hi - first * 8))) & ((1 << width) - 1)
+    if not bit:
+        seg ^= (1 << width) - 1
+    if seg:
+        return lo + width - seg.bit_length()
+    if bit or end is not None:
+        return -1
+    return hi + 1
 
 
 def bitop(ks: Keyspace, op: str, destination: bytes, sources: list[bytes]) -> int:
