@@ -92,7 +92,6 @@ NOT_SERVED = frozenset(
         "HOTKEYS",
         # storing a range, popping from several keys, and blocking pops
         "ZRANGESTORE",
-        "ZMPOP",
         "BZMPOP",
         "BZPOPMAX",
         "BZPOPMIN",

@@ -352,6 +352,12 @@ NEW_COMMANDS = st.one_of(
         key,
         st.sampled_from([[], [b"0"], [b"1"], [b"2"], [b"-1"], [b"x"], [b"1", b"2"]]),
     ),
+    _cmd(
+        st.just(b"ZMPOP"),
+        st.sampled_from([b"1", b"2", b"0", b"x"]),
+        st.lists(key, min_size=1, max_size=2),
+        st.sampled_from([[b"MIN"], [b"max"], [b"MIN", b"COUNT", b"2"], [b"MAX", b"COUNT", b"0"]]),
+    ),
     _cmd(st.sampled_from([b"RENAME", b"RENAMENX"]), key, key),
     _cmd(
         st.just(b"COPY"),

@@ -57,6 +57,8 @@ def _writes(r: redis.Redis, far_s: int) -> None:
     r.zincrby("z", 10, "a")
     r.zpopmin("z")
     r.zpopmax("z", 1)
+    r.zadd("mp", {"m1": 1, "m2": 2, "m3": 3})
+    r.zmpop(2, ["nokey", "mp"], min=True, count=2)
     r.zadd("z2", {"p": 1, "q": 2, "r": 3, "s": 4})
     r.zremrangebyrank("z2", 0, 0)
     r.zremrangebyscore("z2", 4, 4)
