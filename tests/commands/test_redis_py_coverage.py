@@ -61,13 +61,8 @@ NOT_SERVED = frozenset(
         "LMOVE",
         "LMOVEM",
         "SSCAN",
-        # bit operations on strings
-        "BITCOUNT",
+        # bit fields
         "BITFIELD_RO",
-        "BITOP",
-        "BITPOS",
-        "GETBIT",
-        "SETBIT",
         # string algorithms
         "LCS",
         "STRALGO",
@@ -95,16 +90,8 @@ NOT_SERVED = frozenset(
         "HSETEX",
         "HTTL",
         "HOTKEYS",
-        # sorted-set algebra over several keys, and blocking pops
-        "ZDIFF",
-        "ZDIFFSTORE",
-        "ZINTER",
-        "ZINTERCARD",
-        "ZINTERSTORE",
-        "ZUNION",
-        "ZUNIONSTORE",
+        # storing a range, popping from several keys, and blocking pops
         "ZRANGESTORE",
-        "ZMPOP",
         "BZMPOP",
         "BZPOPMAX",
         "BZPOPMIN",

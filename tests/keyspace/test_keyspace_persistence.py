@@ -174,7 +174,10 @@ def test_truncated_payloads_are_refused(m: KeyMutation) -> None:
         (16, struct.pack("<I", 99) + b"k", "runs past"),
         (26, struct.pack("<I", 1) + b"a", "shorter"),
         (27, struct.pack("<I", 1) + b"a" + struct.pack("<I", 5) + b"b", "runs past"),
-        (28, b"", "unknown op"),
+        (28, struct.pack("<IQ", 1, 1 << 40) + b"kv", "past a string"),
+        (28, struct.pack("<I", 1) + b"k", "shorter"),
+        (29, struct.pack("<I", 1) + b"k" + struct.pack("<I", 0), "count 0"),
+        (30, b"", "unknown op"),
     ],
 )
 def test_hostile_payloads_are_refused(op: int, payload: bytes, why: str) -> None:

@@ -12,8 +12,9 @@ import pytest
 import redis
 
 from pion.errors import OOMError
-from pion.keyspace import CopyKey, KeyMutation, Keyspace, RenameKey
+from pion.keyspace import CopyKey, KeyMutation, Keyspace, RenameKey, SetRange
 from pion.keyspace.entries import value_size
+from pion.keyspace.strings import append, setrange
 from pion.persistence import keyspace_format as kf
 from pion.server.run import ServerThread
 from support.keyspace import Err, RawClient, RedisServer
@@ -139,6 +140,28 @@ def test_random_picks_cover_the_value_and_respect_the_count(server: ServerThread
     r.close()
 
 
+def test_object_idletime_counts_seconds_since_the_last_lookup() -> None:
+    now = [1_700_000_000_000]
+    ks = Keyspace(clock=lambda: now[0])
+    ks.set_string(b"a", b"1")
+    ks.set_string(b"b", b"2")
+    now[0] += 5_000
+    ks.sweep(10)  # the server's tick advances the one-second LRU clock
+    assert ks.string(b"b") == b"2"
+    a, b = ks.peek(b"a"), ks.peek(b"b")
+    assert a is not None and b is not None
+    assert now[0] // 1000 - a.touched == 5 and now[0] // 1000 - b.touched == 0
+
+
+def test_object_idletime_on_the_wire(server: ServerThread) -> None:
+    c = RawClient(server.port)
+    c.call("SET", "k", "v")
+    assert c.call("OBJECT", "IDLETIME", "k").raw == b":0\r\n"
+    assert c.call("OBJECT", "IDLETIME", "missing").raw == b"$-1\r\n"
+    assert c.call("OBJECT", "REFCOUNT", "k").raw == b":1\r\n"
+    c.close()
+
+
 def test_random_key_finds_the_one_live_key_among_holes() -> None:
     ks = Keyspace()
     for i in range(900):
@@ -180,6 +203,32 @@ def test_rename_and_copy_are_one_record_each_and_replay_to_the_same_state() -> N
     assert ks.used_bytes == replayed.used_bytes == total
 
 
+def test_append_and_setrange_log_only_the_bytes_written() -> None:
+    log: list[KeyMutation] = []
+
+    class Journal:
+        def append(self, m: KeyMutation) -> None:
+            op, parts = kf.encode(m)
+            log.append(kf.decode(op, b"".join(bytes(p) for p in parts)))
+
+    ks = Keyspace()
+    ks.journal = Journal()
+    ks.set_string(b"s", b"x" * 100_000, ks.clock() + 100_000)
+    assert append(ks, b"s", b"tail") == 100_004
+    assert setrange(ks, b"s", 100_010, b"end") == 100_013
+    assert setrange(ks, b"new", 3, b"abc") == 6
+    assert [type(m) for m in log[1:]] == [SetRange, SetRange, SetRange]
+    assert sum(len(bytes(m.data)) for m in log[1:] if isinstance(m, SetRange)) == 10
+    replayed = Keyspace()
+    for m in log:
+        replayed.apply(m)
+    assert replayed.string(b"s") == b"x" * 100_000 + b"tail" + bytes(6) + b"end"
+    assert replayed.string(b"new") == bytes(3) + b"abc" == ks.string(b"new")
+    assert replayed.deadline(b"s") == ks.deadline(b"s") > 0
+    assert replayed.deadline(b"new") == 0
+    assert replayed.used_bytes == ks.used_bytes
+
+
 def test_writes_that_grow_a_key_ask_the_maxmemory_budget_first() -> None:
     ks = Keyspace()
     ks.set_string(b"s", b"x" * 1000)
@@ -195,7 +244,7 @@ def test_writes_that_grow_a_key_ask_the_maxmemory_budget_first() -> None:
     with pytest.raises(OOMError):
         ks.copy(b"s", b"s2", replace=False)
     with pytest.raises(OOMError):
-        ks.set_string(b"s", ks.string(b"s", read=False) + b"y" * 600)  # what APPEND does
+        append(ks, b"s", b"y" * 600)
     with pytest.raises(OOMError):
         ks.hash_set(b"h", [(b"f", b"v" * 1600)])  # what HINCRBYFLOAT's result would
     assert ks.used_bytes == before and b"s2" not in ks
@@ -288,6 +337,15 @@ def test_info_commandstats_and_errorstats(server: ServerThread) -> None:
     c.call("CONFIG", "RESETSTAT")
     after = c.call("INFO", "commandstats").value.decode()
     assert "cmdstat_get" not in after and "cmdstat_config" in after
+    c.close()
+
+
+def test_copy_to_another_database_is_refused(server: ServerThread) -> None:
+    c = RawClient(server.port)
+    c.call("SET", "k", "v")
+    # One database: Redis would copy into database 1; we refuse as SELECT 1 does.
+    assert c.call("COPY", "k", "k2", "DB", "1").raw == b"-ERR DB index is out of range\r\n"
+    assert c.call("COPY", "k", "k2", "DB", "0").raw == b":1\r\n"
     c.close()
 
 

@@ -57,6 +57,8 @@ def _writes(r: redis.Redis, far_s: int) -> None:
     r.zincrby("z", 10, "a")
     r.zpopmin("z")
     r.zpopmax("z", 1)
+    r.zadd("mp", {"m1": 1, "m2": 2, "m3": 3})
+    r.zmpop(2, ["nokey", "mp"], min=True, count=2)
     r.zadd("z2", {"p": 1, "q": 2, "r": 3, "s": 4})
     r.zremrangebyrank("z2", 0, 0)
     r.zremrangebyscore("z2", 4, 4)
@@ -67,6 +69,15 @@ def _writes(r: redis.Redis, far_s: int) -> None:
     r.copy("h", "hcopy")
     r.renamenx("hcopy", "hmoved")
     r.copy("s", "h", replace=True)  # a string replaces the hash
+    r.zadd("u1", {"a": 1, "b": 2})
+    r.zadd("u2", {"b": 10, "c": 3})
+    r.zunionstore("union", {"u1": 2, "u2": 1})
+    r.zinterstore("z3", ["u1", "u2"], aggregate="MAX")  # replaces z3 (and its members)
+    r.zdiffstore("diff", ["u1", "u2"])
+    r.setbit("bits", 100, 1)
+    r.setbit("bits", 3, 1)
+    r.setbit("bits", 100, 0)
+    r.bitop("OR", "bitor", "bits", "s")
 
 
 def test_new_writes_survive_kill9_from_the_log(spawn_server: Spawn) -> None:

@@ -15,6 +15,7 @@ from types import MappingProxyType
 
 from pion.commands import (
     attend,
+    bits,
     export,
     generic,
     hashes,
@@ -29,6 +30,7 @@ from pion.commands import (
     transactions,
     vstore,
     zsets,
+    zsets_algebra,
     zsets_more,
 )
 from pion.commands.state import Command, CommandTable
@@ -52,6 +54,8 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     zsets.COMMANDS,
     zsets_more.COMMANDS,
     transactions.COMMANDS,
+    zsets_algebra.COMMANDS,
+    bits.COMMANDS,
 )
 
 

@@ -1,5 +1,5 @@
 """More sorted-set commands: ZINCRBY, ZRANK and ZREVRANK (WITHSCORE, Redis 7.2's form),
-ZCOUNT, ZLEXCOUNT, ZMSCORE, ZPOPMIN, ZPOPMAX, ZREMRANGEBYSCORE, ZREMRANGEBYRANK,
+ZCOUNT, ZLEXCOUNT, ZMSCORE, ZPOPMIN, ZPOPMAX, ZMPOP, ZREMRANGEBYSCORE, ZREMRANGEBYRANK,
 ZREMRANGEBYLEX, ZRANDMEMBER, ZSCAN. Replies and error texts are Redis 7.0's; the
 semantics are ``pion.keyspace.zsets_more``'s.
 """
@@ -127,6 +127,36 @@ def _zpopmax(ctx: Context, args: Sequence[bytes]) -> Reply:
     return _zpop(ctx, args, highest=True)
 
 
+def _zmpop(ctx: Context, args: Sequence[bytes]) -> Reply:
+    """Redis 7.0's ZMPOP: ``numkeys key ... MIN|MAX [COUNT n]``; pops from the first
+    key that holds a sorted set: ``[key, [[member, score], ...]]``, or the null array."""
+    n = parse_int64(args[0])
+    if n is None or n < 1:
+        raise PionError("numkeys should be greater than 0")
+    if n + 1 >= len(args):
+        raise PionError("syntax error")
+    where = keyword(args[n + 1])
+    if where not in ("MIN", "MAX"):
+        raise PionError("syntax error")
+    count = -1
+    i = n + 2
+    while i < len(args):
+        if count == -1 and keyword(args[i]) == "COUNT" and i + 1 < len(args):
+            value = parse_int64(args[i + 1])
+            if value is None or value < 1:
+                raise PionError("count should be greater than 0")
+            count = value
+            i += 2
+        else:
+            raise PionError("syntax error")
+    ks = ctx.state.keyspace
+    for key in args[1 : n + 1]:
+        if ks.zset(key) is not None:
+            popped = zpop(ks, key, max(count, 1), where == "MAX")
+            return [key, [[member, score] for score, member in popped]]
+    return NullArray()
+
+
 def _zremrangebyrank(ctx: Context, args: Sequence[bytes]) -> Reply:
     start, stop = long_arg(args[1]), long_arg(args[2])
     return zremrange_by_rank(ctx.state.keyspace, args[0], start, stop)
@@ -176,6 +206,7 @@ COMMANDS: list[Command] = [
     Command("ZMSCORE", _zmscore, -3, _READ, "Several members' scores"),
     Command("ZPOPMIN", _zpopmin, -2, _WRITE, "Remove and return the lowest members"),
     Command("ZPOPMAX", _zpopmax, -2, _WRITE, "Remove and return the highest members"),
+    Command("ZMPOP", _zmpop, -4, frozenset({"write"}), "Pop from the first non-empty set"),
     Command("ZREMRANGEBYRANK", _zremrangebyrank, 4, frozenset({"write"}), "Remove by rank"),
     Command("ZREMRANGEBYSCORE", _zremrangebyscore, 4, frozenset({"write"}), "Remove by score"),
     Command("ZREMRANGEBYLEX", _zremrangebylex, 4, frozenset({"write"}), "Remove by name"),

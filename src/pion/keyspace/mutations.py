@@ -5,9 +5,11 @@ to the journal and only then applies it, so replaying the journal through
 :meth:`Keyspace.apply` rebuilds the same state. Records carry *results*, never
 requests: the final value of an INCR, the final scores of a ZADD with GT/LT/INCR, the
 absolute deadline of an EXPIRE, so replay never depends on the clock or on what was
-stored before. RENAME and COPY are the two exceptions: their records name the keys,
-not the value (which may be a hash of millions of fields); replay applies them to the
-state the log rebuilt up to that point, which is the state they were applied to.
+stored before. RENAME, COPY and SETRANGE/APPEND are the exceptions: their records
+name the keys and the bytes written, not the whole value (which may be a hash of
+millions of fields, or a string of hundreds of MB grown a few bytes at a time); replay
+applies them to the state the log rebuilt up to that point, which is the state they
+were applied to.
 
 Deadlines are absolute Unix times in milliseconds; 0 means "no expiry". Byte payloads
 (values, fields, members) are whatever buffer the command had; a journal that keeps
@@ -31,6 +33,11 @@ record               meaning
                      replacing whatever the new name held
 ``CopyKey``          COPY: a key's value and deadline are copied to a new name,
                      replacing whatever the new name held
+``ReplaceScores``    ZUNIONSTORE and friends: a key becomes a sorted set of exactly
+                     these members (whatever it held goes, its deadline too)
+``SetRange``         SETRANGE/APPEND: bytes written at an offset of a string (a
+                     missing key starts empty; zero bytes pad a gap; the deadline
+                     stays)
 ``NewKey``           snapshots only: an empty hash or sorted set with a deadline,
                      filled by the SetFields/SetScores records after it
 ===================  ===========================================================
@@ -52,8 +59,10 @@ __all__ = [
     "NewKey",
     "Payload",
     "RenameKey",
+    "ReplaceScores",
     "SetDeadline",
     "SetFields",
+    "SetRange",
     "SetScores",
     "SetString",
     "SetStrings",
@@ -130,6 +139,19 @@ class CopyKey:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplaceScores:
+    key: bytes
+    items: tuple[tuple[float, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SetRange:
+    key: bytes
+    offset: int
+    data: Payload
+
+
+@dataclass(frozen=True, slots=True)
 class NewKey:
     key: bytes
     kind: Literal["hash", "zset"]
@@ -149,4 +171,6 @@ KeyMutation: TypeAlias = (
     | NewKey
     | RenameKey
     | CopyKey
+    | SetRange
+    | ReplaceScores
 )

@@ -65,8 +65,10 @@ from pion.keyspace.mutations import (
     KeyMutation,
     NewKey,
     RenameKey,
+    ReplaceScores,
     SetDeadline,
     SetFields,
+    SetRange,
     SetScores,
     SetString,
     SetStrings,
@@ -253,6 +255,21 @@ class Keyspace:
         self._journal(SetString(key, value, deadline))
         self._put(key, value, deadline, size)
 
+    def set_range(self, key: bytes, offset: int, data: bytes) -> int:
+        """SETRANGE and APPEND (``offset`` = the current length): ``data`` written at
+        ``offset`` of the string ``key`` holds (a missing key starts empty with no
+        deadline; zero bytes pad a gap; the deadline stays). Returns the new length.
+        The caller checked the key's type and the size limit."""
+        e = self._entry(key)
+        old_len = len(cast(bytes, e.value)) if e is not None else 0
+        new_len = max(old_len, offset + len(data))
+        self._reserve(new_len - old_len if e is not None else len(key) + new_len + KEY_OVERHEAD)
+        # Logged as the bytes written, not the new value: appending to a large string
+        # costs the log what was appended.
+        self._journal(SetRange(key, offset, data))
+        self._apply_range(key, offset, data)
+        return new_len
+
     def set_strings(self, items: list[tuple[bytes, bytes]]) -> None:
         """MSET: every pair at once (the last value of a repeated key wins)."""
         final = dict(items)
@@ -348,6 +365,20 @@ class Keyspace:
             self._apply_delete_members(key, gone)
         return len(gone)
 
+    def zset_replace(self, key: bytes, items: list[tuple[float, bytes]]) -> None:
+        """ZUNIONSTORE, ZINTERSTORE, ZDIFFSTORE: ``key`` becomes a sorted set of exactly
+        ``items`` (distinct members), with no deadline, whatever it held; no items
+        deletes it."""
+        d = self._entry(key)
+        if not items:
+            if d is not None:
+                self.delete((key,))
+            return
+        size = len(key) + KEY_OVERHEAD + sum(len(m) + MEMBER_OVERHEAD for _, m in items)
+        self._reserve(size - (d.size if d is not None else 0))
+        self._journal(ReplaceScores(key, tuple(items)))
+        self._apply_replace(key, items)
+
     def rename(self, source: bytes, destination: bytes) -> bool:
         """RENAME: ``source`` moves to ``destination`` with its deadline, replacing
         whatever that held; False when ``source`` does not exist."""
@@ -405,7 +436,9 @@ class Keyspace:
     def sweep(self, max_keys: int) -> int:
         """Remove up to ``max_keys`` keys whose deadline has passed, earliest first;
         returns how many (``expiry.py`` decides how often). Advances ``lru_clock``."""
-        self.lru_clock = self.clock() // 1000
+        second = self.clock() // 1000
+        if second != self.lru_clock:  # a new int only once a second: entries share it
+            self.lru_clock = second
         due = self.deadlines.due(self.clock(), max_keys, self._deadline_of)
         if due:
             self._expire(tuple(due))
@@ -476,6 +509,11 @@ class Keyspace:
         elif isinstance(m, CopyKey):
             if m.source in self._data and m.source != m.destination:
                 self._apply_copy(m.source, m.destination)
+        elif isinstance(m, ReplaceScores):
+            self._apply_replace(m.key, m.items)
+        elif isinstance(m, SetRange):
+            self._typed(m.key, bytes)
+            self._apply_range(m.key, m.offset, own(m.data))
         else:
             self._put(m.key, {} if m.kind == "hash" else SortedSet(), m.deadline)
 
@@ -531,6 +569,22 @@ class Keyspace:
         size = e.size + len(destination) - len(source)
         self._drop(source)
         self._put(destination, value, deadline, size)
+
+    def _apply_range(self, key: bytes, offset: int, data: bytes) -> None:
+        e = self._data.get(key)
+        old = cast(bytes, e.value) if e is not None else b""
+        if offset == len(old):
+            new = old + data  # APPEND
+        else:
+            if len(old) < offset:
+                old += bytes(offset - len(old))
+            new = old[:offset] + data + old[offset + len(data) :]
+        self._put(key, new, e.deadline if e is not None else 0)
+
+    def _apply_replace(self, key: bytes, items: Iterable[tuple[float, bytes]]) -> None:
+        if key in self._data:
+            self._drop(key)
+        self._apply_scores(key, items)
 
     def _apply_copy(self, source: bytes, destination: bytes) -> None:
         e = self._data[source]

@@ -7,9 +7,10 @@ Redis's semantics and error texts. Values are stored as the request's own ``byte
 integers are stored as their decimal text (what GET returns), parsed strictly like
 Redis's ``string2ll``.
 
-Every write goes through the keyspace's own methods and logs its result: APPEND,
-SETRANGE and INCRBYFLOAT a SET of the new value (with the deadline it kept), GETEX a
-deadline change, GETDEL a DEL, as Redis's AOF logs them.
+Every write goes through the keyspace's own methods and logs its result: INCRBYFLOAT
+a SET of the new value (with the deadline it kept), GETEX a deadline change, GETDEL a
+DEL, as Redis's AOF logs them; APPEND and SETRANGE log the bytes they wrote and where
+(``Keyspace.set_range``), as Redis's AOF logs the commands.
 """
 
 from __future__ import annotations
@@ -147,14 +148,10 @@ def _kept_deadline(ks: Keyspace, key: bytes) -> int:
 def append(ks: Keyspace, key: bytes, value: bytes) -> int:
     """APPEND: the new length; the key's deadline is kept."""
     current = ks.string(key, read=False)
-    if current is None:
-        ks.set_string(key, value)
-        return len(value)
-    if len(current) + len(value) > MAX_STRING:
+    size = 0 if current is None else len(current)
+    if size + len(value) > MAX_STRING:
         raise PionError(_TOO_LONG)
-    new = current + value
-    ks.set_string(key, new, _kept_deadline(ks, key))
-    return len(new)
+    return ks.set_range(key, size, value)
 
 
 def getrange(ks: Keyspace, key: bytes, start: int, end: int) -> bytes:
@@ -182,12 +179,7 @@ def setrange(ks: Keyspace, key: bytes, offset: int, value: bytes) -> int:
         return 0 if current is None else len(current)
     if offset + len(value) > MAX_STRING:
         raise PionError(_TOO_LONG)
-    old = current or b""
-    if len(old) < offset:
-        old += bytes(offset - len(old))
-    new = old[:offset] + value + old[offset + len(value) :]
-    ks.set_string(key, new, 0 if current is None else _kept_deadline(ks, key))
-    return len(new)
+    return ks.set_range(key, offset, value)
 
 
 def getset(ks: Keyspace, key: bytes, value: bytes) -> bytes | None:

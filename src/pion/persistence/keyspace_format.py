@@ -25,13 +25,21 @@ Op codes and payloads::
                  to the destination, replacing what it held
     27 COPY      blob source, blob destination: a copy of the source's value and
                  deadline replaces what the destination held
-    28..31       reserved for the keyspace
+    28 SETRANGE  blob key, u64 offset, then the bytes written: every byte left in the
+                 payload (SETRANGE and APPEND: a missing key starts empty, zero bytes
+                 pad a gap, the deadline stays)
+    29 ZSTORE    as ZADD, but the key is first emptied of whatever it held (and its
+                 deadline): ZUNIONSTORE, ZINTERSTORE, ZDIFFSTORE
+    30..31       reserved for the keyspace
 
-Ops 26 and 27 came with RENAME and COPY. As ``format.py`` rules, ops are only added,
-so the format stays version 1: a build that predates them meets one as a named
-``unknown op code`` error, never as a misread. Every other command added with them is
-logged with the older ops (INCRBYFLOAT as a SET of its result,
-ZPOPMIN as a ZREM of what it popped, GETEX as an EXPIREAT or a DEL).
+Ops 26 to 29 came with RENAME, COPY, SETRANGE and APPEND, and the *STORE commands of
+sorted sets (op 29 makes their replace-the-destination one record). 26 to 28 carry the key names and
+the bytes written, not whole values, so appending to a large string costs the log what
+was appended. As ``format.py`` rules, ops are only added, so the format stays version
+1: a build that predates them meets one as a named ``unknown op code`` error, never as
+a misread. Every other command added with them is logged with the older ops
+(INCRBYFLOAT as a SET of its result, ZPOPMIN as a ZREM of what it popped, GETEX as an
+EXPIREAT or a DEL).
 
 Each record is one command's whole effect (an MSET, a DEL of many keys, an HSET of
 many fields), so a command is atomic across a crash. A snapshot holds, per live key,
@@ -57,8 +65,10 @@ from pion.keyspace import (
     KeyMutation,
     NewKey,
     RenameKey,
+    ReplaceScores,
     SetDeadline,
     SetFields,
+    SetRange,
     SetScores,
     SetString,
     SetStrings,
@@ -80,6 +90,8 @@ OP_FLUSH: Final = 24
 OP_KEY: Final = 25
 OP_RENAME: Final = 26
 OP_COPY: Final = 27
+OP_SETRANGE: Final = 28
+OP_ZSTORE: Final = 29
 
 OPS: Final = {
     OP_SET: "SET",
@@ -94,12 +106,17 @@ OPS: Final = {
     OP_KEY: "KEY",
     OP_RENAME: "RENAME",
     OP_COPY: "COPY",
+    OP_SETRANGE: "SETRANGE",
+    OP_ZSTORE: "ZSTORE",
 }
 UNIT_OPS: Final = frozenset({OP_SET, OP_KEY})
 
 _U8: Final = struct.Struct("<B")
 _U32: Final = struct.Struct("<I")
 _I64: Final = struct.Struct("<q")
+_U64: Final = struct.Struct("<Q")
+# Redis's proto-max-bulk-len: no string, so no offset, reaches past it.
+_MAX_OFFSET: Final = 512 * 1024 * 1024
 _F64: Final = struct.Struct("<d")
 _REASONS: Final = {"del": 1, "expire": 2}
 _REASON_NAMES: Final = {1: "del", 2: "expire"}
@@ -180,7 +197,7 @@ def encode(m: KeyMutation) -> tuple[int, list[Buffer]]:
         p.raw(_U32.pack(len(names)))
         for name in names:
             p.blob(name)
-    elif isinstance(m, SetScores):
+    elif isinstance(m, (SetScores, ReplaceScores)):
         p.blob(m.key)
         p.raw(_U32.pack(len(m.items)))
         for score, member in m.items:
@@ -192,6 +209,10 @@ def encode(m: KeyMutation) -> tuple[int, list[Buffer]]:
     elif isinstance(m, (RenameKey, CopyKey)):
         p.blob(m.source)
         p.blob(m.destination)
+    elif isinstance(m, SetRange):
+        p.blob(m.key)
+        p.raw(_U64.pack(m.offset))
+        p.tail(m.data, memoryview(m.data).nbytes)
     return op_of(m), p.done()
 
 
@@ -283,6 +304,9 @@ def decode(op: int, payload: Buffer) -> KeyMutation:
     elif op == OP_ZADD:
         key = r.key()
         m = SetScores(key, tuple(_score_member(r) for _ in range(r.count(12))))
+    elif op == OP_ZSTORE:
+        key = r.key()
+        m = ReplaceScores(key, tuple(_score_member(r) for _ in range(r.count(12))))
     elif op == OP_ZREM:
         key = r.key()
         m = DeleteMembers(key, _names(r))
@@ -298,6 +322,12 @@ def decode(op: int, payload: Buffer) -> KeyMutation:
         source = r.key()
         destination = r.key()
         m = RenameKey(source, destination) if op == OP_RENAME else CopyKey(source, destination)
+    elif op == OP_SETRANGE:
+        key = r.key()
+        offset = int(r.unpack(_U64))
+        if offset > _MAX_OFFSET:
+            raise FormatError(f"SETRANGE offset {offset} is past a string's limit")
+        m = SetRange(key, offset, r.rest())
     else:
         raise FormatError(f"unknown op code {op}")
     r.done()
@@ -331,4 +361,6 @@ _OP_BY_TYPE: Final[dict[type, int]] = {
     NewKey: OP_KEY,
     RenameKey: OP_RENAME,
     CopyKey: OP_COPY,
+    SetRange: OP_SETRANGE,
+    ReplaceScores: OP_ZSTORE,
 }
