@@ -303,6 +303,14 @@ class Keyspace:
         self._journal(SetScores(key, tuple(items)))
         self._apply_scores(key, items)
 
+    def zset_create(self, z: SortedSet, key: bytes, size: int) -> None:
+        """ZADD to a key that does not exist: ``z``, built elsewhere (in steps), becomes
+        its value at once; ``size`` is its ``value_size``. The caller checked that the
+        key is still missing."""
+        self._reserve(size)
+        self._journal(SetScores(key, tuple(z)))
+        self._put(key, z, 0, size)
+
     def zset_delete(self, key: bytes, members: Iterable[bytes]) -> int:
         z = self.zset(key, read=False)
         if z is None:
