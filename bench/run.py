@@ -32,6 +32,7 @@ BENCHES = [
     "attend",
     "keyspace",
     "export_fetch",
+    "fairness",
 ]
 
 

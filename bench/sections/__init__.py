@@ -11,6 +11,6 @@ cache buys.
 
 from __future__ import annotations
 
-from sections import durability, features, real, server
+from sections import durability, fairness, features, real, server
 
-__all__ = ["durability", "features", "real", "server"]
+__all__ = ["durability", "fairness", "features", "real", "server"]
