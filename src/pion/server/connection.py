@@ -4,7 +4,13 @@ dispatcher, reply chunks out through the server's :class:`ReplySink`.
 Replies leave strictly in request order: every command of a read is dispatched in turn
 on the event loop thread, and their chunks are handed to the sink (which writes them or
 queues them behind a group commit). Small replies are gathered into one write; a reply
-that makes the batch large is handed over at once.
+that makes the batch large is handed over at once; pieces are coalesced before the
+transport (``replies.coalesce``).
+
+A connection gets a slice of the loop per turn (``slices.py``): when its commands have
+used it, its socket is paused and the next turn goes on where it stopped. A long
+command (:class:`~pion.commands.deferred.Steps`) runs in steps of the same size
+(``steps.py``), its client's later commands waiting as behind any deferred command.
 
 Bytes arrive through ``asyncio.BufferedProtocol``: a read goes into a scratch buffer
 the server shares between its connections (the decoder copies it out at once), or,
