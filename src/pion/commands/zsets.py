@@ -10,6 +10,8 @@ pairs in RESP3.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Generator, Sequence
 
 from pion.commands.chunked import BIG_REPLY, STEP_ITEMS, pairs_reply, work_steps
@@ -122,8 +124,18 @@ def _zadd_in_steps(
     while len(runs) > 1:
         merged = []
         for i in range(0, len(runs), 2):
-            merged.append(sorted(runs[i] + runs[i + 1]) if i + 1 < len(runs) else runs[i])
-            yield
+            if i + 1 == len(runs):
+                merged.append(runs[i])
+            elif len(runs[i]) + len(runs[i + 1]) <= 8 * STEP_ITEMS:
+                merged.append(sorted(runs[i] + runs[i + 1]))  # two runs: a C merge
+                yield
+            else:  # long runs: merged STEP_ITEMS entries a step
+                into: list[tuple[float, bytes]] = []
+                both = heapq.merge(runs[i], runs[i + 1])
+                while part := list(itertools.islice(both, 4 * STEP_ITEMS)):
+                    into += part
+                    yield
+                merged.append(into)
         runs = merged
     if ks.zset(key, read=False) is not None:  # created meanwhile
         return _zadd_reply(zadd(ks, key, pairs, flags), flags)

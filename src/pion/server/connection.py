@@ -84,6 +84,9 @@ log = logging.getLogger("pion.server")
 # of PINGs then costs one writelines per 64 KiB, not one per command.
 _FLUSH_BYTES = 64 * 1024
 _FLUSH_CHUNKS = 4096
+# The most one socket read takes (large bulks are received in place, unaffected).
+# Redis reads 16 KiB at a time; 64 KiB of small arguments is a few ms of parsing.
+READ_BYTES = 64 * 1024
 # What a reply piece held for the client costs beyond its payload (a bytes object's
 # header and its slot in a list), counted in its unsent reply bytes.
 PIECE_OVERHEAD = 64
@@ -109,6 +112,9 @@ class Connection(asyncio.BufferedProtocol):
         self._memory = memory
         self._offload = offload
         self._scratch = scratch if scratch is not None else memoryview(bytearray(SCRATCH_BYTES))
+        # Reads of at most READ_BYTES: what one read hands the decoder is parsed at once
+        # (a huge command's arguments, in Python), so it is one slice's worth, roughly.
+        self._read_view = self._scratch[:READ_BYTES]
         self._decoder = RequestDecoder(state.config.protocol)
         self._decoder.authenticated = not state.config.auth_required
         self._high_water = state.config.protocol.reply_high_water
@@ -193,12 +199,12 @@ class Connection(asyncio.BufferedProtocol):
         )
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self._decoder.get_buffer(self._scratch)
+        return self._decoder.get_buffer(self._read_view)
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._closed:
             return
-        self._decoder.buffer_updated(self._scratch, nbytes)
+        self._decoder.buffer_updated(self._read_view, nbytes)
         self._received()
 
     def data_received(self, data: bytes) -> None:
