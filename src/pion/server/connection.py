@@ -56,6 +56,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, cast
 
+from pion.commands.chunked import run_now
 from pion.commands.deferred import Deferred, Offload, Steps
 from pion.commands.state import ClientState, CommandTable, Context, ServerState
 from pion.errors import ProtocolError
@@ -438,12 +439,8 @@ class Connection(asyncio.BufferedProtocol):
         mark = len(out)
         if isinstance(deferred, Steps):
             try:
-                while True:
-                    out += next(deferred.run)
-            except StopIteration as stop:
-                out += self._encode(stop.value)
+                out += run_now(deferred, self.client.proto)
             except Exception as exc:  # the command's error boundary
-                del out[mark:]
                 out += self._encode(error_reply(self._ctx, argv, exc))
             return sum(c.nbytes if isinstance(c, memoryview) else len(c) for c in out[mark:])
         if isinstance(deferred, Offload):
