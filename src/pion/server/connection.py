@@ -248,16 +248,18 @@ class Connection(asyncio.BufferedProtocol):
         transport = self._transport
         if transport is None or self._yielded:
             return  # (yielded: the next turn's callback goes on)
-        clock = time.thread_time  # CPU time: a preempted slice is not a used one
-        started = clock()
+        # The clock is first read when a second command is at hand, so a request of
+        # one command pays nothing for the slices (the first command of a call is not
+        # charged: a slice overshoots by at most one command, plus CHECK_EVERY).
+        clock = time.perf_counter
+        sliced = self._turns is not None
         if self._turns is not None:
             turn = self._turns.current()
             if turn != self._slice_turn:
                 self._slice_turn = turn
                 self._slice_left = SLICE_S
-            deadline = started + self._slice_left
-        else:
-            deadline = math.inf
+        started = 0.0
+        deadline = math.inf
         ran = 0
         yielded = False
         decoder = self._decoder
@@ -279,10 +281,6 @@ class Connection(asyncio.BufferedProtocol):
             if self._next_error is not None:
                 proto_error, self._next_error = self._next_error, None
                 break
-            if ran % CHECK_EVERY == 0 and clock() >= deadline:
-                yielded = True  # this turn's slice is used: the rest waits a turn
-                break
-            ran += 1
             argv = self._next
             if argv is not None:
                 self._next, self._next_bytes = None, 0
@@ -294,6 +292,19 @@ class Connection(asyncio.BufferedProtocol):
                     break
                 if argv is None:
                     break
+            if sliced:
+                if ran == 0:
+                    yielded = self._slice_left <= 0
+                elif ran == 1 or ran % CHECK_EVERY == 0:
+                    now = clock()
+                    if not started:
+                        started, deadline = now, now + self._slice_left
+                    yielded = now >= deadline
+                if yielded:
+                    # This turn's slice is used: the command waits for the next one.
+                    self._next, self._next_bytes = argv, sum(len(a) for a in argv)
+                    break
+            ran += 1
             result = execute(self._ctx, argv, out)
             if not isinstance(result, int):
                 if self._offload is not None or (
@@ -336,7 +347,8 @@ class Connection(asyncio.BufferedProtocol):
             self._sink.close_after_send(self)
         if self._busy is not None:
             self._parse_ahead()
-        self._slice_left -= clock() - started
+        if started:
+            self._slice_left -= clock() - started
         if yielded and not close_after:
             self._yielded = True
             self._state.counters.slices_yielded += 1
