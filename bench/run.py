@@ -34,6 +34,7 @@ BENCHES = [
     "keyspace",
     "export_fetch",
     "transactions",
+    "fairness",
 ]
 
 

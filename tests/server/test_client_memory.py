@@ -7,6 +7,7 @@ Real server process, real TCP: clients that pipeline small commands and never re
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -17,20 +18,21 @@ from support import MiB, encode_command, running_server
 BOUND = 32 * MiB
 
 
-def _pipeline_without_reading(port: int, stop: threading.Event, password: str) -> None:
+def _hog(port: int) -> socket.socket:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-    s.settimeout(1)  # a send blocked by back-pressure gives up: the test can stop
     s.connect(("127.0.0.1", port))
+    return s
+
+
+def _pipeline_without_reading(s: socket.socket, password: str) -> None:
     batch = encode_command("GET", "v") * 20_000  # 1 KiB replies for 20-byte commands
     try:
         s.sendall(encode_command("AUTH", password))
-        while not stop.is_set():
+        while True:
             s.sendall(batch)
     except OSError:
-        pass  # evicted
-    finally:
-        s.close()
+        pass  # evicted, or shut down by the test
 
 
 def test_non_reading_pipelines_stay_within_the_bound_and_evicted_clients_leave_at_once(
@@ -42,11 +44,8 @@ def test_non_reading_pipelines_stay_within_the_bound_and_evicted_clients_leave_a
         r = srv.client()
         r.set("v", b"x" * 1024)
         base = srv.rss()
-        stop = threading.Event()
-        hogs = [
-            threading.Thread(target=_pipeline_without_reading, args=(srv.port, stop, "pw"))
-            for _ in range(4)
-        ]
+        socks = [_hog(srv.port) for _ in range(4)]
+        hogs = [threading.Thread(target=_pipeline_without_reading, args=(s, "pw")) for s in socks]
         for t in hogs:
             t.start()
         peak = base
@@ -64,7 +63,10 @@ def test_non_reading_pipelines_stay_within_the_bound_and_evicted_clients_leave_a
                     break
                 time.sleep(0.02)
         finally:
-            stop.set()
+            for s in socks:  # unblocks a send the server's back-pressure holds
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
             for t in hogs:
                 t.join(timeout=10)
         assert evicted_and_gone, "the hogs were not all evicted"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import socket
 import statistics
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -187,3 +188,18 @@ def test_a_reply_of_more_than_2_20_pieces_arrives_whole(srv: ServerProcess) -> N
         assert len(got) == n
         assert got[b"f123456"] == b"v123456"
         assert srv.info("stats")["client_io_errors"] == 0
+
+
+def test_a_connection_lost_to_a_socket_error_is_logged_and_counted(srv: ServerProcess) -> None:
+    # A client asks for a large reply and resets the connection (RST) without reading.
+    with srv.client() as r:
+        r.hset("big", mapping={f"f{i}": "x" * 100 for i in range(20_000)})
+    s = srv.connect()
+    s.sendall(encode_command("HGETALL", "big") * 50)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()
+    deadline = time.monotonic() + 20
+    while srv.info("stats")["client_io_errors"] < 1:
+        assert time.monotonic() < deadline, "the reset was not counted"
+        time.sleep(0.05)
+    assert "the connection failed" in srv.log() or "writing a reply failed" in srv.log()

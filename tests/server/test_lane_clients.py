@@ -7,6 +7,7 @@ Real server process, real TCP, the lane on the RESP port + 1.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -68,19 +69,13 @@ def test_lane_connections_count_against_maxclients_and_are_listed(tmp_path: Path
             assert again.ping()
 
 
-def _ping_frames_without_reading(port: int, stop: threading.Event) -> None:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-    s.settimeout(1)  # a send blocked by back-pressure gives up: the test can stop
-    s.connect(("127.0.0.1", port + 1))
+def _ping_frames_without_reading(s: socket.socket) -> None:
     batch = HEADER.pack(MAGIC, OP_PING, 0) * 100_000
     try:
-        while not stop.is_set():
+        while True:
             s.sendall(batch)
     except OSError:
-        pass  # evicted
-    finally:
-        s.close()
+        pass  # evicted, or shut down by the test
 
 
 def test_lane_clients_are_held_to_maxmemory_clients(tmp_path: Path) -> None:
@@ -88,27 +83,36 @@ def test_lane_clients_are_held_to_maxmemory_clients(tmp_path: Path) -> None:
     with running_server(tmp_path, "--no-wal", "--maxmemory-clients", str(bound)) as srv:
         r = srv.client()
         base = srv.rss()
-        stop = threading.Event()
-        floods = [
-            threading.Thread(target=_ping_frames_without_reading, args=(srv.port, stop))
-            for _ in range(4)
-        ]
+        socks = []
+        for _ in range(4):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+            s.connect(("127.0.0.1", srv.port + 1))
+            socks.append(s)
+        floods = [threading.Thread(target=_ping_frames_without_reading, args=(s,)) for s in socks]
         for t in floods:
             t.start()
         peak = base
-        counted = 0
+        counted = seen = 0
         deadline = time.monotonic() + 4
         try:
             while time.monotonic() < deadline:
                 peak = max(peak, srv.rss())
-                counted = max(counted, r.info("memory")["mem_clients_normal"])
+                info = r.info()
+                counted = max(counted, info["mem_clients_normal"])
+                seen = max(seen, info["connected_clients"] + info["evicted_clients"])
                 time.sleep(0.02)
         finally:
-            stop.set()
+            for s in socks:  # unblocks a send the server's back-pressure holds
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
             for t in floods:
                 t.join(timeout=10)
-        # The lane's buffers are counted, and RSS stays within 1.5x the bound.
-        assert counted > 0
+        # The lane's connections are clients whose buffers are counted (or evicted),
+        # and RSS stays within 1.5x the bound.
+        assert seen == 5, seen
+        assert counted > 64 * 1024
         assert peak - base <= 1.5 * bound + 8 * MiB, (peak - base) / MiB
         assert r.ping()
 

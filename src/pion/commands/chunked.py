@@ -17,7 +17,7 @@ from pion.commands.deferred import Steps
 from pion.resp.encoder import Chunks, encode_reply
 from pion.resp.reply import NoReply, Reply
 
-__all__ = ["BIG_REPLY", "STEP_ITEMS", "pairs_reply", "reply", "work_steps"]
+__all__ = ["BIG_REPLY", "STEP_ITEMS", "pairs_reply", "reply", "run_now", "work_steps"]
 
 # Elements encoded per step: about half a millisecond of the loop.
 STEP_ITEMS = 2048
@@ -106,3 +106,15 @@ def _quiet(work: Generator[None, None, Reply]) -> Generator[Chunks, None, Reply]
     except StopIteration as stop:
         result: Reply = stop.value
         return result
+
+
+def run_now(steps: Steps, proto: int) -> Chunks:
+    """Every step at once and the encoded reply (where nothing may run in between: a
+    connection without slices, a transaction's EXEC). Raises what a step raises."""
+    out: Chunks = []
+    try:
+        while True:
+            out += next(steps.run)
+    except StopIteration as stop:
+        encode_reply(stop.value, proto, out)
+    return out

@@ -16,8 +16,9 @@ from pion.commands.deferred import Steps
 from pion.commands.state import Command, Context
 from pion.errors import PionError
 from pion.keyspace.entries import Entry
-from pion.keyspace.glob import matches_all
+from pion.keyspace.glob import matches_all, stringmatch
 from pion.keyspace.numbers import parse_cursor, parse_int64
+from pion.resp.encoder import Chunks
 from pion.resp.reply import Reply, Simple
 
 __all__ = ["COMMANDS", "SCAN_DEFAULT_COUNT"]
@@ -175,10 +176,31 @@ def _scan(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 
 def _keys(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
-    # The matching names are taken in one step (the keyspace of one instant, as in
-    # Redis); the reply, most of the cost, is encoded in steps.
-    out: list[Reply] = list(ctx.state.keyspace.keys(args[0]))
-    return reply(out, ctx.client.proto)
+    # The names are taken in one step (the keyspace of one instant, as in Redis): a
+    # copy of the slot table when no key can have expired, filtered and matched in
+    # steps; else the live matching names at once. The reply is encoded in steps.
+    ks = ctx.state.keyspace
+    names = ks.names()
+    if names is None or len(names) <= BIG_REPLY:
+        out: list[Reply] = list(ks.keys(args[0]))
+        return reply(out, ctx.client.proto)
+    return Steps(_keys_in_steps(names, args[0], ctx.client.proto))
+
+
+def _keys_in_steps(
+    names: list[bytes | None], pattern: bytes, proto: int
+) -> Generator[Chunks, None, Reply]:
+    every = matches_all(pattern)
+    found: list[Reply] = []
+    for start in range(0, len(names), 4 * STEP_ITEMS):
+        chunk = names[start : start + 4 * STEP_ITEMS]
+        found += [k for k in chunk if k is not None and (every or stringmatch(pattern, k))]
+        yield []
+    encoded = reply(found, proto)
+    if isinstance(encoded, Steps):
+        result = yield from encoded.run
+        return result
+    return encoded
 
 
 def _flush(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:

@@ -43,11 +43,11 @@ import logging
 from collections.abc import Sequence
 from time import perf_counter_ns
 
+from pion.commands.chunked import run_now
 from pion.commands.deferred import Deferred, LazyBulk, Offload, Steps, Stream
 from pion.commands.state import ClientState, Command, Context, ServerState
 from pion.commands.workers import redirect_namespace, redirect_session
 from pion.errors import ExecAbortError, MisconfError, PionError
-from pion.resp.encoder import Chunks, encode_reply
 from pion.resp.reply import Encoded, ErrorReply, NullArray, Reply, Simple
 from pion.watch import WatchToken
 from pion.wire import namespace_sids
@@ -273,16 +273,7 @@ def settle(reply: Reply | Deferred, proto: int) -> Reply:
     EXEC, or for a client whose replies are switched off); the steps of a long reply
     are run to the end and their bytes kept as they are (``proto``: the client's)."""
     if isinstance(reply, Steps):
-        chunks: Chunks = []
-        try:
-            while True:
-                chunks += next(reply.run)
-        except StopIteration as stop:
-            final: Reply = stop.value
-        if not chunks:
-            return final
-        encode_reply(final, proto, chunks)
-        return Encoded(b"".join(chunks))
+        return Encoded(b"".join(run_now(reply, proto)))
     if isinstance(reply, Offload):
         try:
             result: object = reply.work()

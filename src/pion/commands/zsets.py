@@ -10,16 +10,22 @@ pairs in RESP3.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+import itertools
+from collections.abc import Generator, Sequence
 
-from pion.commands.chunked import pairs_reply
+from pion.commands.chunked import BIG_REPLY, STEP_ITEMS, pairs_reply, work_steps
 from pion.commands.deferred import Steps
 from pion.commands.state import Command, Context
 from pion.errors import PionError
+from pion.keyspace.entries import KEY_OVERHEAD, MEMBER_OVERHEAD
 from pion.keyspace.numbers import parse_int64, parse_range_bound, parse_score
+from pion.keyspace.sortedset import SortedSet
 from pion.keyspace.zsets import (
     ScoreRange,
     ZAddFlags,
+    ZAddPlan,
+    ZAddResult,
     parse_lex_bound,
     zadd,
     zrange_by_lex,
@@ -49,7 +55,7 @@ def long_arg(raw: bytes) -> int:
     return value
 
 
-def _zadd(ctx: Context, args: Sequence[bytes]) -> Reply:
+def _zadd(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
     key = args[0]
     opts: set[str] = set()
     i = 1
@@ -66,16 +72,79 @@ def _zadd(ctx: Context, args: Sequence[bytes]) -> Reply:
         raise PionError("GT, LT, and/or NX options at the same time are not compatible")
     if flags.incr and len(rest) > 2:
         raise PionError("INCR option supports a single increment-element pair")
+    if len(rest) // 2 > BIG_REPLY:
+        return work_steps(_zadd_in_steps(ctx, key, rest, flags))
     pairs: list[tuple[float, bytes]] = []
     for j in range(0, len(rest), 2):
         score = parse_score(rest[j])
         if score is None:
             raise PionError(_NOT_A_FLOAT)
         pairs.append((score, rest[j + 1]))
-    res = zadd(ctx.state.keyspace, key, pairs, flags)
+    return _zadd_reply(zadd(ctx.state.keyspace, key, pairs, flags), flags)
+
+
+def _zadd_reply(res: ZAddResult, flags: ZAddFlags) -> Reply:
     if flags.incr:
         return res.last_score if res.processed else None
     return res.added + res.updated if flags.ch else res.added
+
+
+def _zadd_in_steps(
+    ctx: Context, key: bytes, rest: Sequence[bytes], flags: ZAddFlags
+) -> Generator[None, None, Reply]:
+    """A long ZADD (docs/decisions.md, "Fair shares of the loop"). Its scores are
+    parsed in steps (nothing shared is touched). To an existing key it is then worked
+    out and applied in one step, atomic. To a new key, the set is built aside in
+    steps (sorted in runs, the runs merged) and installed in one step, if the key is
+    still missing then; if it was created meanwhile, the ZADD is applied to it in one
+    step instead. Either way other clients see the ZADD all at once or not at all."""
+    ks = ctx.state.keyspace
+    pairs: list[tuple[float, bytes]] = []
+    for start in range(0, len(rest), 2 * STEP_ITEMS):
+        for j in range(start, min(len(rest), start + 2 * STEP_ITEMS), 2):
+            score = parse_score(rest[j])
+            if score is None:
+                raise PionError(_NOT_A_FLOAT)
+            pairs.append((score, rest[j + 1]))
+        yield
+    if flags.xx or ks.zset(key, read=False) is not None:
+        return _zadd_reply(zadd(ks, key, pairs, flags), flags)
+    plan = ZAddPlan(flags)
+    for start in range(0, len(pairs), STEP_ITEMS):
+        plan.step(pairs[start : start + STEP_ITEMS], _absent)
+        yield
+    items = list(plan.final.items())
+    size = len(key) + KEY_OVERHEAD
+    runs: list[list[tuple[float, bytes]]] = []
+    for start in range(0, len(items), STEP_ITEMS):
+        chunk = items[start : start + STEP_ITEMS]
+        runs.append(sorted([(score, m) for m, score in chunk]))
+        size += sum(len(m) for m, _ in chunk) + len(chunk) * MEMBER_OVERHEAD
+        yield
+    while len(runs) > 1:
+        merged = []
+        for i in range(0, len(runs), 2):
+            if i + 1 == len(runs):
+                merged.append(runs[i])
+            elif len(runs[i]) + len(runs[i + 1]) <= 8 * STEP_ITEMS:
+                merged.append(sorted(runs[i] + runs[i + 1]))  # two runs: a C merge
+                yield
+            else:  # long runs: merged STEP_ITEMS entries a step
+                into: list[tuple[float, bytes]] = []
+                both = heapq.merge(runs[i], runs[i + 1])
+                while part := list(itertools.islice(both, 4 * STEP_ITEMS)):
+                    into += part
+                    yield
+                merged.append(into)
+        runs = merged
+    if ks.zset(key, read=False) is not None:  # created meanwhile
+        return _zadd_reply(zadd(ks, key, pairs, flags), flags)
+    ks.zset_create(SortedSet.adopt(plan.final, runs[0]), key, size)
+    return _zadd_reply(plan.result(), flags)
+
+
+def _absent(member: bytes) -> float | None:
+    return None
 
 
 def with_scores(ctx: Context, entries: list[tuple[float, bytes]], scores: bool) -> Reply | Steps:

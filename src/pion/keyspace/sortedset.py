@@ -52,6 +52,15 @@ class SortedSet:
         insort(self._order, (score, member))
         return old is None
 
+    @classmethod
+    def adopt(cls, scores: dict[bytes, float], order: list[tuple[float, bytes]]) -> SortedSet:
+        """A set of exactly these members: ``order`` is ``scores`` as ``(score,
+        member)``, sorted (built elsewhere, in steps)."""
+        z = cls()
+        z.scores = scores
+        z._order = order
+        return z
+
     def add_many(self, items: Sequence[tuple[float, bytes]]) -> list[bytes]:
         """:meth:`add` each ``(score, member)`` in order; the members that were new."""
         if len(items) < _BULK:

@@ -209,13 +209,17 @@ class Keyspace:
         """Live keys matching ``pattern`` (expired ones are skipped, not removed)."""
         now = self.clock()
         every = matches_all(pattern)
-        if every and not self.deadlines.count:
-            return list(self._data)  # nothing can have expired: no test per key
         return [
             k
             for k, e in self._data.items()
             if not (e.deadline and e.deadline < now) and (every or stringmatch(pattern, k))
         ]
+
+    def names(self) -> list[bytes | None] | None:
+        """Every key's name now (None for holes), if no key can have expired: a copy
+        of the slot table, C-speed, for KEYS to filter in steps; None when some keys
+        have a deadline (their liveness is of this instant: use :meth:`keys`)."""
+        return None if self.deadlines.count else self._slots.snapshot()
 
     def scan(
         self, cursor: int, count: int, pattern: bytes | None, kind: str | None
@@ -354,6 +358,14 @@ class Keyspace:
         self._reserve(grow)
         self._journal(SetScores(key, tuple(items)))
         self._apply_scores(key, items)
+
+    def zset_create(self, z: SortedSet, key: bytes, size: int) -> None:
+        """ZADD to a key that does not exist: ``z``, built elsewhere (in steps), becomes
+        its value at once; ``size`` is its ``value_size``. The caller checked that the
+        key is still missing."""
+        self._reserve(size)
+        self._journal(SetScores(key, tuple(z)))
+        self._put(key, z, 0, size)
 
     def zset_delete(self, key: bytes, members: Iterable[bytes]) -> int:
         z = self.zset(key, read=False)

@@ -15,7 +15,7 @@ outcome, so replaying it never depends on what the set held.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from pion.errors import PionError
@@ -26,6 +26,7 @@ __all__ = [
     "LexBound",
     "ScoreRange",
     "ZAddFlags",
+    "ZAddPlan",
     "ZAddResult",
     "parse_lex_bound",
     "zadd",
@@ -53,6 +54,53 @@ class ZAddResult:
     last_score: float  # INCR's reply when processed
 
 
+class ZAddPlan:
+    """Redis's ``zsetAdd`` rules worked out pair by pair: every member's final score
+    and the counts, without changing anything. :meth:`step` may be called on the
+    pairs in chunks (a long ZADD in steps); it reads the set only through
+    ``current``."""
+
+    def __init__(self, flags: ZAddFlags) -> None:
+        self.flags = flags
+        self.final: dict[bytes, float] = {}
+        self.added = self.updated = self.processed = 0
+        self.score = 0.0
+
+    def step(
+        self, pairs: Iterable[tuple[float, bytes]], current: Callable[[bytes], float | None]
+    ) -> None:
+        flags, final = self.flags, self.final
+        for given, member in pairs:
+            cur = final[member] if member in final else current(member)
+            if cur is not None:
+                if flags.nx:
+                    continue
+                new = given + cur if flags.incr else given
+                if math.isnan(new):
+                    raise PionError("resulting score is not a number (NaN)")
+                if (flags.lt and new >= cur) or (flags.gt and new <= cur):
+                    continue
+                self.processed += 1
+                self.score = new
+                if new != cur:
+                    final[member] = new + 0.0
+                    self.updated += 1
+            elif not flags.xx:
+                self.processed += 1
+                self.score = given
+                # Redis's compact encoding stores a score of -0 as 0 (ZSCORE answers
+                # "0", though ZADD INCR's reply said "-0"); so do we, whatever the size.
+                final[member] = given + 0.0
+                self.added += 1
+
+    def result(self) -> ZAddResult:
+        return ZAddResult(self.added, self.updated, self.processed, self.score)
+
+
+def _absent(member: bytes) -> float | None:
+    return None
+
+
 def zadd(
     ks: Keyspace, key: bytes, pairs: list[tuple[float, bytes]], flags: ZAddFlags
 ) -> ZAddResult:
@@ -60,39 +108,11 @@ def zadd(
     z = ks.zset(key, read=False)
     if z is None and flags.xx:
         return ZAddResult(0, 0, 0, 0.0)
-    final: dict[bytes, float] = {}
-    added = updated = processed = 0
-    score = 0.0
-    for given, member in pairs:
-        if member in final:
-            cur: float | None = final[member]
-        elif z is not None:
-            cur = z.scores.get(member)
-        else:
-            cur = None
-        if cur is not None:
-            if flags.nx:
-                continue
-            new = given + cur if flags.incr else given
-            if math.isnan(new):
-                raise PionError("resulting score is not a number (NaN)")
-            if (flags.lt and new >= cur) or (flags.gt and new <= cur):
-                continue
-            processed += 1
-            score = new
-            if new != cur:
-                final[member] = new + 0.0
-                updated += 1
-        elif not flags.xx:
-            processed += 1
-            score = given
-            # Redis's compact encoding stores a score of -0 as 0 (ZSCORE answers "0",
-            # though ZADD INCR's reply said "-0"); so do we, whatever the set's size.
-            final[member] = given + 0.0
-            added += 1
-    if final:
-        ks.zset_set(key, [(s, m) for m, s in final.items()])
-    return ZAddResult(added, updated, processed, score)
+    plan = ZAddPlan(flags)
+    plan.step(pairs, z.scores.get if z is not None else _absent)
+    if plan.final:
+        ks.zset_set(key, [(s, m) for m, s in plan.final.items()])
+    return plan.result()
 
 
 def _rank_slice(length: int, start: int, stop: int) -> tuple[int, int] | None:

@@ -181,7 +181,7 @@ class BinaryConnection(asyncio.Protocol):
         transport = self._transport
         if transport is None or self._yielded:
             return
-        clock = time.thread_time
+        clock = time.perf_counter
         started = clock()
         turn = self._server.turns.current()
         if turn != self._slice_turn:

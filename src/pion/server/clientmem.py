@@ -1,18 +1,21 @@
 """The server-wide bound on client buffers (``maxmemory-clients``, Redis 7's idea).
 
-Each connection holds a query buffer (bytes received and not yet run: the decoder's
-buffer and a command being read) and reply bytes not yet sent (the socket's write
-buffer and replies waiting for a group commit). Per connection those are bounded
-already: the protocol limits bound a query, and the reply high-water mark stops a
-connection's commands while its replies back up. Together they are not: ten thousand
-clients that stop reading can each hold a high-water mark. This module keeps the sum.
+Each connection, of either lane, holds a query buffer (bytes received and not yet run:
+the decoder's buffer, commands parsed and waiting, a command being read) and reply
+bytes not yet sent (the socket's write buffer and replies waiting for a group commit,
+each piece counted with the overhead of the object that holds it). Per connection
+those are bounded already: the protocol limits bound a query, and the reply high-water
+mark stops a connection's commands while its replies back up. Together they are not:
+ten thousand clients that stop reading can each hold a high-water mark. This module
+keeps the sum.
 
 Accounting is incremental and cheap: a connection reports its usage when it changes
 (after it processed what it received, after its replies were handed to the socket)
 and the total moves by the difference. Only when the total passes the bound are all
 connections measured afresh (a report can be stale: a socket drains without telling
 anyone), and if it is still over, the clients holding the most are disconnected,
-largest first, until it fits, each with a warning in the log. This is Redis's client
+largest first, until it fits, each with a warning in the log; a disconnected client
+leaves the registry at once (``evict``), not when its transport is torn down. This is Redis's client
 eviction. We disconnect rather than pause because the memory is held by clients that
 do not read: pausing everyone would let a few such clients stop the whole server,
 while dropping the largest holder costs only the client that caused it. A client that

@@ -4,7 +4,13 @@ dispatcher, reply chunks out through the server's :class:`ReplySink`.
 Replies leave strictly in request order: every command of a read is dispatched in turn
 on the event loop thread, and their chunks are handed to the sink (which writes them or
 queues them behind a group commit). Small replies are gathered into one write; a reply
-that makes the batch large is handed over at once.
+that makes the batch large is handed over at once; pieces are coalesced before the
+transport (``replies.coalesce``).
+
+A connection gets a slice of the loop per turn (``slices.py``): when its commands have
+used it, its socket is paused and the next turn goes on where it stopped. A long
+command (:class:`~pion.commands.deferred.Steps`) runs in steps of the same size
+(``steps.py``), its client's later commands waiting as behind any deferred command.
 
 Bytes arrive through ``asyncio.BufferedProtocol``: a read goes into a scratch buffer
 the server shares between its connections (the decoder copies it out at once), or,
@@ -50,6 +56,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, cast
 
+from pion.commands.chunked import run_now
 from pion.commands.deferred import Deferred, Offload, Steps
 from pion.commands.state import ClientState, CommandTable, Context, ServerState
 from pion.commands.transactions import forget_client
@@ -79,6 +86,9 @@ log = logging.getLogger("pion.server")
 # of PINGs then costs one writelines per 64 KiB, not one per command.
 _FLUSH_BYTES = 64 * 1024
 _FLUSH_CHUNKS = 4096
+# The most one socket read takes (large bulks are received in place, unaffected).
+# Redis reads 16 KiB at a time; 64 KiB of small arguments is a few ms of parsing.
+READ_BYTES = 64 * 1024
 # What a reply piece held for the client costs beyond its payload (a bytes object's
 # header and its slot in a list), counted in its unsent reply bytes.
 PIECE_OVERHEAD = 64
@@ -104,6 +114,9 @@ class Connection(asyncio.BufferedProtocol):
         self._memory = memory
         self._offload = offload
         self._scratch = scratch if scratch is not None else memoryview(bytearray(SCRATCH_BYTES))
+        # Reads of at most READ_BYTES: what one read hands the decoder is parsed at once
+        # (a huge command's arguments, in Python), so it is one slice's worth, roughly.
+        self._read_view = self._scratch[:READ_BYTES]
         self._decoder = RequestDecoder(state.config.protocol)
         self._decoder.authenticated = not state.config.auth_required
         self._high_water = state.config.protocol.reply_high_water
@@ -189,12 +202,12 @@ class Connection(asyncio.BufferedProtocol):
         )
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self._decoder.get_buffer(self._scratch)
+        return self._decoder.get_buffer(self._read_view)
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._closed:
             return
-        self._decoder.buffer_updated(self._scratch, nbytes)
+        self._decoder.buffer_updated(self._read_view, nbytes)
         self._received()
 
     def data_received(self, data: bytes) -> None:
@@ -237,16 +250,18 @@ class Connection(asyncio.BufferedProtocol):
         transport = self._transport
         if transport is None or self._yielded:
             return  # (yielded: the next turn's callback goes on)
-        clock = time.thread_time  # CPU time: a preempted slice is not a used one
-        started = clock()
+        # The clock is first read when a second command is at hand, so a request of
+        # one command pays nothing for the slices (the first command of a call is not
+        # charged: a slice overshoots by at most one command, plus CHECK_EVERY).
+        clock = time.perf_counter
+        sliced = self._turns is not None
         if self._turns is not None:
             turn = self._turns.current()
             if turn != self._slice_turn:
                 self._slice_turn = turn
                 self._slice_left = SLICE_S
-            deadline = started + self._slice_left
-        else:
-            deadline = math.inf
+        started = 0.0
+        deadline = math.inf
         ran = 0
         yielded = False
         decoder = self._decoder
@@ -268,10 +283,6 @@ class Connection(asyncio.BufferedProtocol):
             if self._next_error is not None:
                 proto_error, self._next_error = self._next_error, None
                 break
-            if ran % CHECK_EVERY == 0 and clock() >= deadline:
-                yielded = True  # this turn's slice is used: the rest waits a turn
-                break
-            ran += 1
             argv = self._next
             if argv is not None:
                 self._next, self._next_bytes = None, 0
@@ -283,6 +294,19 @@ class Connection(asyncio.BufferedProtocol):
                     break
                 if argv is None:
                     break
+            if sliced:
+                if ran == 0:
+                    yielded = self._slice_left <= 0
+                elif ran == 1 or ran % CHECK_EVERY == 0:
+                    now = clock()
+                    if not started:
+                        started, deadline = now, now + self._slice_left
+                    yielded = now >= deadline
+                if yielded:
+                    # This turn's slice is used: the command waits for the next one.
+                    self._next, self._next_bytes = argv, sum(len(a) for a in argv)
+                    break
+            ran += 1
             result = execute(self._ctx, argv, out)
             if not isinstance(result, int):
                 if self._offload is not None or (
@@ -325,7 +349,8 @@ class Connection(asyncio.BufferedProtocol):
             self._sink.close_after_send(self)
         if self._busy is not None:
             self._parse_ahead()
-        self._slice_left -= clock() - started
+        if started:
+            self._slice_left -= clock() - started
         if yielded and not close_after:
             self._yielded = True
             self._state.counters.slices_yielded += 1
@@ -428,12 +453,8 @@ class Connection(asyncio.BufferedProtocol):
         mark = len(out)
         if isinstance(deferred, Steps):
             try:
-                while True:
-                    out += next(deferred.run)
-            except StopIteration as stop:
-                out += self._encode(stop.value)
+                out += run_now(deferred, self.client.proto)
             except Exception as exc:  # the command's error boundary
-                del out[mark:]
                 out += self._encode(error_reply(self._ctx, argv, exc))
             return sum(c.nbytes if isinstance(c, memoryview) else len(c) for c in out[mark:])
         if isinstance(deferred, Offload):

@@ -9,8 +9,8 @@ other client waits for. Two things make that wait long unless it is bounded:
 - one command can be long (KEYS over a big keyspace, a 100k-member ZADD).
 
 So a connection gets :data:`SLICE_S` seconds of the loop per turn (measured, not
-estimated: commands differ in cost by orders of magnitude; in the thread's CPU time,
-so that a slice in which the OS ran other processes is not counted as used). When it has used them,
+estimated: commands differ in cost by orders of magnitude; in wall time, which is what
+the other clients wait). When it has used them,
 it stops: its socket is no longer read, and a callback scheduled for the next turn
 picks up where it stopped (``Connection._process``). Every other connection with
 something to do gets its own slice in between. A client whose replies are not being
@@ -31,9 +31,9 @@ __all__ = ["CHECK_EVERY", "SLICE_S", "Turns"]
 # behind a flood waits about this long per flooding client; large enough that the cost
 # of stopping (pausing the socket, a callback, resuming) stays near 1% of the work.
 SLICE_S = 0.001
-# Commands between two reads of the clock (a thread CPU clock read is a system call
-# of ~1-3 us): under 0.2 us a command, and a slice overshoots by at most this many.
-CHECK_EVERY = 16
+# Commands between two reads of the clock (perf_counter, well under a microsecond):
+# cheap per command, and a slice overshoots by at most this many commands.
+CHECK_EVERY = 4
 
 
 class Turns:

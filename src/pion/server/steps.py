@@ -60,7 +60,7 @@ class StepRunner:
         if not self._alive():
             self._finish(None)
             return
-        deadline = time.thread_time() + SLICE_S
+        deadline = time.perf_counter() + SLICE_S
         while not self._behind():
             try:
                 chunks = next(self._run)
@@ -76,7 +76,7 @@ class StepRunner:
                     self._finish(None)
                 return
             self._emit(chunks)
-            if time.thread_time() >= deadline:
+            if time.perf_counter() >= deadline:
                 self._scheduled = True
                 asyncio.get_running_loop().call_soon(self._next_turn)
                 return
