@@ -9,7 +9,6 @@ import json
 import pytest
 from pion_testing.recorder import Exchange, cap_answer
 
-
 BOTH = {"max_tokens": 16, "max_completion_tokens": 16}
 
 
