@@ -24,7 +24,7 @@ table on stdout and ``bench/results/agents.json``.
 
 Run: ``PYTHONPATH=src .venv/bin/python bench/agents.py [--harness pi ...]``
 (``--quick``: Pi only, a smoke run; the full run takes tens of minutes on two cores:
-Claude Code's cold prompt is ~21k tokens).
+Claude Code's cold prompt is ~20k tokens).
 """
 
 from __future__ import annotations

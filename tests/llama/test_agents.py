@@ -52,7 +52,7 @@ from .conftest import StartServer
 
 pytestmark = [pytest.mark.llama, pytest.mark.real]
 
-# A cold session of Claude Code prefills ~21k tokens on two shared cores.
+# A cold session of Claude Code prefills ~20k tokens on two shared cores.
 SESSION_TIMEOUT_S = 1800.0
 # One thread: on a small shared machine more threads spin against each other.
 THREADS = 1
