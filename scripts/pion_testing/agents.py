@@ -24,7 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pion_testing.tasklog import TRACE_FLAGS
+
 __all__ = [
+    "ANSWER_CAP",
     "DOCS_BASE_URL",
     "HARNESSES",
     "TOOLS_TEMPLATE",
@@ -32,6 +35,7 @@ __all__ = [
     "SessionRun",
     "doc_blocks",
     "ensure_agents",
+    "llama_server_args",
     "pinned_versions",
     "run_session",
 ]
@@ -49,6 +53,25 @@ OFFLINE_ENV = {
     "NO_UPDATE_NOTIFIER": "1",
     "DO_NOT_TRACK": "1",
 }
+
+# Every answer is capped (pion_testing.recorder.cap_answer): a session's cost is its
+# prompt, and a capped answer cannot complete a tool call the harness would then run.
+ANSWER_CAP = 16
+
+
+def llama_server_args(context: int) -> list[str]:
+    """llama-server flags for the harness runs beside the model, port and ``-c``: the
+    tool-rendering template, SmolLM2's training context (8192) raised to ``context``
+    (llama-server caps a slot at the model's training context; Claude Code's prompt with
+    its tools is ~21k tokens: what the model makes of it does not matter here) and the
+    trace log that :mod:`pion_testing.tasklog` reads."""
+    return [
+        "--jinja",
+        "--chat-template-file", str(TOOLS_TEMPLATE),
+        "--override-kv", f"llama.context_length=int:{context}",
+        *TRACE_FLAGS,
+    ]  # fmt: skip
+
 
 _BLOCK = re.compile(r"<!-- agent-config: (?P<name>[\w.-]+) -->\n```\w*\n(?P<body>.*?)```", re.S)
 

@@ -7,12 +7,21 @@ the seconds to the first generated token (the first streamed event that carries 
 a chat ``delta`` with content, a Responses ``output_text``/function-call delta, a
 Messages ``content_block_delta``; the whole answer when it is not streamed) and to the
 last byte. ``bench/agents.py`` puts one in front of each side it compares, so direct
-and proxied sessions are timed the same way. Benchmark scaffolding.
+and proxied sessions are timed the same way.
+
+With ``answer_cap`` it also caps every answer (:func:`cap_answer`): a harness asks for
+thousands of tokens and llama-server's ``-n`` does not bound what a request asks for,
+so the tests and the benchmark put a capping recorder right in front of llama-server.
+The prompt is not touched: only the answer-length field of a generation request is set
+(``max_tokens``, ``max_completion_tokens``, ``max_output_tokens``, ``n_predict``). A
+request that already names ``n_predict`` (the proxy's warm-ups: ``n_predict: 0``)
+passes as sent. Test and benchmark scaffolding.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -26,7 +35,7 @@ from starlette.routing import Route
 
 from pion.llama.proxy import serve_in_thread
 
-__all__ = ["Exchange", "Recorder", "recording"]
+__all__ = ["Exchange", "Recorder", "cap_answer", "recording"]
 
 GENERATION_PATHS = ("/chat/completions", "/responses", "/messages", "/completion")
 _TOKEN_MARKERS = (
@@ -57,11 +66,33 @@ class Exchange:
         return self.method == "POST" and any(p in self.path for p in GENERATION_PATHS)
 
 
+def cap_answer(path: str, body: bytes, cap: int) -> bytes:
+    """``body`` with its answer length set to at most ``cap`` tokens (by endpoint); a
+    body that is not a JSON object, or names ``n_predict``, comes back as sent."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(data, dict) or "n_predict" in data:
+        return body
+    if path.endswith("/responses"):
+        fields = ["max_output_tokens"]
+    elif path.endswith("/messages") or path.endswith("/chat/completions"):
+        fields = ["max_tokens"] + [f for f in ("max_completion_tokens",) if f in data]
+    else:  # raw completions
+        fields = ["n_predict"]
+    for field in fields:
+        value = data.get(field)
+        data[field] = min(value, cap) if isinstance(value, int) and value > 0 else cap
+    return json.dumps(data).encode()
+
+
 class Recorder:
     """Forwards everything to ``upstream``; :attr:`exchanges` lists what went through."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, answer_cap: int | None = None) -> None:
         self.upstream = upstream.rstrip("/")
+        self.answer_cap = answer_cap
         self.exchanges: list[Exchange] = []
         self._lock = threading.Lock()
         self.app = Starlette(
@@ -86,6 +117,12 @@ class Recorder:
         body = await request.body()
         started = time.perf_counter()
         exchange = Exchange(request.method, request.url.path, len(body))
+        if (
+            self.answer_cap is not None
+            and exchange.generation
+            and not request.url.path.endswith(("/count_tokens", "/input_tokens"))
+        ):
+            body = cap_answer(request.url.path, body, self.answer_cap)
         with self._lock:
             self.exchanges.append(exchange)
         url = self.upstream + request.url.path
@@ -130,8 +167,8 @@ class Recorder:
 
 
 @contextlib.contextmanager
-def recording(upstream: str) -> Iterator[tuple[Recorder, str]]:
+def recording(upstream: str, answer_cap: int | None = None) -> Iterator[tuple[Recorder, str]]:
     """A :class:`Recorder` in front of ``upstream`` on a free port; yields it and its URL."""
-    recorder = Recorder(upstream)
+    recorder = Recorder(upstream, answer_cap)
     with serve_in_thread(recorder.app) as url:
         yield recorder, url

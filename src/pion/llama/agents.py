@@ -34,7 +34,7 @@ __all__ = [
 
 DEFAULT_MODEL = "local"
 # The context the configurations announce; llama-server's -c (per slot) must hold it.
-# Claude Code's first request alone is ~21k tokens when the template renders its tools.
+# Claude Code's first request alone is ~20k tokens when the template renders its tools.
 DEFAULT_CONTEXT = 32768
 
 
