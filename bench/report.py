@@ -82,6 +82,7 @@ SECTIONS: list[Entry] = [
     _entry("server.keyspace", "keyspace"),
     _entry("transactions.transactions", "transactions"),
     _entry("server.workers", "workers"),
+    _entry("fairness.fairness", "fairness"),
     _entry("server.vstore_eviction", "vstore_eviction"),
     _entry("durability.persistence", "persistence"),
     _entry("durability.client_memory", "client_memory"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from report import Result, Section, bars, figure, renderer
+from sections._base import Result, Section, bars, figure
 from sections._text import join as _join
 
 _LOADS = {
@@ -20,7 +20,6 @@ _TIMES_REDIS = 5.0
 _CEILING_MS = 50.0
 
 
-@renderer("fairness", order=55)
 def fairness(results: Mapping[str, Result]) -> Section:
     data = results["fairness"]
     pion, red = data.get("pion-server", {}), data.get("redis-server", {})
