@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import redis
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 from pion.config import ServerConfig
 from pion.server.run import ServerThread
@@ -20,8 +20,12 @@ from support import ServerProcess
 
 # CI replays the same examples every run (a red build is reproducible); a developer's
 # run explores new ones each time.
-settings.register_profile("ci", derandomize=True, print_blob=True)
-settings.register_profile("dev")
+# Examples are generated on a shared 2-core machine: how fast hypothesis draws them is
+# not what a test checks, so its speed checks are off (each test still bounds its own
+# work).
+_SLOW_DRAWS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+settings.register_profile("ci", derandomize=True, print_blob=True, **_SLOW_DRAWS)
+settings.register_profile("dev", **_SLOW_DRAWS)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
