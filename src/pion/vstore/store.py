@@ -603,6 +603,13 @@ class VStore:
         if self.watchers.names and not isinstance(m, SnapshotIds):
             self.watchers.touch(m.sid)
 
+    def check_read(self, start: int, end: int, layer: int | None = None) -> None:
+        """The bounds a fetch of rows ``start .. end`` (of ``layer``) is held to, for a
+        reply built outside the store (a fill's rows streamed as they arrive)."""
+        if layer is not None:
+            self._check_layer(layer)
+        self._check_rows(start, end)
+
     def _check_layer(self, layer: int) -> None:
         if not 0 <= layer < self.limits.max_layers:
             raise PionError(f"layer_id out of range (0..{self.limits.max_layers - 1})")
