@@ -133,12 +133,6 @@ class LayerRows:
         blocks = refs[-1].block - self.first + 1
         self.rows = np.empty((blocks * CHUNK_ROWS, refs[0].row_bytes), dtype=np.uint8)
 
-    def copy(self) -> LayerRows:
-        """The same rows in a buffer of their own."""
-        out = LayerRows.__new__(LayerRows)
-        out.refs, out.first, out.rows = self.refs, self.first, self.rows.copy()
-        return out
-
     def wants(self) -> list[Want]:
         flat = self.rows.data.cast("B")
         size = CHUNK_ROWS * self.refs[0].row_bytes

@@ -16,9 +16,10 @@ fill that fails (the tier goes away, a chunk is missing or malformed) stores not
 Reading the rows before the commit: each layer gets a private
 :class:`~pion.vstore.layer.Layer` over the receive buffer, built once its chunks have
 landed, so a reply holds exactly what the V-store would serve after the commit (runs,
-holes as zeros, the codec's decode). A layer some reply reads is copied into the
-V-store at the commit rather than adopted, so a later write into the V-store's rows
-never changes bytes a reply is still sending.
+holes as zeros, the codec's decode). The commit hands the receive buffers to the
+V-store as they are (adopted, no copy); a layer some reply reads is also leased to it
+(``VStore.lease``, the copy-on-write lease its own fetches use), so a later write into
+those rows copies the run first and never changes bytes a reply is still sending.
 """
 
 from __future__ import annotations
@@ -54,7 +55,18 @@ class _LayerState:
     """One layer of the fill: its receive buffer, chunks still to land, and the
     private Layer readers use once they have."""
 
-    __slots__ = ("at", "built", "codec", "dim", "held", "landed", "left", "rows", "streamed")
+    __slots__ = (
+        "at",
+        "built",
+        "codec",
+        "dim",
+        "held",
+        "holder",
+        "landed",
+        "left",
+        "rows",
+        "shared",
+    )
 
     def __init__(self, rows: LayerRows, at: int, codec: Codec, dim: int) -> None:
         self.rows = rows
@@ -65,7 +77,21 @@ class _LayerState:
         self.left = len(rows.refs)
         self.landed = threading.Event()
         self.built: Layer | None = None
-        self.streamed = False  # a reply reads it: copied, not adopted, at the commit
+        # Set when a reply reads the layer: ``shared`` is the receive buffer as replies
+        # see it, an array whose every view keeps ``holder`` alive, and ``holder`` is
+        # what the V-store is told its adopted run is lent to (see the module docstring).
+        self.holder: npt.NDArray[np.uint8] | None = None
+        self.shared: npt.NDArray[np.uint8] | None = None
+
+    def share(self) -> npt.NDArray[np.uint8]:
+        if self.shared is None:
+            buf = self.rows.rows
+            self.holder = buf.reshape(-1)  # a view (numpy bases views on the owner)
+            # An array over a memoryview of ``holder``: views of it are based on it, and
+            # it holds the memoryview, which holds ``holder``.
+            flat = np.frombuffer(self.holder.data, dtype=np.uint8)
+            self.shared = flat.reshape(buf.shape)
+        return self.shared
 
 
 class InFlightFill:
@@ -170,7 +196,7 @@ class InFlightFill:
             width = state.dim * (2 if native and state.codec.name == "fp16" else 4)
             size += (end - start) * width
             held += _promised(state.rows, start, end) * width
-            state.streamed = True
+            state.share()
             piece = partial(self._piece, state, width, start, end, native)
             out.append(((end - start) * width, piece))
         _check_reply(size, held, start, end)
@@ -197,7 +223,7 @@ class InFlightFill:
                 # Runs over the receive buffer itself, as the V-store's would be after an
                 # adopting store (no copy): each run a live range of the one buffer.
                 lay = Layer(state.codec, state.dim)
-                buf, base = state.rows.rows, state.rows.first * CHUNK_ROWS
+                buf, base = state.share(), state.rows.first * CHUNK_ROWS
                 for first, rows in state.rows.runs(state.held):
                     top = first + int(rows.shape[0])
                     lay.runs.append(Run(base, buf, first, top))
@@ -224,13 +250,12 @@ class InFlightFill:
         bytes stored. Raises the read's failure, or what the V-store refused."""
         if self.error is not None:
             raise self.error
-        layers = []
-        for state in self._layers.values():
-            rows = state.rows
-            if state.streamed:  # replies read this buffer: the V-store gets a copy
-                rows = rows.copy()
-            layers.append((rows, state.held))
-        return commit_fill(vstore, journal, gate, self.plans, layers)
+        layers = [(state.rows, state.held) for state in self._layers.values()]
+        filled = commit_fill(vstore, journal, gate, self.plans, layers)
+        for (sid, layer), state in self._layers.items():
+            if state.holder is not None:  # replies may still be sending these rows
+                vstore.lease(sid, layer, state.holder)
+        return filled
 
 
 def _promised(rows: LayerRows, start: int, end: int) -> int:

@@ -603,6 +603,14 @@ class VStore:
         if self.watchers.names and not isinstance(m, SnapshotIds):
             self.watchers.touch(m.sid)
 
+    def lease(self, sid: bytes, layer: int, holder: npt.NDArray[np.uint8]) -> None:
+        """Count ``holder`` as a reader of every run of the layer (``Run.lend``): while
+        it lives, a write copies the run first instead of writing into it. For rows
+        handed over with ``adopt`` that others still read (a streamed fill's reply)."""
+        lay = self._get(sid).layers.get(layer)
+        for run in lay.runs if lay is not None else ():
+            run.lend(holder)
+
     def check_read(self, start: int, end: int, layer: int | None = None) -> None:
         """The bounds a fetch of rows ``start .. end`` (of ``layer``) is held to, for a
         reply built outside the store (a fill's rows streamed as they arrive)."""
