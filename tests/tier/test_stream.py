@@ -229,3 +229,57 @@ def test_a_tier_failing_during_the_fill(
         assert _vinfo(rb, "cut_pv") == _vinfo(ra, "cut_pv")
     finally:
         proxy.close()
+
+
+def _read_reply(sock: socket.socket) -> list[bytes]:
+    """An array of bulk strings, read off a raw socket."""
+    buf = bytearray()
+
+    def line() -> bytes:
+        while b"\r\n" not in buf:
+            buf.extend(sock.recv(1 << 20))
+        at = buf.index(b"\r\n")
+        out = bytes(buf[:at])
+        del buf[: at + 2]
+        return out
+
+    head = line()
+    assert head.startswith(b"*"), head
+    out = []
+    for _ in range(int(head[1:])):
+        size = int(line()[1:])
+        while len(buf) < size + 2:
+            buf.extend(sock.recv(1 << 20))
+        out.append(bytes(buf[:size]))
+        del buf[: size + 2]
+    return out
+
+
+def test_a_write_while_a_reply_streams_never_changes_that_reply(
+    cluster: RedisCluster3, tier_server: Start
+) -> None:
+    a, b = tier_server(cluster.url, "a"), tier_server(cluster.url, "b")
+    ra, rb = a.client(), b.client()
+    layers, tokens, dim = 16, 2048, 512  # 32 MiB a half: more than the sockets buffer
+    assert ra.execute_command("KV.PREFIX.REGISTER", "w", dim, "fp16") == b"OK"
+    for layer in range(layers):
+        blob = rows(tokens, dim, layer).astype("<f2").tobytes()
+        ra.execute_command("V.STOREBATCH", "w_pk", layer, 0, tokens, blob, "FMT", "F16")
+    ra.execute_command("V.STOREBATCH", "w_pv", 0, 0, 1, rows(1, dim, 99).tobytes())
+    want = ra.execute_command("V.FETCH", "w_pk", "BATCH", 0, tokens, "FMT", "NATIVE")
+    reader = socket.create_connection(("127.0.0.1", b.port))
+    try:
+        reader.sendall(b"*7\r\n$7\r\nV.FETCH\r\n$4\r\nw_pk\r\n$5\r\nBATCH\r\n$1\r\n0\r\n")
+        reader.sendall(b"$4\r\n%d\r\n$3\r\nFMT\r\n$6\r\nNATIVE\r\n" % tokens)
+        # Not read yet: the reply stalls once the sockets are full, its last layers
+        # unsent, while another client overwrites the last layer's rows.
+        wait_until(lambda: _info(rb, "tier_streamed_fills") == 1, what="the streamed fetch")
+        new = rows(tokens, dim, 1234).astype("<f2").tobytes()
+        last = layers - 1
+        assert (
+            rb.execute_command("V.STOREBATCH", "w_pk", last, 0, tokens, new, "FMT", "F16") == b"OK"
+        )
+        assert _read_reply(reader) == want  # the tier's bytes, every layer
+    finally:
+        reader.close()
+    assert rb.execute_command("V.FETCH", "w_pk", last, "RANGE", 0, tokens, "FMT", "NATIVE") == new
