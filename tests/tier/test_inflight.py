@@ -100,7 +100,7 @@ def _setup(fail_after: int | None = None) -> tuple[InFlightFill, VStore, _Tier]:
 
 
 def _computed(bulks: Sequence[object]) -> list[bytes | None]:
-    return [None if b is None else bytes(b[1]()) for b in bulks]  # type: ignore[index]
+    return [None if b is None else bytes(b[2]()) for b in bulks]  # type: ignore[index]
 
 
 def _local(vs: VStore, layers: Sequence[int], start: int, end: int, native: bool) -> list[object]:
@@ -128,12 +128,25 @@ def test_replies_are_the_v_stores_fetch_of_the_same_rows(
     assert _computed(bulks) == want
 
 
+def test_a_piece_is_ready_once_its_layer_lands() -> None:
+    fill, _, tier = _setup()
+    told: list[int] = []
+    bulks = fill.reply(b"s_pk", [0, 2], 0, 512, True)
+    for n, bulk in enumerate(bulks):
+        assert bulk is not None
+        bulk[1](lambda n=n: told.append(n))  # type: ignore[misc]
+    assert told == []  # nothing read yet: nobody told
+    fill.start(tier, lambda _: None)  # type: ignore[arg-type]
+    fill.read.wait(10)
+    assert sorted(told) == [0, 1]
+
+
 def test_the_commit_adopts_and_a_later_write_leaves_a_reply_alone() -> None:
     fill, reference, tier = _setup()
     fill.start(tier, lambda _: None)  # type: ignore[arg-type]
     fill.read.wait(10)
     bulks = fill.reply(b"s_pk", [2], 0, 512, True)
-    sent = bulks[0][1]()  # type: ignore[index]
+    sent = bulks[0][2]()  # type: ignore[index]
     before = bytes(sent)
     vs = VStore(VStoreLimits())
     filled = fill.commit(vs, _Journal(), _Gate())  # type: ignore[arg-type]
@@ -153,10 +166,13 @@ def test_a_failed_read_fails_the_layers_not_landed_and_commits_nothing() -> None
     fill.read.wait(10)
     assert fill.error is not None
     ok, gone = fill.reply(b"s_pk", [0, 1], 0, 100, True)
-    assert ok is not None and len(bytes(ok[1]())) == 100 * ROW  # verified: still served
+    assert ok is not None and len(bytes(ok[2]())) == 100 * ROW  # verified: still served
     assert gone is not None
+    told: list[int] = []
+    gone[1](lambda: told.append(1))  # ready: told at once, the read being over
+    assert told == [1]
     with pytest.raises(TierError, match="tier failed while the session was being read"):
-        gone[1]()
+        gone[2]()
     vs = VStore(VStoreLimits())
     with pytest.raises(ConnectionError):
         fill.commit(vs, _Journal(), _Gate())  # type: ignore[arg-type]

@@ -32,6 +32,7 @@ results.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeAlias, TypeVar
@@ -39,7 +40,7 @@ from typing import Any, Generic, TypeAlias, TypeVar
 from pion.resp.encoder import Chunks
 from pion.resp.reply import Reply
 
-__all__ = ["Deferred", "LazyBulk", "Offload", "Piece", "Split", "Steps", "Stream"]
+__all__ = ["Awaiting", "Deferred", "LazyBulk", "Offload", "Piece", "Split", "Steps", "Stream"]
 
 T = TypeVar("T")
 
@@ -70,6 +71,23 @@ class Split(Generic[T]):
         for part in self.parts:
             part()
         return self.result()
+
+
+@dataclass(frozen=True, slots=True)
+class Awaiting:
+    """A piece that can be computed only once something outside arrives (rows a tier
+    fill is still reading): ``ready(go)`` calls ``go()`` once it can, on any thread,
+    maybe at once; ``compute`` then runs on a worker thread like any piece, so no
+    worker waits meanwhile. Called directly (the inline paths) it waits itself."""
+
+    ready: Callable[[Callable[[], None]], None]
+    compute: Callable[[], Piece]
+
+    def __call__(self) -> Piece:
+        arrived = threading.Event()
+        self.ready(arrived.set)
+        arrived.wait()
+        return self.compute()
 
 
 @dataclass(frozen=True, slots=True)

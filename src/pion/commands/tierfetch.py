@@ -5,7 +5,7 @@ The handler in ``vstore.py`` asks :func:`fill_source` first. Without a fill to s
 from (no ``--tier``, the session held here, absent from the tier, or filled before the
 reply because the copy is larger than one read) it answers from the V-store as
 always. With one, the reply is a :class:`~pion.commands.deferred.Stream` of one piece
-per layer, each waiting for its layer's chunks to land: checked now with the same
+per layer, each handed to a worker once its layer's chunks have landed: checked now with the same
 bounds and texts as the V-store's fetch, its bytes exactly what the V-store serves
 once the fill is committed.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pion.commands.deferred import LazyBulk, Stream
+from pion.commands.deferred import Awaiting, LazyBulk, Stream
 from pion.commands.state import Context
 from pion.errors import PionError
 from pion.resp.reply import Reply
@@ -78,5 +78,6 @@ def _stream(
     fill.wait_first(sid, layers, start)
     ctx.state.receipt.credit_bytes(sum(b[0] for b in bulks if b is not None))
     ctx.state.vstore.total_fetches += len(layers)
-    items = [None if b is None else LazyBulk(b[0], [b[1]]) for b in bulks]
+    # Each piece goes to a worker only once its layer has landed (no worker waits).
+    items = [None if b is None else LazyBulk(b[0], [Awaiting(b[1], b[2])]) for b in bulks]
     return Stream(items, array)

@@ -41,7 +41,10 @@ from pion.tier.remote import Remote
 from pion.vstore import MAX_REPLY_BYTES, MAX_ZERO_FILL_BYTES, VStore
 from pion.vstore.layer import Layer, Run
 
-__all__ = ["InFlightFill", "streamable"]
+__all__ = ["InFlightFill", "Ready", "streamable"]
+
+# ``ready(go)``: call ``go()`` once a layer has landed (see InFlightFill.reply).
+Ready = Callable[[Callable[[], None]], None]
 
 
 def streamable(plans: Sequence[Fill]) -> bool:
@@ -66,6 +69,7 @@ class _LayerState:
         "left",
         "rows",
         "shared",
+        "waiters",
     )
 
     def __init__(self, rows: LayerRows, at: int, codec: Codec, dim: int) -> None:
@@ -76,6 +80,7 @@ class _LayerState:
         self.held = [0] * len(rows.refs)
         self.left = len(rows.refs)
         self.landed = threading.Event()
+        self.waiters: list[Callable[[], None]] = []  # told once it has landed (or failed)
         self.built: Layer | None = None
         # Set when a reply reads the layer: ``shared`` is the receive buffer as replies
         # see it, an array whose every view keeps ``holder`` alive, and ``holder`` is
@@ -149,15 +154,31 @@ class InFlightFill:
         with self._lock:
             state.held[index - state.at] = held
             state.left -= 1
-            if not state.left:
-                state.landed.set()
+            if state.left:
+                return
+            state.landed.set()
+            waiters, state.waiters = state.waiters, []
+        for go in waiters:
+            go()
 
     def _fail(self, exc: BaseException) -> None:
         with self._lock:
             if self.error is None:
                 self.error = exc
         for state in self._layers.values():  # wake every reader: they raise
-            state.landed.set()
+            with self._lock:
+                state.landed.set()
+                waiters, state.waiters = state.waiters, []
+            for go in waiters:
+                go()
+
+    def _when_landed(self, state: _LayerState, go: Callable[[], None]) -> None:
+        """``go()`` once the layer has landed or the read failed (at once if so)."""
+        with self._lock:
+            if not state.landed.is_set():
+                state.waiters.append(go)
+                return
+        go()
 
     # -- replies (handlers on the loop, pieces on worker threads) -----------------------
 
@@ -179,14 +200,16 @@ class InFlightFill:
 
     def reply(
         self, sid: bytes, layers: Sequence[int], start: int, end: int, native: bool
-    ) -> list[tuple[int, Callable[[], npt.NDArray[np.generic]]] | None]:
+    ) -> list[tuple[int, Ready, Callable[[], npt.NDArray[np.generic]]] | None]:
         """The bulks of ``fetch_range``/``fetch_batch`` of rows ``start .. end`` of
-        ``layers`` as ``(nbytes, piece)`` (None for a layer holding no row from
+        ``layers`` as ``(nbytes, ready, piece)`` (None for a layer holding no row from
         ``start``), checked now against the bounds the V-store checks with the rows the
-        tier's bitmap promises; each piece waits for its layer (on a worker thread)
-        and checks them again with the rows that landed. Raises PionError."""
+        tier's bitmap promises. ``ready(go)`` calls ``go()`` once the layer has landed
+        (or the read failed); ``piece()`` then computes its bytes (any thread; it
+        waits for the layer itself if called before) and checks them again with the
+        rows that landed. Raises PionError."""
         tpl = self.layers_of(sid)
-        out: list[tuple[int, Callable[[], npt.NDArray[np.generic]]] | None] = []
+        out: list[tuple[int, Ready, Callable[[], npt.NDArray[np.generic]]] | None] = []
         size = held = 0
         for layer in layers:
             if tpl.get(layer, 0) <= start:
@@ -198,7 +221,7 @@ class InFlightFill:
             held += _promised(state.rows, start, end) * width
             state.share()
             piece = partial(self._piece, state, width, start, end, native)
-            out.append(((end - start) * width, piece))
+            out.append(((end - start) * width, partial(self._when_landed, state), piece))
         _check_reply(size, held, start, end)
         return out
 
