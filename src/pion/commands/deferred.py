@@ -13,7 +13,9 @@ one of these instead of a reply, after it has parsed and checked every argument:
 - :class:`Stream`: a bulk, or an array of bulks, whose sizes are known now and whose
   bytes are produced later, piece by piece, on a worker thread (decoding a stored
   layer to fp32). Each piece must read only what the handler captured (copy-on-write
-  views of the V-store, ``pion.vstore.layer``), never live state.
+  views of the V-store, ``pion.vstore.layer``), never live state. A piece that needs
+  something still arriving (rows a tier fill is reading) is an :class:`Awaiting`: it
+  is handed to a worker only once that has arrived.
 - :class:`Steps`: a long command cut into steps run on the event loop, a slice of
   the loop at a time, other clients' commands in between (``pion.server.steps``).
   Each ``next()`` of its generator does a bounded piece of work and yields reply
