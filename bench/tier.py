@@ -10,7 +10,8 @@ Measured, as the median of ``--repeat`` runs:
 
 1. tier fill on B: ``V.FETCH <ns>_pk BATCH 0 2048 16 FMT NATIVE`` and the same for
    ``_pv``, pipelined through redis-py, on a prefix B does not hold (the fill reads the
-   tier, stores into B's V-store and WAL, then replies);
+   tier while the reply streams, layer by layer as each lands, then stores the rows in
+   B's V-store);
 2. baseline: redis-py ``GET`` of the same bytes from the same cluster, one key per layer
    per half (32 x 4 MiB) in one cluster pipeline: what a client would do with the
    cluster alone. Also the same bytes in the tier's own key layout (256 x 512 KiB);
@@ -90,6 +91,7 @@ def run(tokens: int, repeat: int) -> dict[str, Any]:
         _fetch(rb, "p1", tokens)  # warm the connections; B now holds p1
         fill_s = _median(fill, repeat)  # p0, p1, p0 ...: each one a fill
         fills = int(rb.info("tier")["tier_hits"])
+        streamed = int(rb.info("tier")["tier_streamed_fills"])
         last = "p1" if repeat % 2 == 0 else "p0"
         local_s = _median(lambda: _fetch(rb, last, tokens), repeat)
 
@@ -123,6 +125,7 @@ def run(tokens: int, repeat: int) -> dict[str, Any]:
         "prefix_bytes": prefix_bytes,
         "repeat": repeat,
         "fills_counted_by_b": fills,
+        "fills_streamed_by_b": streamed,
         "tier_fill_s": fill_s,
         "tier_fill_mib_s": mib / fill_s,
         "redis_get_s": get_s,

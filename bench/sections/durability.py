@@ -148,7 +148,7 @@ def tier(results: Mapping[str, Result]) -> Section:
             data["redis_get_tier_layout_s"],
             data["redis_get_tier_layout_mib_s"],
         ),
-        ("a local hit (node A)", data["local_hit_s"], data["local_hit_mib_s"]),
+        ("a local hit (node B)", data["local_hit_s"], data["local_hit_mib_s"]),
     ]
     rows = [[name, seconds * 1000, mib] for name, seconds, mib in lanes]
     rows.append(["store, sync tier", data["store_with_sync_tier_s"] * 1000, ""])

@@ -4,12 +4,13 @@ behind; a broken or short stream is reported once; a gone client ends it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from pion.commands.deferred import LazyBulk, Stream
+from pion.commands.deferred import Awaiting, LazyBulk, Stream
 from pion.server.streaming import STREAM_DEPTH, StreamSender
 
 
@@ -118,3 +119,29 @@ def test_a_gone_client_ends_the_stream_quietly() -> None:
     manual.run(0)
     manual.run(0)
     assert seen["done"] == [None]
+
+
+def test_an_awaiting_piece_reaches_a_worker_only_once_ready() -> None:
+    async def run() -> None:
+        ready: list[Callable[[], None]] = []
+        stream = Stream([LazyBulk(8, [Awaiting(ready.append, piece(1)), piece(2)])], False)
+        s, manual, seen = sender(stream)
+        s.pump()
+        assert len(manual.queue) == 1  # only the second: the first waits for its rows
+        manual.run(0)  # done, and held back behind the first
+        assert bytes(seen["out"]) == b"$8\r\n"
+        ready[0]()  # what the first needs has arrived (told from another thread)
+        await asyncio.sleep(0)
+        assert len(manual.queue) == 1
+        manual.run(0)
+        assert bytes(seen["out"]) == b"$8\r\n" + bytes([1] * 4 + [2] * 4) + b"\r\n"
+        assert seen["done"] == [None]
+
+    asyncio.run(run())
+
+
+def test_an_awaiting_piece_called_inline_waits_itself() -> None:
+    def ready(go: Callable[[], None]) -> None:
+        go()  # already there
+
+    assert bytes(Awaiting(ready, piece(5))()) == bytes([5] * 4)

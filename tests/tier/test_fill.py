@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from pion.tier.fill import ChunkRef, TierIncomplete, _held, plan_fill
+from pion.tier.fill import ChunkRef, TierIncomplete, held_rows, plan_fill
 from pion.tier.keys import CHUNK_ROWS, KeyLayout
 from pion.tier.meta import Layout, TierFormatError, TierMeta
 from pion.tier.remote import MAX_HASH_COUNT, decode_blocks
@@ -43,17 +43,17 @@ def test_a_copy_without_its_last_block_is_incomplete() -> None:
 
 def test_chunk_bytes_are_checked_before_they_are_stored() -> None:
     ref = ChunkRef(b"s", "k", 0, 2, 88, True, 32)
-    assert _held(ref, 32 * 90) == 88  # two rows more: a concurrent append
+    assert held_rows(ref, 32 * 90) == 88  # two rows more: a concurrent append
     with pytest.raises(TierIncomplete, match="gone"):
-        _held(ref, ABSENT)
+        held_rows(ref, ABSENT)
     with pytest.raises(TierIncomplete, match="ends before"):
-        _held(ref, 32 * 87)
+        held_rows(ref, 32 * 87)
     with pytest.raises(TierFormatError, match="whole number"):
-        _held(ref, 33)
+        held_rows(ref, 33)
     with pytest.raises(TierFormatError):
-        _held(ref, 32 * (CHUNK_ROWS + 1))
+        held_rows(ref, 32 * (CHUNK_ROWS + 1))
     inner = ChunkRef(b"s", "k", 0, 0, 256, False, 32)
-    assert _held(inner, 32 * 3) == 3
+    assert held_rows(inner, 32 * 3) == 3
 
 
 def test_block_tables_from_the_tier_are_bounded() -> None:

@@ -13,7 +13,9 @@ one of these instead of a reply, after it has parsed and checked every argument:
 - :class:`Stream`: a bulk, or an array of bulks, whose sizes are known now and whose
   bytes are produced later, piece by piece, on a worker thread (decoding a stored
   layer to fp32). Each piece must read only what the handler captured (copy-on-write
-  views of the V-store, ``pion.vstore.layer``), never live state.
+  views of the V-store, ``pion.vstore.layer``), never live state. A piece that needs
+  something still arriving (rows a tier fill is reading) is an :class:`Awaiting`: it
+  is handed to a worker only once that has arrived.
 - :class:`Steps`: a long command cut into steps run on the event loop, a slice of
   the loop at a time, other clients' commands in between (``pion.server.steps``).
   Each ``next()`` of its generator does a bounded piece of work and yields reply
@@ -32,6 +34,7 @@ results.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeAlias, TypeVar
@@ -39,7 +42,7 @@ from typing import Any, Generic, TypeAlias, TypeVar
 from pion.resp.encoder import Chunks
 from pion.resp.reply import Reply
 
-__all__ = ["Deferred", "LazyBulk", "Offload", "Piece", "Split", "Steps", "Stream"]
+__all__ = ["Awaiting", "Deferred", "LazyBulk", "Offload", "Piece", "Split", "Steps", "Stream"]
 
 T = TypeVar("T")
 
@@ -70,6 +73,23 @@ class Split(Generic[T]):
         for part in self.parts:
             part()
         return self.result()
+
+
+@dataclass(frozen=True, slots=True)
+class Awaiting:
+    """A piece that can be computed only once something outside arrives (rows a tier
+    fill is still reading): ``ready(go)`` calls ``go()`` once it can, on any thread,
+    maybe at once; ``compute`` then runs on a worker thread like any piece, so no
+    worker waits meanwhile. Called directly (the inline paths) it waits itself."""
+
+    ready: Callable[[Callable[[], None]], None]
+    compute: Callable[[], Piece]
+
+    def __call__(self) -> Piece:
+        arrived = threading.Event()
+        self.ready(arrived.set)
+        arrived.wait()
+        return self.compute()
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,7 @@ from pion.codecs import ALL_FORMAT_NAMES, FORMAT_NAMES, SCHEMA_ONLY_FORMATS, Cod
 from pion.commands.args import Args, parse_int
 from pion.commands.deferred import Deferred, LazyBulk, Offload, Split, Stream
 from pion.commands.state import Command, Context
+from pion.commands.tierfetch import batch_reply, fill_source, range_reply
 from pion.commands.workers import redirect_session
 from pion.errors import PionError
 from pion.resp.decoder import SCRATCH_BYTES
@@ -366,7 +367,11 @@ def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
             raise PionError("V.FETCH BATCH invalid range: end must exceed start (>=0)")
         if num_layers is not None and not 1 <= num_layers <= limits.max_layers:
             raise PionError(f"V.FETCH BATCH: num_layers out of range (1..{limits.max_layers})")
-        _from_tier(ctx, sid, required=True)
+        fill = fill_source(ctx, sid)
+        if fill is not None:  # only the tier holds it: reply while it is read
+            return batch_reply(
+                ctx, fill, sid, start=start, end=end, num_layers=num_layers, native=native
+            )
         layers = vs.fetch_batch_pieces(sid, start, end, num_layers, native=native)
         if layers is None:
             raise PionError("V.FETCH BATCH: session has no stored layers")
@@ -379,7 +384,9 @@ def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
         native = _fetch_options(a)
         if start < 0 or end <= start:
             raise PionError("invalid RANGE: end must exceed start (>=0)")
-        _from_tier(ctx, sid, required=True)
+        fill = fill_source(ctx, sid)
+        if fill is not None:
+            return range_reply(ctx, fill, sid, layer=layer, start=start, end=end, native=native)
         rows = vs.fetch_range_pieces(sid, layer, start, end, native=native)
         return None if rows is None else _rows_reply(ctx, [rows], array=False)
     raw_ids = a.rest()

@@ -60,7 +60,7 @@ from pion.commands.chunked import run_now
 from pion.commands.deferred import Deferred, Offload, Steps
 from pion.commands.state import ClientState, CommandTable, Context, ServerState
 from pion.commands.transactions import forget_client
-from pion.errors import ProtocolError
+from pion.errors import PionError, ProtocolError
 from pion.resp.decoder import SCRATCH_BYTES, RequestDecoder
 from pion.resp.encoder import Chunks, encode_error, encode_reply
 from pion.resp.reply import Reply
@@ -421,11 +421,16 @@ class Connection(asyncio.BufferedProtocol):
     def _streamed(self, error: str | None, exc: BaseException | None) -> None:
         """The streamed reply is sent, or its client gone, or (``error``) it broke
         after its framing went out: then the reply cannot be completed, so the
-        connection is dropped (a Pion bug; logged once)."""
+        connection is dropped. A :class:`PionError` (the cluster tier failing under a
+        streamed fill) is the command's own failure, logged as such; anything else is a
+        Pion bug, logged once with its traceback and counted."""
         if error is not None:
-            self._state.counters.internal_errors += 1
             name = self._busy_argv[0].decode("utf-8", "replace")[:64] if self._busy_argv else "?"
-            log.error("internal error streaming the reply of %s: %s", name, error, exc_info=exc)
+            if isinstance(exc, PionError):
+                log.warning("%s failed after its reply began (%s): connection closed", name, error)
+            else:
+                self._state.counters.internal_errors += 1
+                log.error("internal error streaming the reply of %s: %s", name, error, exc_info=exc)
             self.abort()
         self._streamer = None
         self._done()

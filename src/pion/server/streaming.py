@@ -10,15 +10,19 @@ until every part before it has been sent, so the bytes leave exactly in the orde
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections import deque
 from collections.abc import Callable
 from functools import partial
 
-from pion.commands.deferred import Stream
+from pion.commands.deferred import Awaiting, Piece, Stream
 from pion.resp.encoder import Chunks
 from pion.server.offload import Offloader, piece_bytes, stream_parts
 
 __all__ = ["STREAM_DEPTH", "StreamSender"]
+
+log = logging.getLogger("pion.server")
 
 # Pieces of one reply computed at once: two lets one be decoded while the previous one
 # is, on another core (with one, decoding a layer and the client reading the previous
@@ -84,11 +88,31 @@ class StreamSender:
                 entry = _Part(None, index)
                 self._queue.append(entry)
                 self._computing += 1
-                self._offload.submit(partial(piece_bytes, compute), partial(self._computed, entry))
+                if isinstance(compute, Awaiting):
+                    # Counted as computing (it holds its place in STREAM_DEPTH) but given
+                    # to a worker only once what it needs has arrived.
+                    compute.ready(
+                        partial(self._arrived, asyncio.get_running_loop(), entry, compute)
+                    )
+                else:
+                    self._submit(entry, compute)
         self._flush()
         if self._exhausted and not self._queue and not self._computing:
             owed = [n for n in self._owed if n]
             self._finish(f"pieces short by {owed} bytes" if owed else None)
+
+    def _submit(self, entry: _Part, compute: Callable[[], Piece]) -> None:
+        if self._finished:  # the reply ended while the piece waited (client gone)
+            self._computing -= 1
+            return
+        self._offload.submit(partial(piece_bytes, compute), partial(self._computed, entry))
+
+    def _arrived(self, loop: asyncio.AbstractEventLoop, entry: _Part, piece: Awaiting) -> None:
+        """An awaiting piece can be computed now (called on any thread)."""
+        try:
+            loop.call_soon_threadsafe(self._submit, entry, piece.compute)
+        except RuntimeError:  # the loop closed (shutdown): nobody is sending any more
+            log.debug("a streamed piece became ready after the event loop closed")
 
     def _flush(self) -> None:
         out: Chunks = []

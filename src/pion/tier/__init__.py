@@ -17,8 +17,9 @@ Reading order:
 - ``health.py``   circuit breaker, backoff, error and latency counters
 - ``remote.py``   the operations (Lua scripts for the metadata, pipelines for rows)
 - ``ops.py``, ``ledger.py``, ``writer.py``, ``journal.py``   the write path
-- ``rowread.py``  row keys read from every node at once, into preallocated rows
+- ``rowread.py``  row chunks read from every node at once, into their rows
 - ``fill.py``     the read path (read-through fill)
+- ``inflight.py`` a fill still being read, and fetch replies streamed from it
 - ``service.py``  :class:`Tier`: what the server and the handlers call
 
 Depends on ``vstore``, ``codecs``, ``config``, ``errors``, ``wire`` and redis-py; the

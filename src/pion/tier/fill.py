@@ -36,7 +36,18 @@ from pion.tier.remote import Remote, RemoteBlocks, decode_blocks
 from pion.tier.rowread import ABSENT, Want
 from pion.vstore import VStore
 
-__all__ = ["FILL_BATCH_BYTES", "Fill", "TierIncomplete", "fill_sessions", "plan_fill"]
+__all__ = [
+    "FILL_BATCH_BYTES",
+    "Fill",
+    "LayerRows",
+    "TierIncomplete",
+    "batches",
+    "check_room",
+    "commit_fill",
+    "fill_sessions",
+    "held_rows",
+    "plan_fill",
+]
 
 log = logging.getLogger("pion.tier")
 
@@ -94,7 +105,7 @@ def plan_fill(keys: KeyLayout, meta: TierMeta, bitmap: bytes, blocks: bytes | No
     return Fill(meta, table, tuple(refs))
 
 
-def _batches(refs: Sequence[ChunkRef]) -> Iterator[list[ChunkRef]]:
+def batches(refs: Sequence[ChunkRef]) -> Iterator[list[ChunkRef]]:
     """Whole layers (their chunks in block order) per batch, up to FILL_BATCH_BYTES
     (a layer larger than that is a batch of its own)."""
     batch: list[ChunkRef] = []
@@ -111,7 +122,7 @@ def _batches(refs: Sequence[ChunkRef]) -> Iterator[list[ChunkRef]]:
         yield batch
 
 
-class _LayerRows:
+class LayerRows:
     """Rows of one layer of a batch, received in place: a buffer covering its blocks
     ``first .. last`` (CHUNK_ROWS rows each, holes included: never touched, never
     resident), each chunk read straight into its block's rows (``rowread``)."""
@@ -150,10 +161,12 @@ class _LayerRows:
 
     def _slice(self, start: int, end: int) -> npt.NDArray[np.uint8]:
         base = self.first * CHUNK_ROWS
+        if start == base and end - base == self.rows.shape[0]:
+            return self.rows  # the whole buffer, which owns its memory: adopted as it is
         return self.rows[start - base : end - base]
 
 
-def _held(ref: ChunkRef, size: int) -> int:
+def held_rows(ref: ChunkRef, size: int) -> int:
     """How many of the chunk's rows below the high-water mark a value of ``size``
     bytes (ABSENT: none) holds; raises when the chunk is gone, short or malformed."""
     if size == ABSENT:
@@ -170,56 +183,101 @@ def _held(ref: ChunkRef, size: int) -> int:
     return min(held, ref.rows)
 
 
+def check_room(vstore: VStore, plans: Sequence[Fill]) -> None:
+    """Refuse a copy larger than ``--maxmemory`` before reading any of its rows."""
+    total = sum(p.meta.nbytes for p in plans)
+    if vstore.maxmemory and total > vstore.maxmemory:
+        raise OOMError(
+            f"the tier's copy ({total} bytes) is larger than maxmemory ({vstore.maxmemory})"
+        )
+
+
+def _create(vstore: VStore, plans: Sequence[Fill], created: list[bytes]) -> None:
+    for p in plans:
+        layout = p.meta.layout
+        if layout.schema is None:
+            vstore.create(p.meta.sid, layout.default_dim, layout.default_fmt)
+        else:
+            vstore.create_schema(p.meta.sid, layout.default_dim, layout.schema, layout.ropes)
+        created.append(p.meta.sid)
+
+
+def _store(vstore: VStore, lay: LayerRows, held: Sequence[int]) -> int:
+    sid, layer = lay.refs[0].sid, lay.refs[0].layer
+    filled = 0
+    for start, rows in lay.runs(held):
+        # Handed over: a run of its own keeps these rows as its buffer.
+        vstore.store_encoded(sid, layer, start, rows, adopt=True)
+        filled += rows.nbytes
+    return filled
+
+
+def _set_blocks(vstore: VStore, plans: Sequence[Fill]) -> None:
+    for p in plans:
+        if p.blocks is not None:
+            hashes = np.frombuffer(p.blocks.hashes, dtype="<u8")
+            vstore.set_blocks(p.meta.sid, p.blocks.block_size, hashes)
+
+
+def _undo(vstore: VStore, created: Sequence[bytes]) -> None:
+    for sid in created:
+        try:
+            vstore.drop(sid)
+        except PionError as exc:  # the WAL failing too: report the first error
+            log.error("could not undo the partial fill of %r: %s", sid, exc.message)
+
+
+def commit_fill(
+    vstore: VStore,
+    journal: TierJournal,
+    gate: FillGate,
+    plans: Sequence[Fill],
+    layers: Sequence[tuple[LayerRows, Sequence[int]]],
+) -> int:
+    """Create the planned sessions and store rows already received and checked (each
+    layer with its chunks' held rows, :func:`held_rows`); returns the row bytes
+    stored. All or nothing: on an error the sessions created here are dropped again."""
+    created: list[bytes] = []
+    filled = 0
+    with journal.local_only(), gate.filling([p.meta.sid for p in plans]):
+        try:
+            _create(vstore, plans, created)
+            for lay, held in layers:
+                filled += _store(vstore, lay, held)
+            _set_blocks(vstore, plans)
+        except BaseException:
+            _undo(vstore, created)
+            raise
+    return filled
+
+
 def fill_sessions(
     remote: Remote, vstore: VStore, journal: TierJournal, gate: FillGate, plans: Sequence[Fill]
 ) -> int:
     """Create and fill the planned sessions locally; returns the row bytes filled.
     Raises (TierIOError, TierIncomplete, TierFormatError, PionError) with the local
     store as it was, apart from evictions made to fit."""
-    total = sum(p.meta.nbytes for p in plans)
-    if vstore.maxmemory and total > vstore.maxmemory:
-        raise OOMError(
-            f"the tier's copy ({total} bytes) is larger than maxmemory ({vstore.maxmemory})"
-        )
+    check_room(vstore, plans)
     created: list[bytes] = []
     filled = 0
     with journal.local_only(), gate.filling([p.meta.sid for p in plans]):
         try:
-            for p in plans:
-                layout = p.meta.layout
-                if layout.schema is None:
-                    vstore.create(p.meta.sid, layout.default_dim, layout.default_fmt)
-                else:
-                    vstore.create_schema(
-                        p.meta.sid, layout.default_dim, layout.schema, layout.ropes
-                    )
-                created.append(p.meta.sid)
+            _create(vstore, plans, created)
             refs = [ref for p in plans for ref in p.chunks]
-            for batch in _batches(refs):
+            for batch in batches(refs):
                 layers = [
-                    _LayerRows(list(group))
+                    LayerRows(list(group))
                     for _, group in itertools.groupby(batch, key=lambda r: (r.sid, r.layer))
                 ]
                 sizes = remote.read_into([w for lay in layers for w in lay.wants()])
-                held = [_held(ref, size) for ref, size in zip(batch, sizes, strict=True)]
+                held = [held_rows(ref, size) for ref, size in zip(batch, sizes, strict=True)]
                 at = 0
                 for lay in layers:
                     counts, at = held[at : at + len(lay.refs)], at + len(lay.refs)
-                    sid, layer = lay.refs[0].sid, lay.refs[0].layer
-                    for start, rows in lay.runs(counts):
-                        # Handed over: a run of its own keeps these rows as its buffer.
-                        vstore.store_encoded(sid, layer, start, rows, adopt=True)
-                        filled += rows.nbytes
+                    filled += _store(vstore, lay, counts)
                 del layers
-            for p in plans:
-                if p.blocks is not None:
-                    hashes = np.frombuffer(p.blocks.hashes, dtype="<u8")
-                    vstore.set_blocks(p.meta.sid, p.blocks.block_size, hashes)
+            _set_blocks(vstore, plans)
         except BaseException:
-            for sid in created:
-                try:
-                    vstore.drop(sid)
-                except PionError as exc:  # the WAL failing too: report the first error
-                    log.error("could not undo the partial fill of %r: %s", sid, exc.message)
+            _undo(vstore, created)
             raise
     return filled

@@ -36,7 +36,7 @@ from pion.tier.health import Kind
 from pion.tier.keys import BLOCKS_PER_LAYER, CHUNK_ROWS, FORMAT_VERSION, KeyLayout, chunks_of
 from pion.tier.meta import Layout, TierFormatError, TierMeta, parse_meta
 from pion.tier.ops import StoreOp
-from pion.tier.rowread import Want, read_into
+from pion.tier.rowread import Landed, Want, read_into
 
 __all__ = [
     "MAX_HASH_COUNT",
@@ -403,13 +403,25 @@ class Remote:
         replies = self.client.call("read", run)
         return [(replies[2 * i] or b"", replies[2 * i + 1]) for i in range(len(metas))]
 
-    def read_into(self, wants: Sequence[Want]) -> list[int]:
+    def sizes(self, names: Sequence[str]) -> list[int]:
+        """Each key's value length (``STRLEN``; 0 for a key the tier does not hold,
+        as a written row chunk is never empty), one pipeline over every node."""
+
+        def run(r: Client) -> list[int]:
+            pipe = r.pipeline(transaction=False)
+            for name in names:
+                pipe.strlen(name)
+            return [int(n) for n in pipe.execute()]
+
+        return self.client.call("read", run)
+
+    def read_into(self, wants: Sequence[Want], landed: Landed | None = None) -> list[int]:
         """Row chunks received into their rows, every node at once
         (:func:`~pion.tier.rowread.read_into`): each value's length, or ABSENT."""
         if self._threads is None:
             self._threads = ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="pion-tier-read")
         threads = self._threads
-        return self.client.call("read", lambda r: read_into(r, wants, threads))
+        return self.client.call("read", lambda r: read_into(r, wants, threads, landed))
 
     def close(self) -> None:
         """Close the connection and the reading threads."""

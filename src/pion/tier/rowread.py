@@ -19,7 +19,7 @@ closed, never returned to the pool half-read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +27,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-__all__ = ["ABSENT", "Want", "read_into"]
+__all__ = ["ABSENT", "Landed", "Want", "read_into"]
 
 Client = redis.Redis | RedisCluster
 
@@ -129,7 +129,13 @@ def _node_pools(r: Client, names: Sequence[str]) -> dict[Any, list[int]]:
     return groups
 
 
-def _read_node(pool: Any, wants: Sequence[Want], sizes: list[int], idx: Sequence[int]) -> None:
+# Told, on the reading thread, each value's index and length as soon as it is received.
+Landed = Callable[[int, int], None]
+
+
+def _read_node(
+    pool: Any, wants: Sequence[Want], sizes: list[int], idx: Sequence[int], landed: Landed | None
+) -> None:
     conn = pool.get_connection()
     try:
         sock = conn._sock  # connected by get_connection
@@ -140,6 +146,8 @@ def _read_node(pool: Any, wants: Sequence[Want], sizes: list[int], idx: Sequence
         reader = _Reader(sock)
         for i in idx:
             sizes[i] = reader.bulk_into(wants[i].dest)
+            if landed is not None:
+                landed(i, sizes[i])
         if reader.start != reader.end:
             raise redis.exceptions.InvalidResponse("the tier sent more replies than asked")
     except BaseException:
@@ -149,18 +157,23 @@ def _read_node(pool: Any, wants: Sequence[Want], sizes: list[int], idx: Sequence
     pool.release(conn)
 
 
-def read_into(r: Client, wants: Sequence[Want], threads: ThreadPoolExecutor) -> list[int]:
+def read_into(
+    r: Client, wants: Sequence[Want], threads: ThreadPoolExecutor, landed: Landed | None = None
+) -> list[int]:
     """``GET`` every ``want.name`` into its ``dest``, every node at once (one node's
-    share on the calling thread, the others on ``threads``). Returns each value's
-    length (larger than its ``dest``: not stored) or :data:`ABSENT`. Raises redis-py's
-    exceptions; ``dest`` contents are then undefined."""
+    share on the calling thread, the others on ``threads``), each node's in the order
+    of ``wants``. Returns each value's length (larger than its ``dest``: not stored) or
+    :data:`ABSENT`; ``landed(i, length)`` is called as each one arrives (on the thread
+    that read it). Raises redis-py's exceptions; ``dest`` contents are then undefined."""
     sizes = [ABSENT] * len(wants)
     groups = list(_node_pools(r, [w.name for w in wants]).items())
     if not groups:
         return sizes
-    futures = [threads.submit(_read_node, pool, wants, sizes, idx) for pool, idx in groups[1:]]
+    futures = [
+        threads.submit(_read_node, pool, wants, sizes, idx, landed) for pool, idx in groups[1:]
+    ]
     try:
-        _read_node(groups[0][0], wants, sizes, groups[0][1])
+        _read_node(groups[0][0], wants, sizes, groups[0][1], landed)
     finally:
         errors = [f.exception() for f in futures]  # waits for every node
     for exc in errors:

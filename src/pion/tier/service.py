@@ -27,14 +27,23 @@ from collections.abc import Sequence
 from pion.config import TierConfig, VStoreLimits
 from pion.errors import PionError, TierError
 from pion.tier.client import TierClient, TierIOError, TierRejected
-from pion.tier.fill import TierIncomplete, fill_sessions, plan_fill
+from pion.tier.fill import (
+    Fill,
+    TierIncomplete,
+    check_room,
+    fill_sessions,
+    held_rows,
+    plan_fill,
+)
 from pion.tier.health import Health
+from pion.tier.inflight import InFlightFill, streamable
 from pion.tier.journal import FanOutJournal, FillGate, TierJournal
 from pion.tier.keys import KeyLayout
 from pion.tier.ledger import Ledger
 from pion.tier.meta import Layout, TierFormatError, TierMeta
 from pion.tier.ops import CheckOp, DropOp, op_of
 from pion.tier.remote import Remote
+from pion.tier.rowread import ABSENT
 from pion.tier.writer import Writer
 from pion.vstore import MAX_SID_LEN, Mutation, VStore, namespace_of
 from pion.vstore.mutations import CreateSession, SnapshotIds, StoreRows, TakeSnapshot
@@ -47,6 +56,9 @@ log = logging.getLogger("pion.tier")
 _TICK_S = 0.5
 # Sessions resynchronised per tick (each is queued whole, bypassing the byte bound).
 _RESYNC_PER_TICK = 4
+# Fills whose reply streams while they read (inflight.py), at once per worker; one more
+# is filled before its command answers. Each holds up to FILL_BATCH_BYTES of rows.
+_MAX_IN_FLIGHT = 2
 
 
 class _NoLog:
@@ -76,10 +88,12 @@ class Tier:
         self.bytes_in = 0  # row bytes filled from the tier
         self.invalidations = 0  # local copies retired: dropped/replaced elsewhere
         self.incomplete = 0  # tier copies found incomplete or unreadable
+        self.streamed = 0  # fills a fetch replied from while they read (inflight.py)
         self.resyncs = 0
         self._tick_handle: asyncio.TimerHandle | None = None
         self._started = False
         self._backlog = False  # writes queued during an outage: log when drained
+        self._inflight: dict[bytes, InFlightFill] = {}  # sid -> its fill being read
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -170,6 +184,75 @@ class Tier:
     def ensure_local(self, sids: Sequence[bytes], *, required: bool) -> None:
         """Fill ``sids`` (with their namespaces' other halves) from the tier when the
         local V-store does not hold them; see the module docstring."""
+        self._settle(sids)
+        plans = self._plan(sids, required=required)
+        if plans:
+            self._fill_now(plans, required=required)
+
+    def _fill_now(self, plans: Sequence[Fill], *, required: bool) -> None:
+        """Read and store ``plans`` before the command answers."""
+        try:
+            gate = self.gate if self.gate is not None else FillGate(_NoLog(), self.vstore)
+            filled = fill_sessions(self.reader, self.vstore, self.journal, gate, plans)
+        except Exception as exc:
+            self._failed(plans, exc, required=required)
+            return
+        self._filled(plans, filled)
+
+    def streaming_fill(self, sid: bytes) -> InFlightFill | None:
+        """For a fetch of ``sid``: the fill it can stream its reply from (already in
+        flight, or started now: ``inflight.py``), or None once ``sid`` is local or
+        known absent (the fetch answers from the V-store). Raises as ``ensure_local``
+        with ``required``."""
+        fill = self._inflight.get(sid)
+        if fill is not None:
+            return fill
+        if sid in self.vstore or not 1 <= len(sid) <= MAX_SID_LEN:
+            self.ensure_local((sid,), required=True)  # its other half, if need be
+            return None
+        self._settle((sid,))  # the other half's fill, if one is in flight
+        plans = self._plan((sid,), required=True)
+        if not plans:
+            return None
+        if (
+            sid not in {p.meta.sid for p in plans}
+            or len(set(self._inflight.values())) >= _MAX_IN_FLIGHT
+            or not streamable(plans)
+        ):
+            # Nothing of it to stream, too many reads in flight, or a copy larger
+            # than one read: fill here, then answer from the V-store.
+            self._fill_now(plans, required=True)
+            return None
+        check_room(self.vstore, plans)
+        try:
+            # Every chunk's length first (one small round trip): a copy the cluster
+            # evicted part of is refused before any reply goes out, not half-way.
+            refs = [ref for p in plans for ref in p.chunks]
+            for ref, size in zip(refs, self.reader.sizes([r.name for r in refs]), strict=True):
+                held_rows(ref, size or ABSENT)
+        except Exception as exc:
+            self._failed(plans, exc, required=True)
+            return None
+        fill = InFlightFill(plans, self.vstore.limits.max_rows)
+        for sid_ in fill.sids:
+            self._inflight[sid_] = fill
+        loop = asyncio.get_running_loop()
+
+        def on_read(done: InFlightFill) -> None:
+            try:
+                loop.call_soon_threadsafe(self._commit, done)
+            except RuntimeError:  # the loop closed (shutdown): nothing to commit into
+                log.debug("a tier fill finished after the event loop closed")
+
+        fill.start(self.reader, on_read)
+        self.streamed += 1
+        return fill
+
+    def _plan(self, sids: Sequence[bytes], *, required: bool) -> list[Fill]:
+        """The fills that would bring ``sids`` (and their namespaces' other halves)
+        here, read and checked: metas, bitmaps, block tables. Empty when there is
+        nothing to fill (held, dirty, absent, or the tier unavailable and not
+        ``required``)."""
         vs = self.vstore
         # A sid the V-store could never hold is not looked for either: a client must
         # not make the server send the tier a key as long as its request.
@@ -178,14 +261,14 @@ class Tier:
         for sid in sids:
             group += [s for s in namespace_of(sid) if s not in vs and s not in group]
         if not group:
-            return
+            return []
         # Only the sessions asked for make it an error: the other half of a namespace
         # is filled when it can be, but its absence never fails a command.
         required = required and any(s not in vs for s in sids)
         if any(self.ledger.is_dirty(s) for s in group):
             # Our own writes of it never reached the tier: its copy there is stale
             # and is about to be replaced. Not found, as far as this worker knows.
-            return
+            return []
         present: list[TierMeta] = []
         try:
             if not self.health.available():
@@ -199,23 +282,37 @@ class Tier:
             present = [m for m in self.reader.read_metas(group).values() if m is not None]
             if not present:
                 self.misses += 1
-                return
+                return []
             extras = self.reader.read_extras(present)
-            plans = [
+            return [
                 plan_fill(self.keys, meta, bitmap, table)
                 for meta, (bitmap, table) in zip(present, extras, strict=True)
             ]
-            gate = self.gate if self.gate is not None else FillGate(_NoLog(), vs)
-            filled = fill_sessions(self.reader, vs, self.journal, gate, plans)
-        except (TierIOError, TierRejected) as exc:
+        except Exception as exc:
+            self._failed([], exc, required=required, metas=present)
+            return []
+
+    def _failed(
+        self,
+        plans: Sequence[Fill],
+        exc: BaseException,
+        *,
+        required: bool,
+        metas: Sequence[TierMeta] = (),
+    ) -> None:
+        """A fill that could not be made: counted, logged, the tier's copy dropped if
+        it is incomplete; raised as the command's error when ``required``, else None."""
+        present = [p.meta for p in plans] or list(metas)
+        if isinstance(exc, (TierIOError, TierRejected)):
             if required:
                 raise TierError(
                     f"session not held here and the tier is unavailable ({exc})"
                 ) from None
             return
-        except (TierIncomplete, TierFormatError) as exc:
+        if isinstance(exc, (TierIncomplete, TierFormatError)):
             self.incomplete += 1
-            log.warning("the tier's copy of %r cannot be used: %s", group[0], exc)
+            name = present[0].sid if present else b"?"
+            log.warning("the tier's copy of %r cannot be used: %s", name, exc)
             if isinstance(exc, TierIncomplete):
                 for meta in present:  # let a writer store it afresh
                     self.writer.offer(DropOp(meta.sid, meta.gen), force=True)
@@ -223,18 +320,56 @@ class Tier:
                 what = "is incomplete" if isinstance(exc, TierIncomplete) else "cannot be used"
                 raise TierError(f"the tier's copy of the session {what} ({exc})") from None
             return
-        except PionError:
+        if isinstance(exc, PionError):
             if required:
-                raise
+                raise exc
             return
-        for meta in present:
-            self.ledger.set_gen(meta.sid, meta.gen)
+        raise exc
+
+    def _filled(self, plans: Sequence[Fill], filled: int) -> None:
+        for p in plans:
+            self.ledger.set_gen(p.meta.sid, p.meta.gen)
         self.hits += 1
         self.bytes_in += filled
-        log.info("filled %d session(s), %d bytes, from the tier", len(present), filled)
+        log.info("filled %d session(s), %d bytes, from the tier", len(plans), filled)
+
+    def _settle(self, sids: Sequence[bytes]) -> None:
+        """Finish the fills in flight of ``sids``' namespaces first: wait for their
+        rows and commit them, so the command sees the V-store a completed fill left."""
+        for sid in sids:
+            for s in namespace_of(sid) if 1 <= len(sid) <= MAX_SID_LEN else ():
+                fill = self._inflight.get(s)
+                if fill is not None:
+                    fill.read.wait()  # each read of it is bounded by --tier-timeout
+                    self._commit(fill)
+
+    def _commit(self, fill: InFlightFill) -> None:
+        """A fill's rows have all landed (or its read failed): put them in the V-store,
+        unless the command that settled it first already did. On the event loop."""
+        if fill.committed:
+            return
+        fill.committed = True
+        for sid in fill.sids:
+            if self._inflight.get(sid) is fill:
+                del self._inflight[sid]
+        if fill.error is None and any(sid in self.vstore for sid in fill.sids):
+            # Created here meanwhile (a command that never asks the tier): ours wins.
+            log.info("a tier fill of %r was not kept: the session exists here now", min(fill.sids))
+            return
+        try:
+            gate = self.gate if self.gate is not None else FillGate(_NoLog(), self.vstore)
+            filled = fill.commit(self.vstore, self.journal, gate)
+        except Exception as exc:
+            try:
+                self._failed(fill.plans, exc, required=False)
+            except Exception:
+                log.exception("a tier fill failed")
+            return
+        self._filled(fill.plans, filled)
 
     def before_lookup(self, ns: bytes) -> None:
         sids = namespace_sids(ns)
+        self._settle(sids)
         self._validate([s for s in sids if s in self.vstore])
         self.ensure_local(sids, required=False)
 
@@ -273,6 +408,7 @@ class Tier:
 
     def before_drop(self, ns: bytes) -> bool:
         """Drop the halves of ``ns`` that only the tier holds; True when it held one."""
+        self._settle(namespace_sids(ns))
         remote_only = [s for s in namespace_sids(ns) if s not in self.vstore]
         if not remote_only:
             return False
@@ -334,6 +470,8 @@ class Tier:
                 "tier_bytes_in": self.bytes_in,
                 "tier_invalidations": self.invalidations,
                 "tier_incomplete": self.incomplete,
+                "tier_streamed_fills": self.streamed,
+                "tier_fills_in_flight": len(set(self._inflight.values())),
             }
         )
         return [f"{k}:{v}" for k, v in fields.items()]

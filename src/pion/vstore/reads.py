@@ -132,6 +132,21 @@ class Reads(SessionTable):
             return None
         return lay.gather(wanted)
 
+    def lease(self, sid: bytes, layer: int, holder: npt.NDArray[np.uint8]) -> None:
+        """Count ``holder`` as a reader of every run of the layer (``Run.lend``): while
+        it lives, a write copies the run first instead of writing into it. For rows
+        handed over with ``adopt`` that others still read (a streamed fill's reply)."""
+        lay = self._get(sid).layers.get(layer)
+        for run in lay.runs if lay is not None else ():
+            run.lend(holder)
+
+    def check_read(self, start: int, end: int, layer: int | None = None) -> None:
+        """The bounds a fetch of rows ``start .. end`` (of ``layer``) is held to, for a
+        reply built outside the store (a fill's rows streamed as they arrive)."""
+        if layer is not None:
+            self._check_layer(layer)
+        self._check_rows(start, end)
+
     def _check_reply(
         self, layers: Sequence[Layer | None], start: int, end: int, native: bool
     ) -> None:
