@@ -75,6 +75,7 @@ NOT_QUEUED = frozenset(
 MAX_QUEUED = 100_000
 MAX_QUEUED_BYTES = 512 << 20
 
+_QUEUED = Simple("QUEUED")
 _NOT_ALLOWED = "Command not allowed inside a transaction"
 _ABORTED = "Transaction discarded because of previous errors."
 # KV.PREFIX commands whose arguments from the first on are namespaces (DROP: all of
@@ -109,7 +110,7 @@ def queue_command(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply:
         )
     queued.append((cmd, argv))
     client.queued_bytes += size
-    return Simple("QUEUED")
+    return _QUEUED
 
 
 def refused_in_multi(ctx: Context, name: str, exc: PionError) -> ErrorReply:
@@ -229,23 +230,24 @@ def _exec(ctx: Context, args: Sequence[bytes]) -> Reply:
         raise ExecAbortError(_ABORTED)
     if changed:
         return NullArray()
+    persistence = state.persistence
     try:
-        if state.persistence is not None and any("write" in c.flags for c, _ in queued):
-            refusal = state.persistence.write_refusal()
-            if refusal is not None:
+        if persistence is not None:
+            refusal = persistence.write_refusal()
+            if refusal is not None and any("write" in c.flags for c, _ in queued):
                 raise MisconfError(refusal)
-        for cmd, argv in queued:
-            _check_local(ctx, cmd, argv)
+        if state.registry.directory is not None:
+            for cmd, argv in queued:
+                _check_local(ctx, cmd, argv)
     except PionError as exc:
         raise ExecAbortError(f"Transaction discarded because of: {exc.resp_line()}") from None
-    persistence = state.persistence
-    if persistence is not None:
-        persistence.begin_unit()
+    if persistence is None:
+        return [_call(ctx, cmd, argv) for cmd, argv in queued]
+    persistence.begin_unit()
     try:
         replies = [_call(ctx, cmd, argv) for cmd, argv in queued]
     finally:
-        if persistence is not None:
-            persistence.end_unit()
+        persistence.end_unit()
     return replies
 
 
@@ -257,7 +259,8 @@ def _call(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply:
     started = perf_counter_ns()
     reply: Reply
     try:
-        reply = settle(cmd.handler(ctx, argv[1:]), ctx.client.proto)
+        result = cmd.handler(ctx, argv[1:])
+        reply = settle(result, ctx.client.proto) if isinstance(result, _DEFERRED) else result
     except PionError as exc:
         reply = ErrorReply(exc.resp_line())
     except Exception:
@@ -266,6 +269,10 @@ def _call(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply:
         reply = ErrorReply("ERR internal error")
     ctx.state.stats.record(cmd.name, argv, reply, started, ctx.client)
     return reply
+
+
+# What a handler returns when part of its work is left to the caller (``settle``).
+_DEFERRED = (Steps, Offload, Stream)
 
 
 def settle(reply: Reply | Deferred, proto: int) -> Reply:
