@@ -100,7 +100,8 @@ def queue_command(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply:
         raise PionError("EXEC without MULTI")
     if cmd.name in NOT_QUEUED:
         raise PionError(_NOT_ALLOWED)
-    _check_local(ctx, cmd, argv)
+    if ctx.state.registry.directory is not None:  # under -w N
+        _check_local(ctx, cmd, argv)
     size = sum(map(len, argv))
     client = ctx.client
     if len(queued) >= MAX_QUEUED or client.queued_bytes + size > MAX_QUEUED_BYTES:
@@ -129,8 +130,8 @@ def refused_in_multi(ctx: Context, name: str, exc: PionError) -> ErrorReply:
 
 def _check_local(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> None:
     """Under -w N: raise the redirect when ``cmd`` acts on a session or namespace
-    another worker owns (a no-op on a single-process server)."""
-    if ctx.state.registry.directory is None or len(argv) < 2:
+    another worker owns (callers skip it on a single-process server)."""
+    if len(argv) < 2:
         return
     name = cmd.name
     if name.startswith("V."):
