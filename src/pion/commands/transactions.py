@@ -243,33 +243,37 @@ def _exec(ctx: Context, args: Sequence[bytes]) -> Reply:
     except PionError as exc:
         raise ExecAbortError(f"Transaction discarded because of: {exc.resp_line()}") from None
     if persistence is None:
-        return [_call(ctx, cmd, argv) for cmd, argv in queued]
+        return _run_queued(ctx, queued)
     persistence.begin_unit()
     try:
-        replies = [_call(ctx, cmd, argv) for cmd, argv in queued]
+        replies = _run_queued(ctx, queued)
     finally:
         persistence.end_unit()
     return replies
 
 
-def _call(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply:
-    """Run one queued command; its errors become its reply."""
-    ctx.state.counters.total_commands_processed += 1
-    ctx.client.last_command = cmd.name
-    # Timed and counted as the dispatcher does (INFO commandstats, SLOWLOG).
-    started = perf_counter_ns()
-    reply: Reply
-    try:
-        result = cmd.handler(ctx, argv[1:])
-        reply = settle(result, ctx.client.proto) if isinstance(result, _DEFERRED) else result
-    except PionError as exc:
-        reply = ErrorReply(exc.resp_line())
-    except Exception:
-        ctx.state.counters.internal_errors += 1
-        log.exception("internal error in %s inside EXEC", cmd.name)
-        reply = ErrorReply("ERR internal error")
-    ctx.state.stats.record(cmd.name, argv, reply, started, ctx.client)
-    return reply
+def _run_queued(ctx: Context, queued: Sequence[tuple[Command, Sequence[bytes]]]) -> list[Reply]:
+    """Run the queued commands in order; each one's errors become its reply."""
+    client, counters, stats = ctx.client, ctx.state.counters, ctx.state.stats
+    replies: list[Reply] = []
+    for cmd, argv in queued:
+        counters.total_commands_processed += 1
+        client.last_command = cmd.name
+        # Timed and counted as the dispatcher does (INFO commandstats, SLOWLOG).
+        started = perf_counter_ns()
+        reply: Reply
+        try:
+            result = cmd.handler(ctx, argv[1:])
+            reply = settle(result, client.proto) if isinstance(result, _DEFERRED) else result
+        except PionError as exc:
+            reply = ErrorReply(exc.resp_line())
+        except Exception:
+            counters.internal_errors += 1
+            log.exception("internal error in %s inside EXEC", cmd.name)
+            reply = ErrorReply("ERR internal error")
+        stats.record(cmd.name, argv, reply, started, client)
+        replies.append(reply)
+    return replies
 
 
 # What a handler returns when part of its work is left to the caller (``settle``).
