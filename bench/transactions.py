@@ -11,6 +11,15 @@ over the rounds, because the machine is shared):
 - ``redis-py pipeline(100)``: ``r.pipeline()`` with 100 SETs, ``execute()`` (MULTI,
   100 SET, EXEC) from 4 threads; a request is one command of the 100. redis-py's own
   Python work is part of it, as it is for a user.
+- ``6 SET P64 (reference)``: the P64 case without the transaction, six plain SETs in
+  its place (the same number of commands and round trips); a request is the six. It
+  shows what a transaction costs beyond its commands (it has no target).
+
+Beside each rate, the server's CPU time per request (user + system, read from
+``/proc`` before and after): on a shared machine the rates follow the share of the
+CPU each process gets, while the CPU time per request is what the server spends.
+redis-server at P64 is bound by this Python client (it idles much of the run); pion
+is bound by its own CPU time per command.
 
 Baselines, started in the same run: redis-server without persistence (``--save ""
 --appendonly no``) and with an append-only file fsynced every second (the like-for-like
@@ -62,18 +71,27 @@ def _transaction(i: int) -> bytes:
 _TX_REPLY = b"+OK\r\n" + b"+QUEUED\r\n" * 4 + b"*4\r\n" + b"+OK\r\n" * 4
 
 
-def raw_transactions(port: int, per_trip: int, seconds: float) -> float:
-    """Transactions per second over CONNECTIONS connections, ``per_trip`` at a time."""
+def _plain_sets(i: int) -> bytes:
+    return b"".join(_resp(b"SET", b"tx:%d:%d" % (i, k), b"v" * 16) for k in range(6))
+
+
+_SETS_REPLY = b"+OK\r\n" * 6
+
+
+def raw_transactions(port: int, per_trip: int, seconds: float, *, plain: bool = False) -> float:
+    """Transactions per second over CONNECTIONS connections, ``per_trip`` at a time
+    (``plain``: six plain SETs in place of each transaction)."""
     import socket
 
     counts = [0] * CONNECTIONS
     stop = time.monotonic() + seconds
+    request, reply = (_plain_sets, _SETS_REPLY) if plain else (_transaction, _TX_REPLY)
 
     def worker(n: int) -> None:
         sock = socket.create_connection(("127.0.0.1", port))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        batch = b"".join(_transaction(n * 1000 + j) for j in range(per_trip))
-        want = len(_TX_REPLY) * per_trip
+        batch = b"".join(request(n * 1000 + j) for j in range(per_trip))
+        want = len(reply) * per_trip
         first = True
         while time.monotonic() < stop:
             sock.sendall(batch)
@@ -84,7 +102,7 @@ def raw_transactions(port: int, per_trip: int, seconds: float) -> float:
                     raise ConnectionError("server closed the connection")
                 got += chunk
             if first:  # checked once: the replies are what a transaction answers
-                assert bytes(got) == _TX_REPLY * per_trip, bytes(got[:200])
+                assert bytes(got) == reply * per_trip, bytes(got[:200])
                 first = False
             counts[n] += per_trip
         sock.close()
@@ -128,12 +146,31 @@ CASES: dict[str, Callable[[int, float], float]] = {
     "MULTI+4 SET+EXEC P64": lambda port, s: raw_transactions(port, 64, s),
     "MULTI+4 SET+EXEC P1": lambda port, s: raw_transactions(port, 1, s),
     "redis-py pipeline(100)": lambda port, s: redis_py_pipelines(port, 100, s),
+    "6 SET P64 (reference)": lambda port, s: raw_transactions(port, 64, s, plain=True),
 }
 UNITS = {
     "MULTI+4 SET+EXEC P64": "tx/s",
     "MULTI+4 SET+EXEC P1": "tx/s",
     "redis-py pipeline(100)": "cmd/s",
+    "6 SET P64 (reference)": "6 SET/s",
 }
+# Cases measured for comparison only: no target.
+REFERENCE = frozenset({"6 SET P64 (reference)"})
+
+
+def _cpu_seconds(server: Process) -> float:
+    times = server.ps.cpu_times()
+    return float(times.user + times.system)
+
+
+def measured(
+    server: Process, run: Callable[[int, float], float], seconds: float
+) -> tuple[float, float]:
+    """(requests per second, the server's CPU microseconds per request)."""
+    cpu0, t0 = _cpu_seconds(server), time.monotonic()
+    rate = run(server.port, seconds)
+    cpu, elapsed = _cpu_seconds(server) - cpu0, time.monotonic() - t0
+    return rate, cpu * 1e6 / max(rate * elapsed, 1.0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -145,12 +182,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = 1 if args.quick else args.rounds
     seconds = 0.5 if args.quick else args.seconds
     samples: dict[tuple[str, str], list[float]] = {}
+    cpu: dict[tuple[str, str], list[float]] = {}
     for rnd in range(rounds):
         for name, start in SERVERS.items():
             server = start()
             try:
                 for case, run in CASES.items():
-                    samples.setdefault((case, name), []).append(run(server.port, seconds))
+                    rate, us = measured(server, run, seconds)
+                    samples.setdefault((case, name), []).append(rate)
+                    cpu.setdefault((case, name), []).append(us)
             finally:
                 server.stop()
         print(f"round {rnd + 1}/{rounds} done", file=sys.stderr, flush=True)
@@ -158,6 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     for case in CASES:
         med = {name: statistics.median(samples[(case, name)]) for name in SERVERS}
+        cpu_us = {name: statistics.median(cpu[(case, name)]) for name in SERVERS}
         rows.append(
             [
                 case,
@@ -167,17 +208,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 med["pion"],
                 med["pion"] / med["redis"],
                 med["pion"] / med["redis-aof"],
+                cpu_us["redis"],
+                cpu_us["pion"],
             ]
         )
         results.append(
             {
                 "case": case,
                 "unit": UNITS[case],
+                "reference": case in REFERENCE,
                 "median": med,
                 "samples": {name: samples[(case, name)] for name in SERVERS},
+                "cpu_us_per_request": cpu_us,
             }
         )
-    print_table(["case", "unit", "redis", "redis-aof", "pion", "x redis", "x redis-aof"], rows)
+    headers = ["case", "unit", "redis", "redis-aof", "pion", "x redis", "x redis-aof"]
+    print_table([*headers, "redis CPU us/req", "pion CPU us/req"], rows)
     path = write_results(
         "transactions",
         {

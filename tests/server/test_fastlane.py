@@ -44,9 +44,25 @@ SCRIPT = [
     frame(b"kv.prefix.lookup", b"ns"),  # HIT
     frame(b"KV.PREFIX.LOOKUP", b""),  # ns length
     frame(b"KV.PREFIX.LOOKUP", b"ns", b"TOKENS", b"5"),
+    # A transaction: the lane queues inside MULTI and runs EXEC, as the generic path.
+    frame(b"MULTI"),
+    frame(b"SET", b"t", b"1"),
+    frame(b"GET", b"h"),  # WRONGTYPE, inside EXEC: that command fails alone
+    frame(b"get", b"t"),
+    frame(b"multi"),  # nested: an error, the transaction goes on
+    frame(b"EXEC"),
+    frame(b"EXEC"),  # without MULTI
+    frame(b"MULTI"),
+    frame(b"SET", b"t"),  # arity while queuing: EXECABORT
+    frame(b"exec"),
     frame(b"HELLO", b"3"),
     frame(b"GET", b"missing"),  # RESP3 null
     frame(b"GET", b"k"),
+    frame(b"WATCH", b"t"),
+    frame(b"SET", b"t", b"2"),
+    frame(b"MULTI"),
+    frame(b"GET", b"t"),
+    frame(b"EXEC"),  # a watched key changed: RESP3 null
 ]
 
 
@@ -131,10 +147,18 @@ def test_the_lane_skips_the_generic_dispatch(
         frame(b"KV.PREFIX.LOOKUP", b"ns"),
         frame(b"PING"),
         frame(b"ECHO", b"x"),
+        frame(b"MULTI"),
+        frame(b"SET", b"t", b"1"),
+        frame(b"GET", b"t"),
+        frame(b"ECHO", b"y"),
+        frame(b"EXEC"),
     ]
     wire, _ = run_script(tmp_path, script)
-    assert calls == [b"KV.PREFIX.REGISTER", b"ECHO"]
-    assert wire == b"+OK\r\n+OK\r\n$256\r\n" + VALUE + b"\r\n+HIT\r\n+PONG\r\n$1\r\nx\r\n"
+    assert calls == [b"KV.PREFIX.REGISTER", b"ECHO", b"ECHO"]
+    assert wire == (
+        b"+OK\r\n+OK\r\n$256\r\n" + VALUE + b"\r\n+HIT\r\n+PONG\r\n$1\r\nx\r\n"
+        b"+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*3\r\n+OK\r\n$1\r\n1\r\n$1\r\ny\r\n"
+    )
 
 
 def test_reads_scanned_in_place_survive_the_scratch_buffer_being_reused(

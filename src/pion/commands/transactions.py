@@ -75,6 +75,7 @@ NOT_QUEUED = frozenset(
 MAX_QUEUED = 100_000
 MAX_QUEUED_BYTES = 512 << 20
 
+_QUEUED = Simple("QUEUED")
 _NOT_ALLOWED = "Command not allowed inside a transaction"
 _ABORTED = "Transaction discarded because of previous errors."
 # KV.PREFIX commands whose arguments from the first on are namespaces (DROP: all of
@@ -99,7 +100,8 @@ def queue_command(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply:
         raise PionError("EXEC without MULTI")
     if cmd.name in NOT_QUEUED:
         raise PionError(_NOT_ALLOWED)
-    _check_local(ctx, cmd, argv)
+    if ctx.state.registry.directory is not None:  # under -w N
+        _check_local(ctx, cmd, argv)
     size = sum(map(len, argv))
     client = ctx.client
     if len(queued) >= MAX_QUEUED or client.queued_bytes + size > MAX_QUEUED_BYTES:
@@ -109,7 +111,7 @@ def queue_command(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply:
         )
     queued.append((cmd, argv))
     client.queued_bytes += size
-    return Simple("QUEUED")
+    return _QUEUED
 
 
 def refused_in_multi(ctx: Context, name: str, exc: PionError) -> ErrorReply:
@@ -128,8 +130,8 @@ def refused_in_multi(ctx: Context, name: str, exc: PionError) -> ErrorReply:
 
 def _check_local(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> None:
     """Under -w N: raise the redirect when ``cmd`` acts on a session or namespace
-    another worker owns (a no-op on a single-process server)."""
-    if ctx.state.registry.directory is None or len(argv) < 2:
+    another worker owns (callers skip it on a single-process server)."""
+    if len(argv) < 2:
         return
     name = cmd.name
     if name.startswith("V."):
@@ -229,43 +231,53 @@ def _exec(ctx: Context, args: Sequence[bytes]) -> Reply:
         raise ExecAbortError(_ABORTED)
     if changed:
         return NullArray()
+    persistence = state.persistence
     try:
-        if state.persistence is not None and any("write" in c.flags for c, _ in queued):
-            refusal = state.persistence.write_refusal()
-            if refusal is not None:
+        if persistence is not None:
+            refusal = persistence.write_refusal()
+            if refusal is not None and any("write" in c.flags for c, _ in queued):
                 raise MisconfError(refusal)
-        for cmd, argv in queued:
-            _check_local(ctx, cmd, argv)
+        if state.registry.directory is not None:
+            for cmd, argv in queued:
+                _check_local(ctx, cmd, argv)
     except PionError as exc:
         raise ExecAbortError(f"Transaction discarded because of: {exc.resp_line()}") from None
-    persistence = state.persistence
-    if persistence is not None:
-        persistence.begin_unit()
+    if persistence is None:
+        return _run_queued(ctx, queued)
+    persistence.begin_unit()
     try:
-        replies = [_call(ctx, cmd, argv) for cmd, argv in queued]
+        replies = _run_queued(ctx, queued)
     finally:
-        if persistence is not None:
-            persistence.end_unit()
+        persistence.end_unit()
     return replies
 
 
-def _call(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply:
-    """Run one queued command; its errors become its reply."""
-    ctx.state.counters.total_commands_processed += 1
-    ctx.client.last_command = cmd.name
-    # Timed and counted as the dispatcher does (INFO commandstats, SLOWLOG).
-    started = perf_counter_ns()
-    reply: Reply
-    try:
-        reply = settle(cmd.handler(ctx, argv[1:]), ctx.client.proto)
-    except PionError as exc:
-        reply = ErrorReply(exc.resp_line())
-    except Exception:
-        ctx.state.counters.internal_errors += 1
-        log.exception("internal error in %s inside EXEC", cmd.name)
-        reply = ErrorReply("ERR internal error")
-    ctx.state.stats.record(cmd.name, argv, reply, started, ctx.client)
-    return reply
+def _run_queued(ctx: Context, queued: Sequence[tuple[Command, Sequence[bytes]]]) -> list[Reply]:
+    """Run the queued commands in order; each one's errors become its reply."""
+    client, counters, stats = ctx.client, ctx.state.counters, ctx.state.stats
+    replies: list[Reply] = []
+    for cmd, argv in queued:
+        counters.total_commands_processed += 1
+        client.last_command = cmd.name
+        # Timed and counted as the dispatcher does (INFO commandstats, SLOWLOG).
+        started = perf_counter_ns()
+        reply: Reply
+        try:
+            result = cmd.handler(ctx, argv[1:])
+            reply = settle(result, client.proto) if isinstance(result, _DEFERRED) else result
+        except PionError as exc:
+            reply = ErrorReply(exc.resp_line())
+        except Exception:
+            counters.internal_errors += 1
+            log.exception("internal error in %s inside EXEC", cmd.name)
+            reply = ErrorReply("ERR internal error")
+        stats.record(cmd.name, argv, reply, started, client)
+        replies.append(reply)
+    return replies
+
+
+# What a handler returns when part of its work is left to the caller (``settle``).
+_DEFERRED = (Steps, Offload, Stream)
 
 
 def settle(reply: Reply | Deferred, proto: int) -> Reply:

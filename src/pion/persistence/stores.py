@@ -30,8 +30,7 @@ recovery asks for it, so other stores need nothing more.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import BinaryIO, Protocol, runtime_checkable
+from typing import BinaryIO, NamedTuple, Protocol, runtime_checkable
 
 from pion.persistence.format import Buffer
 
@@ -55,11 +54,12 @@ FREEING_COMMANDS = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
+class Frame(NamedTuple):
     """One record before framing: its op code and its payload as a sequence of buffers
     (written with one ``writev`` and checksummed in place, never joined). Buffers that
-    are views of a store's live data are valid until the store next changes."""
+    are views of a store's live data are valid until the store next changes. A named
+    tuple, not a dataclass: one is built for every write command, and a tuple is the
+    cheapest immutable record Python builds."""
 
     op: int
     parts: Sequence[Buffer]

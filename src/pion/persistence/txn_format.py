@@ -40,7 +40,16 @@ from typing import Final
 
 from pion.persistence.format import Buffer, FormatError
 
-__all__ = ["OP_TXN", "TXN_LAYOUT", "TXN_OPS", "decode_txn", "describe_txn", "encode_txn"]
+__all__ = [
+    "OP_TXN",
+    "TXN_LAYOUT",
+    "TXN_OPS",
+    "decode_txn",
+    "describe_txn",
+    "encode_txn",
+    "inner_head",
+    "txn_head",
+]
 
 OP_TXN: Final = 48
 TXN_LAYOUT: Final = 1
@@ -57,17 +66,28 @@ def inner_overhead() -> int:
     return _INNER.size
 
 
+def txn_head(count: int) -> bytes:
+    """The first bytes of a TXN payload holding ``count`` inner records."""
+    return _HEAD.pack(TXN_LAYOUT, count)
+
+
+def inner_head(op: int, size: int) -> bytes:
+    """The header of one inner record: its ``op`` and its payload's ``size``."""
+    if not 1 <= op <= _MAX_INNER_OP:
+        raise ValueError(f"op {op} cannot be inside a TXN")
+    return _INNER.pack(op, size)
+
+
 def encode_txn(records: Sequence[tuple[int, Sequence[Buffer]]]) -> list[Buffer]:
     """The payload buffers of a TXN holding ``records`` (op, payload parts), in order.
-    The parts are passed through as they are (the caller owns copies)."""
+    The parts are passed through as they are (the caller owns copies). The log builds
+    the same bytes record by record as EXEC runs (``txn_head``, ``inner_head``)."""
     if len(records) < 2:
         raise ValueError("a TXN holds two records or more")
-    parts: list[Buffer] = [_HEAD.pack(TXN_LAYOUT, len(records))]
+    parts: list[Buffer] = [txn_head(len(records))]
     for op, payload in records:
-        if not 1 <= op <= _MAX_INNER_OP:
-            raise ValueError(f"op {op} cannot be inside a TXN")
         size = sum(len(p) if type(p) is bytes else memoryview(p).nbytes for p in payload)
-        parts.append(_INNER.pack(op, size))
+        parts.append(inner_head(op, size))
         parts.extend(payload)
     return parts
 

@@ -74,7 +74,7 @@ from pion.errors import MisconfError, PionError
 from pion.persistence.files import UncertainRename, create_atomically, fdatasync, write_all
 from pion.persistence.format import MAX_PAYLOAD, Buffer, WalHeader, encode_frame
 from pion.persistence.stores import FREEING_COMMANDS, Frame
-from pion.persistence.txn_format import OP_TXN, encode_txn, inner_overhead
+from pion.persistence.txn_format import OP_TXN, inner_head, inner_overhead, txn_head
 from pion.persistence.vstore_durable import vstore_frame
 from pion.vstore import Mutation
 
@@ -87,6 +87,9 @@ _EVERYSEC_S = 1.0
 # which the bytes already written are intact and appending can resume.
 _NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
 _FREEING = ", ".join(sorted(FREEING_COMMANDS))
+# What a TXN adds around its records' payloads: its own header, and one per record.
+_TXN_HEAD_BYTES = len(txn_head(0))
+_INNER_BYTES = inner_overhead()
 
 
 class WriteAheadLog:
@@ -111,9 +114,14 @@ class WriteAheadLog:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        # The records of the open unit (an EXEC), payloads copied; None outside one.
-        self._unit: list[tuple[int, list[Buffer]]] | None = None
+        # The open unit (an EXEC), None outside one: the TXN payload built as its
+        # records come (slot 0 waits for the TXN header, each record's payload copied
+        # behind its inner header), how many records it holds, their bytes, and the
+        # first one as a plain record (a unit of one record is written as that).
+        self._unit: list[Buffer] | None = None
+        self._unit_records = 0
         self._unit_bytes = 0
+        self._unit_first: tuple[int, list[Buffer]] = (0, [])
 
     # -- opening ---------------------------------------------------------------------
 
@@ -211,12 +219,17 @@ class WriteAheadLog:
 
     def begin_unit(self) -> None:
         """Keep the records appended from now until :meth:`end_unit` (one EXEC)."""
-        self._unit = []
+        self._unit = [b""]
+        self._unit_records = 0
         self._unit_bytes = 0
 
-    def _keep(self, unit: list[tuple[int, list[Buffer]]], frame: Frame) -> None:
-        grow = frame.size + inner_overhead()
-        total = self._unit_bytes + grow + 5
+    def _keep(self, unit: list[Buffer], frame: Frame) -> None:
+        parts = frame.parts
+        size = 0
+        for p in parts:
+            size += len(p) if type(p) is bytes else memoryview(p).nbytes
+        grow = size + _INNER_BYTES
+        total = self._unit_bytes + grow + _TXN_HEAD_BYTES
         if total > MAX_PAYLOAD:
             raise PionError(
                 f"a transaction's writes of {total} bytes exceed the write-ahead log's "
@@ -225,8 +238,12 @@ class WriteAheadLog:
         # Payloads are valid only during append (a view of a request buffer or of a
         # layer the next command may change): the unit keeps copies (bytes are
         # immutable: kept as they are).
-        copies: list[Buffer] = [p if type(p) is bytes else bytes(p) for p in frame.parts]
-        unit.append((frame.op, copies))
+        copies: list[Buffer] = [p if type(p) is bytes else bytes(p) for p in parts]
+        if not self._unit_records:
+            self._unit_first = (frame.op, copies)
+        unit.append(inner_head(frame.op, size))
+        unit += copies
+        self._unit_records += 1
         self._unit_bytes += grow
 
     def end_unit(self) -> None:
@@ -234,16 +251,19 @@ class WriteAheadLog:
         nothing). If that write fails the log is failed and MisconfError raised: the
         stores already hold the unit's changes, which only a snapshot can now keep."""
         unit, self._unit = self._unit, None
+        records, self._unit_records = self._unit_records, 0
+        first, self._unit_first = self._unit_first, (0, [])
         self._unit_bytes = 0
-        if not unit:
+        if unit is None or not records:
             return
         if self.failure is not None:
             raise MisconfError(self.refusal())
         try:
-            if len(unit) == 1:
-                self._write(*unit[0])
+            if records == 1:
+                self._write(*first)
             else:
-                self._write(OP_TXN, encode_txn(unit))
+                unit[0] = txn_head(records)
+                self._write(OP_TXN, unit)
         except MisconfError:
             if self.failure is None:
                 self.failure = (

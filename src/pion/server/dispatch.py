@@ -156,7 +156,7 @@ def execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int | Deferred:
     if client.reply_mode != "on":
         return _silent(ctx, argv, out)
     name = _LANE.get(argv[0])
-    if name is not None and client.queued is None:
+    if name is not None:
         taken = _fast_lane(ctx, name, argv, out)
         if taken != -1:
             return taken
@@ -226,13 +226,14 @@ def _encode(ctx: Context, argv: Sequence[bytes], reply: Reply, out: Chunks) -> i
 # -- the fast lane -----------------------------------------------------------------
 #
 # The small commands that dominate a cache's traffic (GET, SET key value, a plain
-# KV.PREFIX.LOOKUP, PING), as the batch scanner hands them over complete, skip the
-# name decoding: the table spells them as they arrive, and their reply is encoded as
-# one chunk from its type. What they do is unchanged: the same checks, queueing and
-# timing (:func:`_run`). Spellings outside the table (mixed case), a transaction being
-# queued and replies switched off take the generic path.
+# KV.PREFIX.LOOKUP, PING) and the brackets of a transaction (MULTI, EXEC: redis-py's
+# default pipeline sends them), as the batch scanner hands them over complete, skip
+# the name decoding: the table spells them as they arrive, and their reply is encoded
+# as one chunk from its type. What they do is unchanged: the same checks, queueing
+# inside MULTI and timing (:func:`_run`). Spellings outside the table (mixed case) and
+# replies switched off take the generic path.
 
-_LANE_COMMANDS = ("GET", "SET", "KV.PREFIX.LOOKUP", "PING")
+_LANE_COMMANDS = ("GET", "SET", "KV.PREFIX.LOOKUP", "PING", "MULTI", "EXEC")
 _LANE: dict[bytes, str] = {
     spelling: name for name in _LANE_COMMANDS for spelling in (name.encode(), name.lower().encode())
 }
