@@ -38,8 +38,9 @@ from pion.tier.fill import Fill, LayerRows, batches, commit_fill, held_rows
 from pion.tier.journal import FillGate, TierJournal
 from pion.tier.keys import CHUNK_ROWS
 from pion.tier.remote import Remote
-from pion.vstore import MAX_REPLY_BYTES, MAX_ZERO_FILL_BYTES, VStore
+from pion.vstore import VStore
 from pion.vstore.layer import Layer, Run
+from pion.vstore.reads import check_reply_bytes
 
 __all__ = ["InFlightFill", "Ready", "streamable"]
 
@@ -222,7 +223,7 @@ class InFlightFill:
             state.share()
             piece = partial(self._piece, state, width, start, end, native)
             out.append(((end - start) * width, partial(self._when_landed, state), piece))
-        _check_reply(size, held, start, end)
+        check_reply_bytes(size, held, start, end)
         return out
 
     def wait_first(self, sid: bytes, layers: Sequence[int], start: int) -> None:
@@ -260,7 +261,7 @@ class InFlightFill:
     ) -> npt.NDArray[np.generic]:
         """One layer's reply bytes (a worker thread): waits for the layer to land."""
         lay = self._built(state)
-        _check_reply((end - start) * width, lay.held_in(start, end) * width, start, end)
+        check_reply_bytes((end - start) * width, lay.held_in(start, end) * width, start, end)
         with self._lock:  # leases are lists on the shared runs
             parts = lay.read_pieces(start, end, native).parts
         computed = [part() for part in parts]
@@ -288,22 +289,6 @@ def _promised(rows: LayerRows, start: int, end: int) -> int:
         lo = ref.block * CHUNK_ROWS
         held += max(0, min(end, lo + ref.rows) - max(start, lo))
     return held
-
-
-def _check_reply(size: int, held: int, start: int, end: int) -> None:
-    """``VStore._check_reply``'s bounds, on a reply's size and its stored rows."""
-    if size > MAX_REPLY_BYTES:
-        raise PionError(
-            f"reply of {size} bytes exceeds the {MAX_REPLY_BYTES}-byte limit; fetch fewer rows"
-        )
-    zeros = size - held
-    if zeros > max(MAX_ZERO_FILL_BYTES, held):
-        raise PionError(
-            f"rows {start}..{end} would reply {zeros} bytes of zeros for rows never "
-            f"written beside {held} bytes of stored rows (zero fill is limited to the "
-            f"larger of {MAX_ZERO_FILL_BYTES} bytes and the stored bytes); fetch the "
-            "stored rows (V.INFO layer_<i>_tokens)"
-        )
 
 
 def _as_tier_error(exc: BaseException) -> PionError:

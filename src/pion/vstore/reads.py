@@ -18,7 +18,7 @@ from pion.errors import PionError
 from pion.vstore.layer import Layer, Pieces
 from pion.vstore.table import SessionTable
 
-__all__ = ["MAX_REPLY_BYTES", "MAX_ZERO_FILL_BYTES", "Reads"]
+__all__ = ["MAX_REPLY_BYTES", "MAX_ZERO_FILL_BYTES", "Reads", "check_reply_bytes"]
 
 # The largest fetch reply (one RANGE bulk, or a whole BATCH array) built in memory:
 # 4 GiB serves 32 layers x 32k tokens x 1024 dims of fp32.
@@ -29,6 +29,23 @@ MAX_REPLY_BYTES = 4 << 30
 # rows of 8192 fp32), while one RANGE 0 32768 on a 1-row 8192-wide session (1 GiB of
 # zeros for 32 KB of data) is refused.
 MAX_ZERO_FILL_BYTES = 1 << 20
+
+
+def check_reply_bytes(size: int, held: int, start: int, end: int) -> None:
+    """The bounds of a fetch reply of ``size`` bytes carrying ``held`` bytes of stored
+    rows (rows ``start .. end``), checked before it is built (module docstring)."""
+    if size > MAX_REPLY_BYTES:
+        raise PionError(
+            f"reply of {size} bytes exceeds the {MAX_REPLY_BYTES}-byte limit; fetch fewer rows"
+        )
+    zeros = size - held
+    if zeros > max(MAX_ZERO_FILL_BYTES, held):
+        raise PionError(
+            f"rows {start}..{end} would reply {zeros} bytes of zeros for rows never "
+            f"written beside {held} bytes of stored rows (zero fill is limited to the "
+            f"larger of {MAX_ZERO_FILL_BYTES} bytes and the stored bytes); fetch the "
+            "stored rows (V.INFO layer_<i>_tokens)"
+        )
 
 
 class Reads(SessionTable):
@@ -158,15 +175,4 @@ class Reads(SessionTable):
                 width = lay.dim * (2 if native and lay.is_fp16 else 4)
                 size += (end - start) * width
                 held += lay.held_in(start, end) * width
-        if size > MAX_REPLY_BYTES:
-            raise PionError(
-                f"reply of {size} bytes exceeds the {MAX_REPLY_BYTES}-byte limit; fetch fewer rows"
-            )
-        zeros = size - held
-        if zeros > max(MAX_ZERO_FILL_BYTES, held):
-            raise PionError(
-                f"rows {start}..{end} would reply {zeros} bytes of zeros for rows never "
-                f"written beside {held} bytes of stored rows (zero fill is limited to the "
-                f"larger of {MAX_ZERO_FILL_BYTES} bytes and the stored bytes); fetch the "
-                "stored rows (V.INFO layer_<i>_tokens)"
-            )
+        check_reply_bytes(size, held, start, end)
