@@ -81,6 +81,22 @@ class SlotState:
     model: str = ""  # for the index entry of a save on eviction
     harness: str = ""
     pending: Pending | None = None
+    # Token mode: the prefix's own tokens. A shorter prefix these start with is already
+    # in the slot (a learned boundary moved back): a hit, not a rebuild.
+    prompt: tuple[int, ...] | None = None
+    # A prefix found in the slot with no file of its own yet: saved once a real request
+    # has confirmed the slot serves it (in the background, see PrefixWarmer.observe).
+    save_later: bool = False
+
+    def holds_start_of(self, tokens: tuple[int, ...] | None) -> bool:
+        """Whether this slot's prefix begins with ``tokens`` (token mode only)."""
+        held = self.prompt
+        return (
+            held is not None
+            and tokens is not None
+            and 0 < len(tokens) <= len(held)
+            and held[: len(tokens)] == tokens
+        )
 
 
 @dataclass
