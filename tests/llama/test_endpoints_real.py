@@ -135,7 +135,10 @@ def test_endpoint_saved_hit_and_restored_after_restart(
         first = post(url, path, make("What is in the README?"))
         second = post(url, path, make("Fix the failing test."))
         third = post(url, path, make("Add a changelog entry."))
-        assert proxy.warmer.flush(60)  # the learned prefix's file, saved after session 2
+        # The learned prefix's file, saved after session 2 (a plain answer may reach the
+        # client before the proxy has observed it: wait for the save to be queued).
+        wait_log(config.log_path, "queued (background)", 1)
+        assert proxy.warmer.flush(60)
         llama_server.restart()
         fourth = post(url, path, make("Rename the module."))
         status = httpx.get(url + STATUS_PATH).json()
@@ -166,6 +169,7 @@ def test_raw_completion_with_a_token_list(
     with running_proxy(proxy) as url:
         post(url, "/completion", {"prompt": [*stable, 5, 6, 7], "n_predict": 1})
         post(url, "/completions", {"prompt": [*stable, 9, 9], "n_predict": 1})
+        wait_log(config.log_path, "queued (background)", 1)
         assert proxy.warmer.flush(60)
         llama_server.restart()
         last = post(url, "/completion", {"prompt": [*stable, 11], "n_predict": 1})

@@ -392,19 +392,7 @@ class PrefixWarmer:
                 "reused) → rebuilding"
             )
             return None
-        scale = tokens / state.tokens if state.tokens > 0 else 1.0
-        self.ctx.slots[slot] = SlotState(
-            fp,
-            tokens,
-            "hit",
-            time.time(),
-            label=request.label(),
-            prefill_ms=state.prefill_ms * min(1.0, scale),
-            model=request.model or state.model,
-            harness=state.harness or request.harness,
-            prompt=request.tokens,
-            save_later=self.ctx.index is not None,
-        )
+        self.ctx.slots[slot] = state.taken_over(fp, request, save=self.ctx.index is not None)
         self.log(f"fingerprint={fp[:16]}…")
         self.log(
             f"cache=HIT (slot {slot} holds this prefix of {tokens} tok at the start of "
@@ -506,7 +494,8 @@ class PrefixWarmer:
                     return
                 save_held(self.ctx, slot, state, self._server_info(refresh=True))
 
-        saves.submit(f"save of slot {slot}", job)
+        if saves.submit(f"save of slot {slot}", job):
+            self.log(f"save of slot {slot}'s prefix {fp[:16]}… queued (background)")
 
     def _receipt(self, state: SlotState) -> None:
         store, background = self.ctx.store, self.ctx.background
