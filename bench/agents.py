@@ -121,6 +121,7 @@ def side(
             stack = contextlib.ExitStack()
             _, capped = stack.enter_context(recording(server.url, answer_cap=ANSWER_CAP))
             upstream_cm: Any
+            proxy: PrefixProxy | None = None
             if via_pion:
                 config = WarmerConfig(
                     base_url=capped,
@@ -129,13 +130,19 @@ def side(
                     log_path=root / "prefix-cache.log",
                     timeout=SESSION_TIMEOUT_S,
                 )
-                upstream_cm = running_proxy(PrefixProxy(config))
+                proxy = PrefixProxy(config)
+                upstream_cm = running_proxy(proxy)
             else:
                 upstream_cm = contextlib.nullcontext(capped)
             out: dict[str, Any] = {}
             with stack, upstream_cm as upstream, recording(upstream) as (recorder, url):
                 for scenario in SCENARIOS:
                     if scenario == "restart":
+                        if proxy is not None:
+                            # A restart comes later than the moment a session ends: the
+                            # proxy's background saves (a learned prefix's own file after
+                            # the hot session) are done by then.
+                            proxy.warmer.flush(SESSION_TIMEOUT_S)
                         server.restart()
                     work = root / "runs" / scenario
                     out[scenario] = session(

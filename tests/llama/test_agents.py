@@ -87,7 +87,10 @@ class Sessions:
     """Runs one harness's sessions; for each, llama-server's main task and the proxy's
     outcome for the main request's prefix."""
 
-    def __init__(self, name: str, bin_dir: Path, url: str, server: LlamaServerProcess) -> None:
+    def __init__(
+        self, name: str, bin_dir: Path, url: str, server: LlamaServerProcess, proxy: PrefixProxy
+    ) -> None:
+        self.proxy = proxy
         self.harness = HARNESSES[name]
         self.bin_dir = bin_dir
         self.url = url
@@ -155,8 +158,9 @@ def test_harness_session_saved_hit_restored(
             log_path=tmp_path / "prefix-cache.log",
             timeout=SESSION_TIMEOUT_S,
         )
-        with running_proxy(PrefixProxy(config)) as url:
-            sessions = Sessions(name, agents_bin, url, server)
+        proxy = PrefixProxy(config)
+        with running_proxy(proxy) as url:
+            sessions = Sessions(name, agents_bin, url, server, proxy)
             run_three_sessions(sessions, slot_dir, tmp_path / "home", tmp_path / "project")
 
 
@@ -181,7 +185,11 @@ def run_three_sessions(sessions: Sessions, slot_dir: Path, home: Path, project: 
     check(hit["kind"] == "hit", "session 2 not a hit", hit["summary"])
     check(second.cached >= 0.9 * hit["tokens"], "session 2 reused < 90%", second, hit["tokens"])
 
-    # 3. llama-server restarted (its memory gone): restored from the slot file.
+    # 3. llama-server restarted (its memory gone): restored from the slot file. A restart
+    # comes later than a session's end: the proxy's background saves are done by then.
+    assert sessions.proxy.warmer.flush(SESSION_TIMEOUT_S)
+    # A prefix learned in session 2 inside what the slot held has its own file by now.
+    check(hit["fingerprint"] in saved_fingerprints(slot_dir), "session 2 prefix not saved")
     sessions.server.restart()
     third, restored = sessions.run(PROMPTS[2], home, project)
     kind = restored["kind"]

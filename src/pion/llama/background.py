@@ -1,4 +1,5 @@
-"""A background thread for store work that no request should wait for.
+"""A background thread for store work that no request should wait for (and, a second
+one, for slot saves after a request).
 
 Owns :class:`Background`: pushes of freshly saved slot files and receipt reports run here,
 one at a time, in submission order, so a slow or dead store never delays a session start
@@ -28,8 +29,11 @@ _Job = tuple[str, Callable[[], object]]
 class Background:
     """One daemon worker thread; :meth:`flush` waits for the jobs submitted so far."""
 
-    def __init__(self, log: Callable[[str], None], name: str = "pion-llama-store") -> None:
+    def __init__(
+        self, log: Callable[[str], None], name: str = "pion-llama-store", word: str = "STORE"
+    ) -> None:
         self._log = log
+        self._word = word  # what the log lines of its jobs start with
         self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=MAX_PENDING)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.dropped = 0
@@ -43,7 +47,7 @@ class Background:
             self._jobs.put_nowait((what, job))
         except queue.Full:
             self.dropped += 1
-            self._log(f"STORE {what} dropped: {MAX_PENDING} store jobs already waiting")
+            self._log(f"{self._word} {what} dropped: {MAX_PENDING} jobs already waiting")
             return False
         return True
 
@@ -72,6 +76,6 @@ class Background:
                 job()
             except Exception as exc:
                 # Fail-open: a failed push or report is logged, counted and forgotten.
-                self._log(f"STORE {what} failed (fail-open): {exc}")
+                self._log(f"{self._word} {what} failed (fail-open): {exc}")
                 if self.on_failure is not None:
                     self.on_failure(f"background {what.split()[0]}", exc)

@@ -14,6 +14,9 @@ Owns the warmer's write side:
   cannot work on this build (recorded as ``no_restore``).
 - :func:`save_evicted`: a slot about to take another prefix (LRU) whose prefix is not on
   disk yet is saved first.
+- :func:`save_held`: a prefix the slot already held (the start of a longer one warmed
+  before: a learned boundary moved back) gets its own file, from the slot as it is; the
+  file's tokens are checked to start with the prefix's before it is indexed.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pion.llama.serverinfo import ServerInfo
 from pion.llama.slotfile import SlotLayout, read_layout
 from pion.llama.timings import Timings
 
-__all__ = ["cold", "measured_prefill_ms", "save_evicted"]
+__all__ = ["cold", "measured_prefill_ms", "save_evicted", "save_held"]
 
 
 def measured_prefill_ms(t: Timings, elapsed_ms: float) -> float:
@@ -70,6 +73,7 @@ def cold(ctx: WarmerContext, target: Target) -> Outcome:
         prefill_ms=prefill_ms,
         model=request.model or info.model_id,
         harness=harness,
+        prompt=request.tokens,
     )
     if ctx.index is not None and key not in ctx.index.load().no_restore:
         n_saved = _save(ctx, slot, state, info, evicted=False)
@@ -115,6 +119,36 @@ def save_evicted(ctx: WarmerContext, slot: int, state: SlotState, info: ServerIn
     ctx.log(f"{head}, least recently used, not on disk → saving it first")
     if _save(ctx, slot, state, info, evicted=True) is not None:
         _share(ctx, state.fingerprint, name, info)
+
+
+def save_held(ctx: WarmerContext, slot: int, state: SlotState, info: ServerInfo) -> bool:
+    """Save what ``slot`` holds as the file of ``state``'s prefix (token mode), which the
+    slot holds at its start. The slot is not touched: the file may carry more tokens (the
+    conversation after the prefix), as an evicted slot's does, and a restore reuses the
+    prefix's part. True when the file is on disk and indexed."""
+    index = ctx.index
+    if index is None or state.prompt is None:
+        return False
+    name = file_name(state.fingerprint)
+    entry = index.get(name)
+    path = index.slot_dir / name
+    if entry is not None and path.is_file() and path.stat().st_size == entry.bytes:
+        state.saved, state.file = True, name
+        return True
+    if info.restore_key() in index.load().no_restore:
+        return False
+    ctx.log(f"saving the prefix slot {slot} holds ({state.tokens} tok) as {name}")
+    if _save(ctx, slot, state, info, evicted=True) is None:
+        return False
+    held = ctx.file_tokens(path)
+    if held is None or held[: len(state.prompt)] != state.prompt:
+        # Something else took the slot in between (another client, a restart).
+        ctx.log(f"{name} does not start with the prefix: the slot changed → dropped")
+        index.drop(name, delete_file=True)
+        state.saved, state.file = False, None
+        return False
+    _share(ctx, state.fingerprint, name, info)
+    return True
 
 
 def _save(

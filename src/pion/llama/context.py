@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +82,40 @@ class SlotState:
     model: str = ""  # for the index entry of a save on eviction
     harness: str = ""
     pending: Pending | None = None
+    # Token mode: the prefix's own tokens. A shorter prefix these start with is already
+    # in the slot (a learned boundary moved back): a hit, not a rebuild.
+    prompt: tuple[int, ...] | None = None
+    # A prefix found in the slot with no file of its own yet: saved once a real request
+    # has confirmed the slot serves it (in the background, see PrefixWarmer.observe).
+    save_later: bool = False
+
+    def taken_over(self, fingerprint: str, request: WarmRequest, *, save: bool) -> SlotState:
+        """The state of the slot once the shorter prefix ``request`` (which this one starts
+        with) takes it over as it is: its cold prefill is scaled to its share."""
+        tokens = len(request.tokens or ())
+        scale = min(1.0, tokens / self.tokens) if self.tokens > 0 else 1.0
+        return SlotState(
+            fingerprint,
+            tokens,
+            "hit",
+            time.time(),
+            label=request.label(),
+            prefill_ms=self.prefill_ms * scale,
+            model=request.model or self.model,
+            harness=self.harness or request.harness,
+            prompt=request.tokens,
+            save_later=save,
+        )
+
+    def holds_start_of(self, tokens: tuple[int, ...] | None) -> bool:
+        """Whether this slot's prefix begins with ``tokens`` (token mode only)."""
+        held = self.prompt
+        return (
+            held is not None
+            and tokens is not None
+            and 0 < len(tokens) <= len(held)
+            and held[: len(tokens)] == tokens
+        )
 
 
 @dataclass

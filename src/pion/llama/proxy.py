@@ -248,7 +248,11 @@ class PrefixProxy:
             await resp.aclose()
             if scanner is not None and outcome is not None:
                 timings = scanner.close()
-                await anyio.to_thread.run_sync(self.warmer.observe, outcome, timings)
+                # Shielded: a client that hangs up as soon as it has its answer (Codex
+                # after response.completed) cancels this task, and the observation
+                # (verification, receipt, a queued save) must still happen.
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self.warmer.observe, outcome, timings)
 
 
 def _uvicorn_options(host: str, port: int) -> dict[str, Any]:

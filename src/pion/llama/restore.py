@@ -150,6 +150,7 @@ def restore(ctx: WarmerContext, target: Target) -> Outcome | None:
         prefill_ms=entry.prefill_ms,
         saved=True,
         file=name,
+        prompt=request.tokens,
     )
     if ctx.config.verify == "probe":
         failure = _probe(ctx, request, slot)

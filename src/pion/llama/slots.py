@@ -96,6 +96,11 @@ class SlotTable:
                 return None
             return previous.fingerprint
 
+    def slot_of(self, fingerprint: str) -> int | None:
+        """The slot claimed for ``fingerprint``, if any."""
+        with self._lock:
+            return next((s for s, c in self._claims.items() if c.fingerprint == fingerprint), None)
+
     def holder(self, slot: int) -> Claim | None:
         with self._lock:
             return self._claims.get(slot)

@@ -8,6 +8,13 @@ with ``slots``/``all_slots``, one prefix per slot:
    *evicted* (saved first when persisting and not on disk yet).
 1. **In-process hit.** This process warmed the fingerprint into the slot and ``GET /slots``
    still shows the slot's ``n_prompt_tokens`` (a restarted server shows none) → proceed.
+   Also a hit: a slot whose prefix (token mode) *starts with* the request's prefix, the
+   usual case when a learned boundary moves back (the second session of a harness shares
+   all but its prompt with the first, whose whole prompt was warmed). The slot is routed
+   to, not evicted; it is taken over by the shorter prefix as it is (no restore, no
+   warm-up). With ``persist`` the shorter prefix's file, when it has none, is saved from
+   the slot in the background once a real request has confirmed the reuse (``observe``);
+   a save can only add a file, never change the slot.
 2. **Restore** (``persist``): from the local disk, else from the store (``store``), after
    checking size, hash and compatibility; then verify (:mod:`pion.llama.restore`).
    ``verify="fast"`` (default): the real request is the verification; its ``timings`` are
@@ -42,7 +49,7 @@ from typing import Any
 
 from pion.llama.background import Background
 from pion.llama.client import LlamaClient, LlamaServerError
-from pion.llama.coldbuild import cold, save_evicted
+from pion.llama.coldbuild import cold, save_evicted, save_held
 from pion.llama.config import WarmerConfig
 from pion.llama.context import SlotState, Target, WarmerContext
 from pion.llama.endpoints import EndpointKind
@@ -93,6 +100,11 @@ class PrefixWarmer:
         self.ctx = WarmerContext(config, self.client, self.log, index, store, background)
         if background is not None:
             background.on_failure = self.ctx.failure
+        # Saves of prefixes found in a slot (see _save_later): after the request, off its path.
+        self._saves: Background | None = None
+        if index is not None:
+            self._saves = Background(self.log, name="pion-llama-save", word="SAVE")
+            self._saves.on_failure = self.ctx.failure
         self._slot_locks: dict[int, threading.Lock] = {}
         self._table: SlotTable | None = None
         self._info: ServerInfo | None = None
@@ -123,6 +135,8 @@ class PrefixWarmer:
         return self.ctx.store
 
     def close(self) -> None:
+        if self._saves is not None:
+            self._saves.close()
         if self.ctx.background is not None:
             self.ctx.background.close()
         if self.ctx.store is not None:
@@ -130,9 +144,14 @@ class PrefixWarmer:
         self.client.close()
 
     def flush(self, timeout: float = 60.0) -> bool:
-        """Wait for background store work (pushes, receipts) submitted so far."""
-        background = self.ctx.background
-        return background.flush(timeout) if background is not None else True
+        """Wait for background work (slot saves, then store pushes and receipts) submitted
+        so far."""
+        deadline = time.monotonic() + timeout
+        ok = True
+        for background in (self._saves, self.ctx.background):
+            if background is not None:
+                ok = background.flush(max(0.0, deadline - time.monotonic())) and ok
+        return ok
 
     def __enter__(self) -> PrefixWarmer:
         return self
@@ -294,8 +313,25 @@ class PrefixWarmer:
         table = self._slot_table(info)
         if slot is not None:
             return slot, fp, table.pin(slot, fp, request.label())
+        if table.slot_of(fp) is None:
+            holder = self._holder(table, request)
+            if holder is not None:
+                # The slot already holds this prefix at its start: route there, evict nothing.
+                table.pin(holder, fp, request.label())
+                return holder, fp, None
         slot, evicted = table.claim(fp, request.label())
         return slot, fp, evicted
+
+    def _holder(self, table: SlotTable, request: WarmRequest) -> int | None:
+        """A slot of ours whose prefix starts with ``request``'s (the longest such)."""
+        found: tuple[int, int] | None = None
+        for slot in table.slots:
+            state = self.ctx.slots.get(slot)
+            if state is not None and state.holds_start_of(request.tokens):
+                held = len(state.prompt or ())
+                if found is None or held > found[1]:
+                    found = (slot, held)
+        return found[0] if found is not None else None
 
     # -- the state machine ----------------------------------------------------------------
 
@@ -315,6 +351,12 @@ class PrefixWarmer:
                 "reused) → rebuilding"
             )
             ctx.slots.pop(slot, None)
+        elif state is not None and state.holds_start_of(request.tokens):
+            hit = self._held_hit(request, slot, fp, state, t0)
+            if hit is not None:
+                return hit
+            ctx.slots.pop(slot, None)
+            state = None
         # Off the hit path a /props round trip is cheap next to a warm-up, and it notices a
         # restarted server with another build or model.
         info = self._server_info(refresh=True)
@@ -337,6 +379,28 @@ class PrefixWarmer:
                 built = cold(ctx, target)
                 return dataclasses.replace(built, kind="partial", file=base[0], shared=base[1])
         return cold(ctx, target)
+
+    def _held_hit(
+        self, request: WarmRequest, slot: int, fp: str, state: SlotState, t0: float
+    ) -> Outcome | None:
+        """The slot's prefix starts with ``request``'s: take the slot over for the shorter
+        prefix as it is (a hit), or None when the slot no longer holds it."""
+        tokens = len(request.tokens or ())
+        if not self._slot_alive(slot, tokens):
+            self.log(
+                f"slot {slot} no longer holds the prefix (server restarted or slot "
+                "reused) → rebuilding"
+            )
+            return None
+        self.ctx.slots[slot] = state.taken_over(fp, request, save=self.ctx.index is not None)
+        self.log(f"fingerprint={fp[:16]}…")
+        self.log(
+            f"cache=HIT (slot {slot} holds this prefix of {tokens} tok at the start of "
+            f"{state.fingerprint[:16]}…'s {len(state.prompt or ())}: taken over as it is)"
+        )
+        self.ctx.count("held_hits")
+        ms = (time.monotonic() - t0) * 1000.0
+        return Outcome("hit", fp, slot, tokens, ms=ms, at=time.time())
 
     def _slot_alive(self, slot: int, tokens: int) -> bool:
         try:
@@ -375,6 +439,9 @@ class PrefixWarmer:
                 return
             if reused and outcome.kind in ("hit", "restored"):
                 self._receipt(state)
+            if reused and state.save_later:
+                state.save_later = False
+                self._save_later(outcome.slot, state.fingerprint)
 
     def _verify_pending(self, slot: int, state: SlotState, timings: Timings, ok: bool) -> None:
         pending = state.pending
@@ -408,6 +475,27 @@ class PrefixWarmer:
             f"< {self.config.gate_ratio:.0%}; it ran cold",
             erase=False,
         )
+
+    def _save_later(self, slot: int, fp: str) -> None:
+        """Save the prefix taken over in ``slot`` (see :meth:`_held_hit`) in the
+        background: the request that confirmed it has been answered, so the slot holds the
+        prefix and that request. Under the slot's lock, only while the slot still serves
+        ``fp``; a save that missed (a restart since, a failure) leaves the prefix to the
+        next chance: an eviction saves it, a restart restores it in part from the file it
+        started in."""
+        saves = self._saves
+        if saves is None:
+            return
+
+        def job() -> None:
+            with self._lock(slot):
+                state = self.ctx.slots.get(slot)
+                if state is None or state.fingerprint != fp or state.saved:
+                    return
+                save_held(self.ctx, slot, state, self._server_info(refresh=True))
+
+        if saves.submit(f"save of slot {slot}", job):
+            self.log(f"save of slot {slot}'s prefix {fp[:16]}… queued (background)")
 
     def _receipt(self, state: SlotState) -> None:
         store, background = self.ctx.store, self.ctx.background
