@@ -13,10 +13,13 @@ different prompts in one project folder:
 
 each run twice, side by side in one run: **direct** (the harness talks to llama-server)
 and **via pion** (to `pion llama proxy --persist` in front of it; a fresh slot dir). The
-session start is the harness's main request (its largest): time to first token, measured
-by a timing pass-through in front of either side (:mod:`pion_testing.recorder`), so
-everything the proxy does (warm-up, restore) is inside it; and llama-server's prompt time
-and reused tokens for that request, from its own log (:mod:`pion_testing.tasklog`).
+session start is what the user waits for: from the harness's main request (side requests
+such as a title are much smaller) to its first token, across a retry when the harness gave
+up on a slow one (Claude Code does after 5 minutes), measured by a timing pass-through in
+front of either side (:func:`pion_testing.recorder.session_start`), so everything the
+proxy does (warm-up, restore) is inside it; and from llama-server's own log
+(:mod:`pion_testing.tasklog`) the tokens the main request found in the slot and the
+prompt time of the session start (the proxy's warm-up of the prefix and the request).
 
 Every figure is a ratio to the harness's direct cold start measured in the same run.
 Targets: after a restart, via pion <= 0.1x; a hit (hot, via pion) <= 0.05x. Results: a
@@ -52,9 +55,9 @@ from pion_testing.agents import (
 )
 from pion_testing.launcher import LlamaServerProcess
 from pion_testing.paths import LLAMA_BUILD, ensure_llama_server
-from pion_testing.recorder import recording
+from pion_testing.recorder import recording, session_start
 from pion_testing.smollm2 import MODEL_ID, gguf_path
-from pion_testing.tasklog import main_task, read_tasks
+from pion_testing.tasklog import main_task, main_tasks, read_tasks
 
 from pion.llama.agents import DEFAULT_CONTEXT
 from pion.llama.config import WarmerConfig
@@ -84,16 +87,22 @@ def session(
         blocks=doc_blocks(),
     )
     exchanges = [e for e in recorder.since(n_before) if e.generation]
-    if not exchanges:
-        raise RuntimeError(f"{name} {scenario}: no request reached {url}:\n{run.output[-3000:]}")
-    main = max(exchanges, key=lambda e: e.body_bytes)
-    task = main_task(read_tasks(server.log_path, offset))
+    try:
+        seconds, main = session_start(exchanges)
+    except ValueError as exc:
+        raise RuntimeError(f"{name} {scenario} at {url}: {exc}\n{run.output[-3000:]}") from exc
+    tasks = main_tasks(read_tasks(server.log_path, offset))
+    task = main_task(tasks)
     return {
-        "ttft_ms": (main.first_token_s or 0.0) * 1000,
-        "prompt_ms": task.prompt_ms,
+        "ttft_ms": seconds * 1000,
+        # The prompt time of the session start: the proxy's warm-up, if any, and the main
+        # request (a request the harness gave up on has none: its time is in ttft_ms).
+        "prompt_ms": sum(t.prompt_ms or 0.0 for t in tasks[: tasks.index(task) + 1]),
         "n_tokens": task.n_tokens,
         "cached": task.cached,
         "requests": len(exchanges),
+        # Main requests sent again after the harness gave up on one (a slow cold start).
+        "attempts": sum(1 for e in exchanges if e.body_bytes == main.body_bytes),
         "status": main.status,
         "harness_s": run.seconds,
         "returncode": run.returncode,

@@ -20,7 +20,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,13 +184,15 @@ def run_session(
     cwd: Path,
     timeout: float,
     blocks: Mapping[str, str] | None = None,
+    args: Sequence[str] = (),
 ) -> SessionRun:
     """Run ``harness`` once, non-interactively, on ``prompt`` against ``base_url``.
 
     ``home`` is the harness's whole home (configuration written there); ``cwd`` its
-    project folder. The environment is built from scratch (``PATH``, ``HOME``, the
-    docs' configuration, :data:`OFFLINE_ENV`): no key or setting of the machine leaks
-    in. At ``timeout`` the harness and its children are killed.
+    project folder; ``args`` go before the prompt (the harness's own flags). The
+    environment is built from scratch (``PATH``, ``HOME``, the docs' configuration,
+    :data:`OFFLINE_ENV`): no key or setting of the machine leaks in. At ``timeout`` the
+    harness and its children are killed.
     """
     argv, extra = harness.prepare(home, base_url, blocks or doc_blocks())
     env = {
@@ -206,7 +208,7 @@ def run_session(
     cwd.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     proc = subprocess.Popen(
-        [str(bin_dir / harness.executable), *argv, prompt],
+        [str(bin_dir / harness.executable), *argv, *args, prompt],
         cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,

@@ -35,7 +35,7 @@ from starlette.routing import Route
 
 from pion.llama.proxy import serve_in_thread
 
-__all__ = ["Exchange", "Recorder", "cap_answer", "recording"]
+__all__ = ["Exchange", "Recorder", "cap_answer", "recording", "session_start"]
 
 GENERATION_PATHS = ("/chat/completions", "/responses", "/messages", "/completion")
 _TOKEN_MARKERS = (
@@ -57,7 +57,9 @@ class Exchange:
     method: str
     path: str
     body_bytes: int
+    started: float = 0.0  # time.perf_counter() when the request arrived
     status: int = 0
+    # None until a token arrived, and left None when the client hung up before one did.
     first_token_s: float | None = None
     total_s: float | None = None
 
@@ -116,7 +118,7 @@ class Recorder:
     async def _forward(self, request: Request) -> Response:
         body = await request.body()
         started = time.perf_counter()
-        exchange = Exchange(request.method, request.url.path, len(body))
+        exchange = Exchange(request.method, request.url.path, len(body), started)
         if (
             self.answer_cap is not None
             and exchange.generation
@@ -143,6 +145,7 @@ class Recorder:
 
         async def relay() -> AsyncIterator[bytes]:
             seen = b""
+            whole = False
             try:
                 async for chunk in upstream.aiter_raw():
                     if exchange.first_token_s is None:
@@ -150,11 +153,14 @@ class Recorder:
                         if any(m in seen for m in _TOKEN_MARKERS):
                             exchange.first_token_s = time.perf_counter() - started
                     yield chunk
+                whole = True
             finally:
                 await upstream.aclose()
                 await client.aclose()
                 exchange.total_s = time.perf_counter() - started
-                if exchange.first_token_s is None:
+                # An answer that is not streamed arrives whole; a client that hung up
+                # (a harness giving up on a slow request) got no token at all.
+                if exchange.first_token_s is None and whole:
                     exchange.first_token_s = exchange.total_s
 
         response = StreamingResponse(relay(), status_code=upstream.status_code)
@@ -164,6 +170,26 @@ class Recorder:
             if k.lower() not in _HOP or k.lower() == b"content-length"
         ]
         return response
+
+
+def session_start(exchanges: list[Exchange], share: float = 0.9) -> tuple[float, Exchange]:
+    """What a harness's user waits for: from the arrival of the session's main request
+    to the first token of the first main request that got one, and that request.
+
+    The main requests are the generation requests at least ``share`` as large as the
+    largest: the first one, the same request sent again when the harness gave up on it
+    (Claude Code does after 5 minutes), and the follow-ups that extend it (a harness
+    continues after a capped answer); side requests such as a title are much smaller.
+    """
+    generations = [e for e in exchanges if e.generation]
+    if not generations:
+        raise ValueError("no generation request")
+    largest = max(e.body_bytes for e in generations)
+    mains = [e for e in generations if e.body_bytes >= share * largest]
+    answered = next((e for e in mains if e.first_token_s is not None), None)
+    if answered is None or answered.first_token_s is None:
+        raise ValueError("no main request got a token")
+    return answered.started + answered.first_token_s - mains[0].started, answered
 
 
 @contextlib.contextmanager
