@@ -39,6 +39,8 @@ import _common  # first: it puts scripts/ on sys.path for pion_testing; where re
 import argparse
 import contextlib
 import os
+import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -178,6 +180,9 @@ def main() -> int:
     ap.add_argument("--harness", choices=sorted(HARNESSES), action="append")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
+    # A run stopped with kill (SIGTERM) still stops the llama-servers it started: the
+    # `finally` blocks run on SystemExit, not on a signal's default action.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     names = args.harness or (["pi"] if args.quick else ["pi", "claude", "codex"])
     llama_bin, bin_dir, model = ensure_llama_server(), ensure_agents(), gguf_path()
     started = time.monotonic()
