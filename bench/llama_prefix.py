@@ -38,6 +38,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +78,8 @@ def ttft(base_url: str, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     timings: dict[str, Any] = {}
     with httpx.stream("POST", base_url + "/v1/chat/completions", json=body, timeout=900) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
+        for line in _sse_lines(r.iter_bytes()):
+            if not line.startswith(b"data: {"):
                 continue
             event = json.loads(line[6:])
             delta = (event.get("choices") or [{}])[0].get("delta") or {}
@@ -86,6 +87,18 @@ def ttft(base_url: str, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
                 first = time.perf_counter() - t0
             timings = event.get("timings", timings)
     return (first if first is not None else time.perf_counter() - t0), timings
+
+
+def _sse_lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """The lines of an event stream, split at b"\\n" only: httpx's ``iter_lines`` also
+    splits at U+2028, U+0085 and the like, which a generated model's answer may hold
+    unescaped inside an event's JSON."""
+    pending = b""
+    for chunk in chunks:
+        *lines, pending = (pending + chunk).split(b"\n")
+        yield from (line.rstrip(b"\r") for line in lines)
+    if pending:
+        yield pending
 
 
 def calibrate(client: LlamaClient, target: int) -> int:
