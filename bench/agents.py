@@ -103,7 +103,8 @@ def session(
         "n_tokens": task.n_tokens,
         "cached": task.cached,
         "requests": len(exchanges),
-        # Main requests sent again after the harness gave up on one (a slow cold start).
+        # Requests with the answering one's exact body: a retry with a changed body (Claude
+        # Code's, where its billing header differs) is not counted.
         "attempts": sum(1 for e in exchanges if e.body_bytes == main.body_bytes),
         "status": main.status,
         "harness_s": run.seconds,

@@ -6,9 +6,10 @@ tokens (``new prompt, ... task.n_tokens = N``), the tokens the slot already held
 (the first ``cached n_tokens = C`` of the task), the prompt time (``prompt eval time
 = X ms``) and what the slot held when the task stopped (``stop processing: n_tokens``:
 more than the prompt when it generated). :func:`main_task` picks a session's main
-request out of them. This is the oracle of the real-harness tests and ``bench/agents.py``: it does
-not depend on what the harness's API reports (``/v1/messages`` replies carry no
-``timings``) nor on the proxy. Test and benchmark scaffolding.
+request out of them. This is the oracle of the real-harness tests and
+``bench/agents.py``: it does not depend on what the harness's API reports
+(``/v1/messages`` replies carry no ``timings``) nor on the proxy. Test and benchmark
+scaffolding.
 """
 
 from __future__ import annotations
