@@ -43,6 +43,7 @@ class LlamaServerProcess:
         ctx: int = 4096,
         parallel: int = 1,
         threads: int | None = None,
+        threads_batch: int | None = None,
         extra_args: Sequence[str] = (),
         log_path: Path | None = None,
     ) -> None:
@@ -53,6 +54,7 @@ class LlamaServerProcess:
         self.ctx = ctx
         self.parallel = parallel
         self.threads = threads
+        self.threads_batch = threads_batch
         self.extra_args = list(extra_args)
         self.log_path = log_path or model.with_name(f"llama-server-{self.port}.log")
         self.proc: subprocess.Popen[bytes] | None = None
@@ -74,6 +76,10 @@ class LlamaServerProcess:
             args += ["--slot-save-path", str(self.slot_dir)]
         if self.threads is not None:
             args += ["-t", str(self.threads)]
+        if self.threads_batch is not None:
+            # Prefill threads; without polling, idle ones sleep instead of spinning, so
+            # they cost nothing between requests on a shared machine.
+            args += ["-tb", str(self.threads_batch), "--poll", "0"]
         return args + self.extra_args
 
     def start(self, timeout: float = 120.0) -> LlamaServerProcess:

@@ -48,7 +48,7 @@ from pion.llama.config import WarmerConfig
 from pion.llama.outcome import WARM_KINDS
 from pion.llama.proxy import STATUS_PATH, PrefixProxy, running_proxy
 
-from .conftest import StartServer
+from .conftest import REAL_MODEL_BATCH_THREADS, SERVER_THREADS, StartServer
 
 pytestmark = [pytest.mark.llama, pytest.mark.real]
 
@@ -58,11 +58,9 @@ pytestmark = [pytest.mark.llama, pytest.mark.real]
 # one, the agents and skills listing still comes after the first user message, the
 # prefix still carries tool schemas; bench/agents.py measures the full set.
 HARNESS_ARGS = {"claude": ["--tools=Agent,Bash,Edit,Read,Skill"]}
-# A bound, not an expectation: a cold session here takes 1-2 minutes on two idle cores,
+# A bound, not an expectation: a cold session here takes under a minute on two idle cores,
 # many times that on two cores shared by a dozen processes.
 SESSION_TIMEOUT_S = 3600.0
-# One thread: on a small shared machine more threads spin against each other.
-THREADS = 1
 PROMPTS = ("say hi", "say bye", "say hello again")
 
 
@@ -78,7 +76,8 @@ def agent_server(start_server: StartServer, smollm2_gguf: Path) -> LlamaServerPr
     return start_server(
         smollm2_gguf,
         ctx=DEFAULT_CONTEXT,
-        threads=THREADS,
+        threads=SERVER_THREADS,
+        threads_batch=REAL_MODEL_BATCH_THREADS,
         extra_args=llama_server_args(DEFAULT_CONTEXT),
     )
 

@@ -18,7 +18,7 @@ from pion.llama.proxy import STATUS_PATH, PrefixProxy, running_proxy
 from pion.llama.samples import pi_chat_body
 from support import chat, count, wait_log
 
-from .conftest import StartServer
+from .conftest import REAL_MODEL_BATCH_THREADS, StartServer
 
 pytestmark = [pytest.mark.llama, pytest.mark.real]
 
@@ -36,7 +36,7 @@ def ask(url: str, question: str) -> tuple[dict[str, Any], Any]:
 def test_real_model_session_cold_hot_restored(
     start_server: StartServer, smollm2_gguf: Path, make_config: Any
 ) -> None:
-    server = start_server(smollm2_gguf)
+    server = start_server(smollm2_gguf, threads_batch=REAL_MODEL_BATCH_THREADS)
     body = pi_chat_body("Q", n_rules=N_RULES)
     with LlamaClient(server.url) as client:
         rendered = client.apply_template(body)
