@@ -38,9 +38,12 @@ typecheck: dev
 	$(BIN)/mypy --strict src/pion
 
 # The compiled twins are built by `install`; PION_REQUIRE_SPEEDUPS makes a
-# silent fall-back to pure Python a test failure.
+# silent fall-back to pure Python a test failure. TEST_WORKERS pytest processes
+# (pytest-xdist): most tests wait on servers and subprocesses, so one process left
+# two cores half idle; TEST_WORKERS=0 runs them all in this one.
+TEST_WORKERS ?= 2
 pytest: dev system-deps llama-server agents
-	PION_REQUIRE_SPEEDUPS=1 $(BIN)/python -m pytest -q --durations=15
+	PION_REQUIRE_SPEEDUPS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=15
 
 ## Install what the tests need (Debian packages, llama-server, pinned Python deps),
 ## then lint, type-check, run the whole test suite and the benchmarks at smoke sizes.
