@@ -32,7 +32,7 @@ from pion.llama.config import WarmerConfig
 # more threads that spin against each other.
 SERVER_THREADS = 1
 # SmolLM2's servers prefill thousands of tokens (the harness sessions): two prefill
-# threads nearly halve that on two idle cores (Claude Code's test: 172 s -> 112 s).
+# threads nearly halve that on two idle cores (Claude Code's test: 172 s -> 104 s).
 REAL_MODEL_BATCH_THREADS = min(2, os.cpu_count() or 1)
 SERVER_CTX = 4096
 

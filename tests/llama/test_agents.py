@@ -48,7 +48,7 @@ from pion.llama.config import WarmerConfig
 from pion.llama.outcome import WARM_KINDS
 from pion.llama.proxy import STATUS_PATH, PrefixProxy, running_proxy
 
-from .conftest import REAL_MODEL_BATCH_THREADS, SERVER_THREADS, StartServer
+from .conftest import REAL_MODEL_BATCH_THREADS, StartServer
 
 pytestmark = [pytest.mark.llama, pytest.mark.real]
 
@@ -76,7 +76,6 @@ def agent_server(start_server: StartServer, smollm2_gguf: Path) -> LlamaServerPr
     return start_server(
         smollm2_gguf,
         ctx=DEFAULT_CONTEXT,
-        threads=SERVER_THREADS,
         threads_batch=REAL_MODEL_BATCH_THREADS,
         extra_args=llama_server_args(DEFAULT_CONTEXT),
     )
