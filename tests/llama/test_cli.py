@@ -13,9 +13,9 @@ import httpx
 import pytest
 from click.testing import CliRunner
 from pion_testing.launcher import LlamaServerProcess, free_port
+from pion_testing.llama_samples import pi_chat_body, pi_system_prompt, pi_tools
 
 from pion.llama.cli import llama_group
-from pion.llama.samples import pi_chat_body, pi_system_prompt, pi_tools
 from support import count, log_lines, wait_log
 
 pytestmark = pytest.mark.llama

@@ -94,6 +94,7 @@ def test_invalid_slot_and_store_settings_are_refused() -> None:
         {"slots": (-1,)},
         {"store_timeout": 0.0},
         {"store_ttl": -1},
+        {"checkpoint_tokens": -1},
     ):
         with pytest.raises(ValueError):
             WarmerConfig(**kwargs)  # type: ignore[arg-type]
@@ -106,3 +107,12 @@ def test_cli_refuses_a_bad_slots_flag() -> None:
 
     result = CliRunner().invoke(llama_group, ["proxy", "--slots", "0,x"])
     assert result.exit_code == 2 and "--slots wants 'all' or slot ids" in result.output
+
+
+def test_checkpoint_tokens_from_env_and_flags() -> None:
+    assert WarmerConfig().checkpoint_tokens == 1024
+    env = {"PI_PREFIX_CACHE_CHECKPOINT_TOKENS": "4096"}
+    assert WarmerConfig.from_env(env).checkpoint_tokens == 4096
+    assert WarmerConfig.from_env(env, checkpoint_tokens=0).checkpoint_tokens == 0
+    bad = {"PI_PREFIX_CACHE_CHECKPOINT_TOKENS": "-5"}
+    assert WarmerConfig.from_env(bad).checkpoint_tokens == 0

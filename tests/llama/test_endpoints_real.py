@@ -138,7 +138,7 @@ def test_endpoint_saved_hit_and_restored_after_restart(
         # The learned prefix's file, saved after session 2 (a plain answer may reach the
         # client before the proxy has observed it: wait for the save to be queued).
         wait_log(config.log_path, "queued (background)", 1)
-        assert proxy.warmer.flush(60)
+        assert proxy.flush(60)
         llama_server.restart()
         fourth = post(url, path, make("Rename the module."))
         status = httpx.get(url + STATUS_PATH).json()
@@ -170,7 +170,7 @@ def test_raw_completion_with_a_token_list(
         post(url, "/completion", {"prompt": [*stable, 5, 6, 7], "n_predict": 1})
         post(url, "/completions", {"prompt": [*stable, 9, 9], "n_predict": 1})
         wait_log(config.log_path, "queued (background)", 1)
-        assert proxy.warmer.flush(60)
+        assert proxy.flush(60)
         llama_server.restart()
         last = post(url, "/completion", {"prompt": [*stable, 11], "n_predict": 1})
         status = httpx.get(url + STATUS_PATH).json()
@@ -255,7 +255,7 @@ def test_billing_header_is_removed_unless_kept(
 
 
 def pi_dated(date: str, prompt: str) -> dict[str, Any]:
-    from pion.llama.samples import pi_chat_body
+    from pion_testing.llama_samples import pi_chat_body
 
     body = pi_chat_body(prompt, max_tokens=2)
     system = body["messages"][0]["content"]

@@ -112,3 +112,19 @@ def test_gc_command(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "removed 3 file(s); 1 kept" in result.output
     assert names(tmp_path) == {"pi-prefix-3.bin"}
+
+
+def test_a_checkpoint_entry_names_its_prefix(tmp_path: Path) -> None:
+    """A conversation checkpoint's entry carries its prefix's fingerprint; entries written
+    before the field existed read as a prefix's own file."""
+    entry = IndexEntry(fingerprint="c" * 64, tokens=9, bytes=1, created=0, last_used=0)
+    entry.prefix = "p" * 64
+    (tmp_path / "pi-prefix-c.bin").write_bytes(b"\0")
+    SlotIndex(tmp_path).put("pi-prefix-c.bin", entry)
+    loaded = SlotIndex(tmp_path).load().files["pi-prefix-c.bin"]
+    assert loaded.checkpoint and loaded.prefix == "p" * 64
+    doc = json.loads((tmp_path / "index.json").read_text())
+    del doc["files"]["pi-prefix-c.bin"]["prefix"]
+    (tmp_path / "index.json").write_text(json.dumps(doc))
+    old = SlotIndex(tmp_path).load().files["pi-prefix-c.bin"]
+    assert not old.checkpoint and old.prefix == ""

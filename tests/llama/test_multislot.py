@@ -12,13 +12,13 @@ import httpx
 import pytest
 from click.testing import CliRunner
 from pion_testing.launcher import LlamaServerProcess
+from pion_testing.llama_samples import pi_chat_body
 
 from pion.llama.cli import llama_group
 from pion.llama.config import WarmerConfig
 from pion.llama.fingerprint import file_name
 from pion.llama.index import SlotIndex
 from pion.llama.proxy import STATUS_PATH, PrefixProxy, running_proxy
-from pion.llama.samples import pi_chat_body
 from support import count, log_lines, wait_log
 
 from .conftest import SERVER_CTX, StartServer
@@ -169,3 +169,61 @@ def test_request_pinning_its_own_slot_is_left_alone(
     assert [o["kind"] for o in st["outcomes"]] == ["skipped"]
     assert "the request pins id_slot itself" in st["outcomes"][0]["summary"]
     assert st["slots"] == {}
+
+
+def responses_body(name: str, session: int) -> dict[str, Any]:
+    """A Codex-shaped /v1/responses request of prefix ``name`` (no Pi marker: the boundary
+    is learned)."""
+    system = str(body(name, 0)["messages"][0]["content"]).split("\nCurrent date")[0]
+    # The variant first: the prefixes of A, B, C share nothing the learner would keep.
+    instructions = f"{VARIANTS[name]}\n{system}"
+    return {
+        "model": "pion-test",
+        "instructions": instructions,
+        "input": f"Session {session}: what next?",
+        "max_output_tokens": 2,
+    }
+
+
+@pytest.fixture
+def np2(start_server: StartServer, tiny_model: Path) -> LlamaServerProcess:
+    return start_server(tiny_model, parallel=2, ctx=2 * SERVER_CTX)
+
+
+def test_responses_and_messages_run_in_their_leased_slot_on_np2(
+    np2: LlamaServerProcess, make_config: MakeConfig, tmp_path: Path
+) -> None:
+    """llama-server b11434 keeps ``id_slot`` in a /v1/responses body (its conversion copies
+    the body) and drops it from /v1/messages: responses are pinned ("selected slot by
+    id" in its log), messages lease every slot and land by prompt similarity."""
+    config = make_config(np2, all_slots=True)
+    proxy = PrefixProxy(config)
+    with running_proxy(proxy) as proxy_url:
+        for session in range(1, 4):
+            for name in "AB":
+                resp = httpx.post(
+                    proxy_url + "/v1/responses", json=responses_body(name, session), timeout=120
+                )
+                assert resp.status_code == 200, resp.text
+        st = status(proxy_url)
+        messages = {
+            "model": "pion-test",
+            "system": responses_body("C", 0)["instructions"],
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 2,
+        }
+        for text in ("hello", "hello again"):
+            messages["messages"] = [{"role": "user", "content": text}]
+            resp = httpx.post(proxy_url + "/v1/messages", json=messages, timeout=120)
+            assert resp.status_code == 200, resp.text
+        assert proxy.flush(60)  # the last observation ends the last lease
+        after = status(proxy_url)
+    kinds = [o["kind"] for o in st["outcomes"]]
+    assert kinds[:2] == ["cold", "cold"] and set(kinds[2:]) == {"hit"}
+    assert st["events"].get("saves_refused", 0) == 0
+    server_log = (tmp_path / "llama-server-0.log").read_text(errors="replace")
+    # Every warm-up and every real /v1/responses request was pinned: 2 warm-ups, 6 runs.
+    assert server_log.count("selected slot by id") >= 8
+    # The second /v1/messages request reused the prefix where llama-server placed it.
+    assert [o["kind"] for o in after["outcomes"][-2:]][-1] == "hit"
+    assert after["leases"]["held"] == {}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
+from pion_testing.llama_samples import pi_chat_body, pi_system_prompt
 
 from pion.llama.config import DEFAULT_MARKERS
 from pion.llama.prefix import PrefixSkip, WarmRequest, split_prefix, warm_request_from_chat
-from pion.llama.samples import pi_chat_body, pi_system_prompt
 
 
 def test_pi_prompt_is_cut_before_project_context() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,18 +14,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pion_testing.launcher import LlamaServerProcess, free_port
+from pion_testing.llama_samples import pi_chat_body
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from pion.llama.config import WarmerConfig
+from pion.llama.endpoints import EndpointKind
+from pion.llama.lease import SlotLeases
 from pion.llama.outcome import Outcome
-from pion.llama.prefix import WarmRequest
+from pion.llama.prompt import MAX_WARM_BODY
 from pion.llama.proxy import STATUS_PATH, PrefixProxy, pin_slot, running_proxy, serve_in_thread
-from pion.llama.samples import pi_chat_body
-from pion.llama.warmer import PrefixWarmer
+from pion.llama.warmer import PrefixWarmer, Ticket
 from support import count, log_lines, wait_log
+from support.fake_llama import fake_llama_server
 
 from .conftest import StartServer
 
@@ -58,7 +61,7 @@ class Recorder:
         self.requests.append((request.method, target, body, dict(request.headers)))
         if request.url.path != "/v1/chat/completions":
             return Response(b'{"error":"not llama-server"}', status_code=404)
-        if json.loads(body).get("stream"):
+        if b'"stream": true' in body or b'"stream":true' in body:
 
             async def chunks() -> AsyncIterator[bytes]:
                 for a, b in itertools.pairwise(SSE_CUTS):
@@ -164,8 +167,12 @@ def test_pin_slot_keeps_the_object(
 class HitWarmer(PrefixWarmer):
     """A unit stand-in: every warmable request is a hit in slot 2 (no llama-server)."""
 
-    def ensure(self, request: WarmRequest, slot: int | None = None) -> Outcome:
-        return Outcome("hit", "f" * 64, 2, 1000)
+    async def claim(
+        self, kind: EndpointKind, body: Mapping[str, Any], harness: str, *, pinnable: bool
+    ) -> Ticket:
+        self.leases = self.leases or SlotLeases((2,))
+        lease = await self.leases.acquire(lambda free: 2, wait=5)
+        return Ticket(Outcome("hit", "f" * 64, 2, 1000), lease, 2 if pinnable else None)
 
 
 @pytest.mark.parametrize("multi", [True, False])
@@ -186,7 +193,8 @@ def test_multi_slot_proxy_pins_the_request_to_its_slot(tmp_path: Path, multi: bo
     assert with_bom.status_code == 200
     (_, _, got, _), (_, _, got_pinned, _), (_, _, got_bom, _) = rec.chat_requests()
     assert got_bom == bom
-    assert got == (pin_slot(sent, 2) if multi else sent)
+    # Pinned with one slot too: every warmed request runs in the slot it leased.
+    assert got == pin_slot(sent, 2)
     assert got_pinned == pinned_by_client  # a client's own id_slot is never touched
 
 
@@ -312,3 +320,40 @@ def test_proxy_concurrent_requests(
     assert count(lines, "warm-up done") == 1
     assert count(lines, "WARM — slot already hot") == 3
     assert count(lines, "observed normal request") == 4
+
+
+def test_hostile_bodies_are_forwarded_as_sent(recorder: tuple[Recorder, str, str, Path]) -> None:
+    """Nesting too deep to parse and a body over the warm limit: forwarded byte for byte,
+    never a 500; the big one streamed (never parsed, rendered or warmed)."""
+    rec, _up, proxy_url, _log = recorder
+    deep = b"[" * 100_000 + b"]" * 100_000
+    big = json.dumps({"messages": [], "pad": "x" * (MAX_WARM_BODY + 10)}).encode()
+    latin = b'{"messages": "caf\xe9"}'
+    for sent in (deep, big, latin):
+        resp = httpx.post(proxy_url + "/v1/chat/completions", content=sent, timeout=60)
+        assert resp.status_code == 200 and resp.content == JSON_BYTES
+        assert rec.chat_requests()[-1][2] == sent
+    status = httpx.get(proxy_url + STATUS_PATH).json()
+    reasons = [o["detail"] for o in status["outcomes"] if o["kind"] == "skipped"]
+    assert reasons == [
+        "body nests too deep to parse: forwarded as sent",
+        f"body is over {MAX_WARM_BODY} bytes: streamed, not warmed",
+        "body is not JSON",
+    ]
+    assert status["errors"] == {}
+
+
+def test_wedged_upstream_gets_504_in_llama_servers_shape(tmp_path: Path) -> None:
+    slot_dir = tmp_path / "slots"
+    slot_dir.mkdir()
+    with fake_llama_server(slot_dir) as fake:
+        fake.delay("slots", 3.0)
+        config = WarmerConfig(base_url=fake.url, log_path=tmp_path / "pc.log", upstream_timeout=0.2)
+        with running_proxy(PrefixProxy(config)) as url:
+            resp = httpx.get(url + "/slots", timeout=30)
+            status = httpx.get(url + STATUS_PATH, timeout=30).json()
+    assert resp.status_code == 504
+    assert resp.json()["error"]["code"] == 504
+    assert resp.json()["error"]["type"] == "unavailable_error"
+    assert status["upstream_errors"]["timeouts"] == 1
+    assert status["upstream_errors"]["last"]["code"] == 504

@@ -11,11 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
+from pion_testing.llama_samples import pi_chat_body
 
 from pion.llama.client import LlamaClient
 from pion.llama.config import WarmerConfig
 from pion.llama.proxy import STATUS_PATH, PrefixProxy, running_proxy
-from pion.llama.samples import pi_chat_body
 from support import chat, count, wait_log
 
 from .conftest import REAL_MODEL_BATCH_THREADS, StartServer

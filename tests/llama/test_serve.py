@@ -16,9 +16,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pion_testing.llama_samples import pi_chat_body
 
 from pion.llama.proxy import STATUS_PATH
-from pion.llama.samples import pi_chat_body
 from pion.llama.serve import (
     LlamaServerNotFoundError,
     ServeOptions,

@@ -17,6 +17,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 from pion_testing.launcher import LlamaServerProcess
+from pion_testing.llama_samples import pi_chat_body
 
 from pion.client.cli import stats_command
 from pion.llama.config import WarmerConfig
@@ -24,7 +25,6 @@ from pion.llama.fingerprint import file_name
 from pion.llama.index import SlotIndex
 from pion.llama.manifest import Manifest, chunk_key, manifest_key
 from pion.llama.proxy import STATUS_PATH, PrefixProxy, running_proxy
-from pion.llama.samples import pi_chat_body
 from pion.llama.store import receipt_namespace
 from support import count, log_lines
 
@@ -113,7 +113,7 @@ def build_on_a(a: Machine) -> tuple[dict[str, Any], float]:
     with running_proxy(proxy) as url:
         post(url, body(1))
         outcome = last_outcome(url)
-        assert proxy.warmer.flush()
+        assert proxy.flush()
     assert outcome["kind"] == "cold" and outcome["saved"]
     assert count(a.lines(), f"STORE PUSHED {file_name(outcome['fingerprint'])}") == 1
     entry = SlotIndex(a.slot_dir).get(file_name(outcome["fingerprint"]))
@@ -133,7 +133,7 @@ def test_built_on_a_restored_on_b_and_counted_in_the_receipt(
         restored = last_outcome(url)
         second = post(url, body(3))["timings"]
         hit = last_outcome(url)
-        assert proxy_b.warmer.flush()
+        assert proxy_b.flush()
     assert restored["kind"] == "restored" and restored["fingerprint"] == fp
     assert first["cache_n"] >= 0.9 * tokens  # B reused A's prefix: no cold prefill
     assert hit["kind"] == "hit" and second["cache_n"] >= 0.9 * tokens
@@ -186,7 +186,7 @@ def test_damaged_stored_file_is_refused_on_b(
     with running_proxy(proxy_b) as url:
         answer = post(url, body(2))
         outcome = last_outcome(url)
-        assert proxy_b.warmer.flush()
+        assert proxy_b.flush()
     assert answer["choices"] and outcome["kind"] == "cold" and outcome["saved"]
     # llama-server B never saw the damaged file: it is the same process, and healthy.
     assert b.server.proc is not None and b.server.proc.poll() is None and b.server.pid == pid
@@ -214,7 +214,7 @@ def test_store_stopped_b_goes_cold_and_the_request_succeeds(
         elapsed = time.monotonic() - t
         outcome = last_outcome(url)
         second = post(url, body(3))
-        assert proxy_b.warmer.flush()
+        assert proxy_b.flush()
         st = httpx.get(url + STATUS_PATH, timeout=30).json()
     assert answer["choices"] and outcome["kind"] == "cold" and outcome["saved"]
     assert second["timings"]["cache_n"] > 0

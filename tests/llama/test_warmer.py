@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 from pion_testing.launcher import LlamaServerProcess, free_port
+from pion_testing.llama_samples import pi_chat_body, pi_tools
 
 from pion.llama.config import WarmerConfig
 from pion.llama.fingerprint import file_name
 from pion.llama.index import SlotIndex
 from pion.llama.outcome import Outcome
 from pion.llama.prefix import WarmRequest, warm_request_from_chat
-from pion.llama.samples import pi_chat_body, pi_tools
-from pion.llama.warmer import PrefixWarmer
 from support import chat, count, log_lines
 
+from .blocking import BlockingWarmer
 from .conftest import StartServer
 
 pytestmark = pytest.mark.llama
@@ -42,7 +42,7 @@ def replace_slot_file(slot_dir: Path, source: str, target: str) -> None:
         index.files[target].bytes = (slot_dir / target).stat().st_size
 
 
-def session(warmer: PrefixWarmer, url: str, body: dict[str, object]) -> Outcome:
+def session(warmer: BlockingWarmer, url: str, body: dict[str, object]) -> Outcome:
     """One harness session start: ensure the prefix, send the real request, observe it."""
     outcome = warmer.ensure(warm_request(body, warmer.config))
     _, timings = chat(url, body)
@@ -55,7 +55,7 @@ def test_first_request_cold_saves_and_real_request_reuses(
 ) -> None:
     config = make_config(llama_server)
     body = pi_chat_body(max_tokens=2)
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         outcome = warmer.ensure(warm_request(body, config))
         assert outcome.kind == "cold" and outcome.saved
         name = file_name(outcome.fingerprint)
@@ -82,7 +82,7 @@ def test_second_request_is_in_process_hit_without_warm_up(
 ) -> None:
     config = make_config(llama_server, persist=False)
     body = pi_chat_body(max_tokens=2)
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         first = session(warmer, llama_server.url, body)
         second_body = pi_chat_body("And now the tests, please.", max_tokens=2)
         second = warmer.ensure(warm_request(second_body, config))
@@ -102,10 +102,10 @@ def test_restart_restores_verifies_and_reuses(
 ) -> None:
     config = make_config(llama_server, verify=verify)
     body = pi_chat_body(max_tokens=2)
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         cold = session(warmer, llama_server.url, body)
     llama_server.restart()
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         outcome = warmer.ensure(warm_request(body, config))
         assert outcome.kind == "restored"
         assert outcome.pending_verify == (verify == "fast")
@@ -140,11 +140,11 @@ def test_slot_file_unknown_to_index_is_not_restored(
 ) -> None:
     config = make_config(llama_server)
     body = pi_chat_body(max_tokens=2)
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         cold = session(warmer, llama_server.url, body)
     (slot_dir / "index.json").unlink()  # a missing index is an empty one
     llama_server.restart()
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         outcome = session(warmer, llama_server.url, body)
     assert outcome.kind == "cold" and outcome.saved
     assert SlotIndex(slot_dir).get(file_name(cold.fingerprint)) is not None
@@ -157,11 +157,11 @@ def test_missing_slot_file_falls_back_to_cold(
 ) -> None:
     config = make_config(llama_server)
     body = pi_chat_body(max_tokens=2)
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         cold = session(warmer, llama_server.url, body)
     (slot_dir / file_name(cold.fingerprint)).unlink()
     llama_server.restart()
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         outcome = session(warmer, llama_server.url, body)
     assert outcome.kind == "cold" and outcome.saved
     assert (slot_dir / file_name(cold.fingerprint)).is_file()
@@ -175,12 +175,12 @@ def test_truncated_slot_file_falls_back_to_cold(
 ) -> None:
     config = make_config(llama_server, verify=verify)
     body = pi_chat_body(max_tokens=2)
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         cold = session(warmer, llama_server.url, body)
     path = slot_dir / file_name(cold.fingerprint)
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     llama_server.restart()
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         outcome = session(warmer, llama_server.url, body)
     assert outcome.kind == "cold" and outcome.saved
     assert (
@@ -190,7 +190,7 @@ def test_truncated_slot_file_falls_back_to_cold(
     assert count(lines, "truncated or replaced, deleted) → cold build") == 1
     # The rebuilt file is whole again: a restart now restores it.
     llama_server.restart()
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         assert session(warmer, llama_server.url, body).kind == "restored"
 
 
@@ -202,13 +202,13 @@ def test_foreign_slot_file_of_same_model_is_rejected(
     config = make_config(llama_server, verify=verify)
     ours = pi_chat_body(max_tokens=2)
     theirs = pi_chat_body(max_tokens=2, variant="Another harness setup entirely.")
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         a = session(warmer, llama_server.url, ours)
         b = session(warmer, llama_server.url, theirs)
     assert a.fingerprint != b.fingerprint
     replace_slot_file(slot_dir, file_name(b.fingerprint), file_name(a.fingerprint))
     llama_server.restart()
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         outcome = warmer.ensure(warm_request(ours, config))
         _, timings = chat(llama_server.url, ours)
         warmer.observe(outcome, timings)
@@ -236,16 +236,16 @@ def test_slot_file_of_another_model_falls_back_to_cold(
 ) -> None:
     body = pi_chat_body(max_tokens=2)
     other = start_server(other_model)
-    with PrefixWarmer(make_config(other)) as warmer:
+    with BlockingWarmer(make_config(other)) as warmer:
         foreign = session(warmer, other.url, body)
     other.stop()
     server = start_server(tiny_model)
     config = make_config(server)
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         fp = warmer.ensure(warm_request(body, config)).fingerprint
     server.restart()
     replace_slot_file(slot_dir, file_name(foreign.fingerprint), file_name(fp))
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         outcome = session(warmer, server.url, body)
     assert outcome.kind == "cold" and outcome.saved
     lines = log_lines(config.log_path)
@@ -260,7 +260,7 @@ def test_changed_model_file_or_tools_give_new_fingerprint(
     server = start_server(model)
     config = make_config(server)
     body = pi_chat_body(max_tokens=2)
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         first = session(warmer, server.url, body)
         fewer_tools = pi_chat_body(max_tokens=2, tools=pi_tools()[:2])
         tools_changed = session(warmer, server.url, fewer_tools)
@@ -279,14 +279,14 @@ def test_changed_model_file_or_tools_give_new_fingerprint(
     assert len({first.fingerprint, tools_changed.fingerprint, model_changed.fingerprint}) == 3
     assert tools_changed.kind == "cold" and model_changed.kind == "cold"
     server.restart()
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         assert warmer.ensure(warm_request(body, config)).fingerprint == model_changed.fingerprint
 
 
 def test_server_down_fails_open(make_config: MakeConfig, tmp_path: Path) -> None:
     dead = LlamaServerProcess(Path("/nonexistent"), tmp_path / "m.gguf", port=free_port())
     config = make_config(dead)
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         outcome = warmer.ensure(warm_request(pi_chat_body(), config))
         warmer.observe(outcome, None)
     assert outcome.kind == "disabled"
@@ -303,7 +303,7 @@ def test_server_erroring_during_warm_up_fails_open(
     server = start_server(tiny_model, extra_args=["--api-key", "secret"])
     config = make_config(server)
     body = pi_chat_body(max_tokens=2)
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         outcome = warmer.ensure(warm_request(body, config))
         _, timings = chat(server.url, body, Authorization="Bearer secret")
         warmer.observe(outcome, timings)
@@ -311,7 +311,7 @@ def test_server_erroring_during_warm_up_fails_open(
     lines = log_lines(config.log_path)
     assert count(lines, "disabled this session (fail-open): HTTP 401") == 1
     assert count(lines, "observed normal request") == 1
-    with PrefixWarmer(make_config(server, api_key="secret")) as warmer:
+    with BlockingWarmer(make_config(server, api_key="secret")) as warmer:
         assert warmer.ensure(warm_request(body, config)).kind == "cold"
 
 
@@ -320,7 +320,7 @@ def test_save_failure_is_logged_and_request_proceeds(
 ) -> None:
     server = start_server(tiny_model, slot_dir=None)  # no --slot-save-path
     config = make_config(server)
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         outcome = session(warmer, server.url, pi_chat_body(max_tokens=2))
     assert outcome.kind == "cold" and not outcome.saved
     lines = log_lines(config.log_path)
@@ -333,7 +333,7 @@ def test_concurrent_ensures_warm_once(
     config = make_config(llama_server)
     body = pi_chat_body(max_tokens=2)
     outcomes: list[Outcome] = []
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         request = warm_request(body, config)
         threads = [
             threading.Thread(target=lambda: outcomes.append(warmer.ensure(request)))
@@ -352,7 +352,7 @@ def test_restarted_server_is_noticed_in_process(
 ) -> None:
     config = make_config(llama_server)
     body = pi_chat_body(max_tokens=2)
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         session(warmer, llama_server.url, body)
         llama_server.restart()
         outcome = session(warmer, llama_server.url, body)
@@ -361,39 +361,43 @@ def test_restarted_server_is_noticed_in_process(
     assert count(lines, "no longer holds the prefix") == 1
 
 
-@pytest.mark.parametrize("verify", ["fast", "probe"])
+@pytest.mark.parametrize(
+    ("kind", "verify"), [("recurrent", "fast"), ("recurrent", "probe"), ("hybrid", "fast")]
+)
 def test_recurrent_model_disables_restore_once(
     start_server: StartServer,
-    mamba_model: Path,
+    request: pytest.FixtureRequest,
     make_config: MakeConfig,
     slot_dir: Path,
+    *,
+    kind: str,
     verify: str,
 ) -> None:
-    """Mamba on this build: restores lose the checkpoint chain, so the gate fails."""
-    server = start_server(mamba_model)
+    """Mamba (recurrent) and LFM2 (hybrid) on this build: restores lose the state. Known
+    from the model's GGUF header before anything is saved: said once, never saved or
+    restored, warmed cold in process."""
+    model: Path = request.getfixturevalue("mamba_model" if kind == "recurrent" else "hybrid_model")
+    server = start_server(model)
     config = make_config(server, verify=verify)
     body = pi_chat_body(max_tokens=2)
-    with PrefixWarmer(config) as warmer:
-        assert session(warmer, server.url, body).kind == "cold"
-    server.restart()
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         first = session(warmer, server.url, body)
-        if verify == "fast":
-            # The real request ran cold; the next session runs the round-trip check.
-            assert first.kind == "restored"
-            first = session(warmer, server.url, body)
+        assert first.kind == "cold" and not first.saved
+        assert warmer.status()["model_kinds"] == {next(iter(warmer.ctx.model_kinds)): kind}
+    server.restart()
+    with BlockingWarmer(config) as warmer:
+        first = session(warmer, server.url, body)
         assert first.kind == "cold" and not first.saved
     index = SlotIndex(slot_dir).load()
-    assert len(index.no_restore) == 1
+    assert len(index.no_restore) == 1 and not index.files
     lines = log_lines(config.log_path)
-    assert count(lines, "HYBRID: a fresh restore fails the identical-prompt gate") == 1
+    assert count(lines, f"no save or restore for this model kind: {kind} model") == 1
     assert count(lines, "--ctx-checkpoints") == 1
-    # The fast path says so when llama-server accepted a restore that saved nothing.
-    accepted = "RESTORE accepted by llama-server (n_restored="
-    assert count(lines, accepted) == (1 if verify == "fast" else 0)
+    assert count(lines, "RESTORE accepted by llama-server (n_restored=") == 0
     server.restart()
-    with PrefixWarmer(config) as warmer:
+    with BlockingWarmer(config) as warmer:
         later = session(warmer, server.url, body)
     assert later.kind == "cold" and not later.saved  # no more files that cannot be used
     lines = log_lines(config.log_path)
-    assert count(lines, "restore disabled for this server build/model") == 1
+    assert count(lines, "no save or restore for this model kind") == 1
+    assert count(lines, "restore disabled for this server build/model") == 3  # once a run

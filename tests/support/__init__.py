@@ -14,7 +14,8 @@ client and a redis-server oracle), ``support.transport`` (a fake asyncio transpo
   wrapper of a ``pion-server`` process: its ports, log, RSS and workers; the
   ``spawn_server`` fixture makes them too), :func:`wait_until`, :func:`encode_command`,
   :func:`read_reply_line`, :func:`store_fetchable`.
-- `pion llama`: chat requests and ``[prefix-cache]`` log reading.
+- `pion llama`: chat requests and ``[prefix-cache]`` log reading; the fake llama-server
+  (``support.fake_llama``) and the proxy in front of it (``support.fake_llama_proxy``).
 - Network: :func:`non_loopback_address` (to connect from a peer that is not loopback).
 """
 

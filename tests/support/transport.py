@@ -84,18 +84,19 @@ def connect(
     transport: FakeTransport | None = None,
     *,
     offload: Any = None,
+    table: Any = None,
     **config: Any,
 ) -> tuple[Connection, FakeTransport]:
     """A connection of a server built from ``ServerConfig(**config)`` (no data directory,
     no log), made on ``transport``. ``offload``: the worker pool for deferred commands
-    (None: they run inline)."""
+    (None: they run inline); ``table``: a command table of the test's own."""
     state = build_state(ServerConfig(port=0, wal_enabled=False, dir=tmp_path, **config))
     # Pure protocol tests: no data directory behind this state.
     assert state.persistence is not None
     state.persistence.close()
     state.persistence = None
     state.loading = False
-    server = PionServer(state)
+    server = PionServer(state) if table is None else PionServer(state, table)
     server.offload.close()
     conn = Connection(
         state,

@@ -7,26 +7,38 @@ The pi-prefix-cache behaviour in Python (docs/llama.md). Reading order:
 - :mod:`~pion.llama.prefix`      the stable prefix of a chat request (boundary markers)
 - :mod:`~pion.llama.endpoints`   generation endpoints; Messages/Responses → chat, as llama-server
 - :mod:`~pion.llama.learn`       the boundary learned from what a harness's requests share
+- :mod:`~pion.llama.divergence`  where a request left the learned prefix, and why
+- :mod:`~pion.llama.watch`       each harness's last divergences, for the log and status
 - :mod:`~pion.llama.prompt`      the warmable prefix of a request to any endpoint
 - :mod:`~pion.llama.fingerprint` SHA-256 fingerprint, slot file names, model identity
 - :mod:`~pion.llama.client`      httpx client for llama-server's HTTP API
 - :mod:`~pion.llama.timings`     ``timings`` from JSON or SSE responses (sans-IO)
 - :mod:`~pion.llama.index`       ``index.json`` and slot-file cleanup
 - :mod:`~pion.llama.serverinfo`  what /props says; the (build, model) key
+- :mod:`~pion.llama.modelkind`   sliding-window, recurrent and hybrid models (GGUF header)
 - :mod:`~pion.llama.slotfile`    the cache layout a slot file was written with
 - :mod:`~pion.llama.compat`      will a file load into the running server (before restore)
 - :mod:`~pion.llama.slots`       one prefix per slot: LRU routing
 - :mod:`~pion.llama.manifest`    the shared store's key layout and manifest
 - :mod:`~pion.llama.store`       the store: chunked push, verified pull, the receipt
 - :mod:`~pion.llama.background`  store work no request waits for
+- :mod:`~pion.llama.eventlog`    the ``[prefix-cache]`` log file
+- :mod:`~pion.llama.outcome`     what one warm did, in pi-prefix-cache's words
 - :mod:`~pion.llama.context`     state the warmer's steps share
+- :mod:`~pion.llama.lease`       a request owns its slot until its answer is done
 - :mod:`~pion.llama.restore`     restore from disk or store, then verify
 - :mod:`~pion.llama.coldbuild`   cold warm-up, save, push; saving an evicted prefix
-- :mod:`~pion.llama.warmer`      the state machine: route / hit / restore / cold
+- :mod:`~pion.llama.checkpoint`  a conversation saved after its answer, rate-limited
+- :mod:`~pion.llama.steps`       the state machine in a slot: hit / restore / cold, answers
+- :mod:`~pion.llama.warmer`      routing, leases, the public API
 - :mod:`~pion.llama.status`      ``/pion/status`` data
 - :mod:`~pion.llama.storelist`   ``pion llama status --store``: what a store holds
+- :mod:`~pion.llama.httpserver`  uvicorn, with limits on slow and idle clients
 - :mod:`~pion.llama.proxy`       the OpenAI-compatible reverse proxy
 - :mod:`~pion.llama.cli`         ``pion llama proxy|warm|status|gc``
+- :mod:`~pion.llama.serve`       ``pion llama serve``: llama-server and the proxy as one command
+- :mod:`~pion.llama.serve_cli`   its command-line face
+- :mod:`~pion.llama.agents`      the configuration that points each harness at the proxy
 - :mod:`~pion.llama.paths`       the cache root and the default log file
 
 A real llama-server and tiny GGUF models for tests and benchmarks are development
@@ -34,10 +46,11 @@ scaffolding, in ``scripts/pion_testing`` (not installed).
 
 A harness that is not Pi uses the warmer directly::
 
-    warmer = PrefixWarmer(WarmerConfig(base_url="http://127.0.0.1:8080"))
-    outcome = warmer.ensure(WarmRequest(prefix=system_prompt, render={"tools": tools}))
+    warmer = PrefixWarmer(WarmerConfig(base_url="http://127.0.0.1:8080"))  # in a coroutine
+    outcome = await warmer.ensure(WarmRequest(prefix=system_prompt, render={"tools": tools}))
     ...  # send the real request, then optionally:
-    warmer.observe(outcome, Timings.from_json(response_json))
+    await warmer.observe(outcome, Timings.from_json(response_json))
+    await warmer.aclose()
 
 This package never imports ``pion.server``: the store is reached over RESP like any client.
 """

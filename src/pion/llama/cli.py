@@ -16,6 +16,7 @@ standalone.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -31,6 +32,7 @@ from rich.table import Table
 from pion.llama.client import LlamaClient, LlamaServerError
 from pion.llama.config import WarmerConfig
 from pion.llama.index import SlotIndex
+from pion.llama.outcome import Outcome
 from pion.llama.prefix import WarmRequest, split_prefix
 from pion.llama.proxy import STATUS_PATH, serve
 from pion.llama.serve_cli import serve_command
@@ -96,6 +98,30 @@ def _warmer_options(func: F) -> F:
         click.option(
             "--store-ttl", type=int, help="seconds slot files live in the store [..._STORE_TTL]"
         ),
+        click.option(
+            "--divergence-excerpts/--no-divergence-excerpts",
+            default=None,
+            help="show excerpts of the prompt where a request left the learned prefix "
+            "(default: on) [..._DIVERGENCE_EXCERPTS]",
+        ),
+        click.option(
+            "--lease-wait",
+            type=click.FloatRange(min=0),
+            help="seconds a request waits for a slot another request holds, then it is "
+            "forwarded unwarmed [..._LEASE_WAIT]",
+        ),
+        click.option(
+            "--checkpoint-tokens",
+            type=click.IntRange(min=0),
+            help="save a checkpoint of a conversation once it grew by this many tokens "
+            "(0: none; default 1024) [..._CHECKPOINT_TOKENS]",
+        ),
+        click.option(
+            "--upstream-timeout",
+            type=click.FloatRange(min=0, min_open=True),
+            help="seconds without a byte from llama-server before a request gets 504 "
+            "[..._UPSTREAM_TIMEOUT]",
+        ),
     ]
     for option in reversed(options):
         func = option(func)
@@ -132,6 +158,10 @@ def _config(**flags: Any) -> WarmerConfig:
         harness=flags.get("harness"),
         api_key=flags.get("api_key"),
         keep_billing_header=flags.get("keep_billing_header"),
+        lease_wait=flags.get("lease_wait"),
+        upstream_timeout=flags.get("upstream_timeout"),
+        divergence_excerpts=flags.get("divergence_excerpts"),
+        checkpoint_tokens=flags.get("checkpoint_tokens"),
     )
 
 
@@ -179,13 +209,18 @@ def warm(
     if chat_template_kwargs:
         render["chat_template_kwargs"] = json.loads(chat_template_kwargs)
     request = WarmRequest(prefix=prefix, role=role, render=render, model=model)
-    warmer = PrefixWarmer(config)
-    try:
-        outcome = warmer.ensure(request)
-        # A boot script exits right after: let the push to the store finish first.
-        warmer.flush(timeout=config.store_deadline)
-    finally:
-        warmer.close()
+
+    async def run() -> Outcome:
+        warmer = PrefixWarmer(config)
+        try:
+            outcome = await warmer.ensure(request)
+            # A boot script exits right after: let the push to the store finish first.
+            await warmer.flush(timeout=config.store_deadline)
+        finally:
+            await warmer.aclose()
+        return outcome
+
+    outcome = asyncio.run(run())
     click.echo(f"{outcome.summary()}  fingerprint={outcome.fingerprint[:16]}")
     if outcome.kind == "disabled":
         sys.exit(1)
@@ -291,6 +326,22 @@ def _print_status(data: dict[str, Any]) -> None:
         console.print(f"[red]proxy: {data['proxy_error']}[/red]")
 
 
+def _print_divergence(console: Console, divergence: dict[str, Any]) -> None:
+    """Where each harness's last request left its learned prefix, and the causes."""
+    if not divergence.get("counts"):
+        return
+    console.print(f"requests that left the learned prefix, by cause: {divergence['counts']}")
+    for harness, entry in divergence.get("harnesses", {}).items():
+        last = (entry.get("recent") or [None])[-1]
+        if not last:
+            continue
+        text = f"  {harness}: token {last['token']} of {last['learned_tokens']}, {last['cause']}"
+        if last.get("learned") is not None or last.get("sent") is not None:
+            shared, learned, sent = last.get("shared") or "", last.get("learned"), last.get("sent")
+            text += f": {shared}{learned!r} → {sent!r}"
+        console.print(text, markup=False)
+
+
 def _print_proxy(console: Console, proxy: dict[str, Any]) -> None:
     console.print(
         f"proxy: counts {proxy.get('counts')}, events {proxy.get('events')}, "
@@ -298,6 +349,24 @@ def _print_proxy(console: Console, proxy: dict[str, Any]) -> None:
     )
     if proxy.get("failures"):
         console.print(f"[yellow]failures swallowed (fail-open): {proxy['failures']}[/yellow]")
+    if proxy.get("errors"):
+        console.print(f"[red]unexpected errors (fail-open, see the log): {proxy['errors']}[/red]")
+    upstream = proxy.get("upstream_errors") or {}
+    if upstream.get("timeouts") or upstream.get("unreachable"):
+        last = upstream.get("last") or {}
+        console.print(
+            f"[red]upstream: {upstream.get('timeouts', 0)} timeout(s) (504), "
+            f"{upstream.get('unreachable', 0)} unreachable (502); last: "
+            f"{last.get('detail', '?')}[/red]"
+        )
+    _print_divergence(console, proxy.get("divergence") or {})
+    leases = proxy.get("leases")
+    if leases:
+        held = ", ".join(f"slot {k} ({v['held_s']:.1f} s)" for k, v in leases["held"].items())
+        console.print(
+            f"leases: {held or 'none held'}; {leases['waiting']} waiting, "
+            f"{leases['timeouts']} timed out"
+        )
     table = Table(title="which prefix is in which slot (proxy)")
     for col in ("slot", "fingerprint", "prefix", "tokens", "from", "on disk", "last used"):
         table.add_column(col, overflow="fold")

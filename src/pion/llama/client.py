@@ -1,4 +1,5 @@
-"""A synchronous httpx client for llama.cpp's llama-server (build b11434).
+"""httpx clients for llama.cpp's llama-server (build b11434): synchronous (CLI, tools) and
+asynchronous (the warmer and proxy, :class:`AsyncLlamaClient`).
 
 Owns one method per endpoint the warmer and CLI use, checked against the server source
 (``tools/server/server.cpp``, ``server-context.cpp``):
@@ -27,7 +28,13 @@ import httpx
 from pion.llama.config import normalize_base_url
 from pion.llama.timings import Timings
 
-__all__ = ["CompletionResult", "LlamaClient", "LlamaServerError"]
+__all__ = [
+    "DEFAULT_UPSTREAM_READ_TIMEOUT",
+    "AsyncLlamaClient",
+    "CompletionResult",
+    "LlamaClient",
+    "LlamaServerError",
+]
 
 
 class LlamaServerError(Exception):
@@ -188,4 +195,119 @@ class LlamaClient:
     def complete(self, body: Mapping[str, Any]) -> CompletionResult:
         """``POST /completion`` with a raw ``prompt`` (non-streamed)."""
         status, data = self._request("POST", "/completion", json=dict(body))
+        return CompletionResult(status, data if isinstance(data, dict) else {})
+
+
+# A read that takes longer than this on the proxy's forwarded requests is a wedged
+# llama-server (a generation that stops producing tokens for this long is not working).
+DEFAULT_UPSTREAM_READ_TIMEOUT = 600.0
+
+
+class AsyncLlamaClient:
+    """The asynchronous twin of :class:`LlamaClient`, for the warmer on the proxy's event
+    loop. It owns the one ``httpx.AsyncClient`` of its upstream, which the proxy also
+    forwards requests through (:attr:`http`): no default headers (the proxy forwards only
+    what its client sent), the API key added per warmer request."""
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float = 600.0,
+        api_key: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = normalize_base_url(base_url)
+        self.timeout = timeout
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout, connect=min(5.0, timeout)),
+            transport=transport,
+            # Many concurrent sessions: the pool must never be what a request waits on.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+        self.http.headers.clear()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> tuple[int, Any]:
+        try:
+            kwargs: dict[str, Any] = {"json": json, "params": params, "headers": self._auth}
+            if timeout is not None:
+                kwargs["timeout"] = timeout
+            resp = await self.http.request(method, self.base_url + path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise LlamaServerError(f"{type(exc).__name__}: {exc}") from exc
+        if resp.status_code >= 400:
+            raise LlamaServerError(_error_message(resp), resp.status_code)
+        try:
+            return resp.status_code, resp.json()
+        except ValueError as exc:
+            raise LlamaServerError(f"not JSON: {resp.text[:200]!r}", resp.status_code) from exc
+
+    async def _json_object(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        _, data = await self._request(method, path, **kwargs)
+        if not isinstance(data, dict):
+            raise LlamaServerError(f"{path}: expected a JSON object, got {type(data).__name__}")
+        return data
+
+    async def props(self) -> dict[str, Any]:
+        return await self._json_object("GET", "/props")
+
+    async def slots(self) -> list[dict[str, Any]]:
+        _, data = await self._request("GET", "/slots")
+        if not isinstance(data, list):
+            raise LlamaServerError("/slots: expected a JSON array")
+        return [s for s in data if isinstance(s, dict)]
+
+    async def slot(self, slot_id: int) -> dict[str, Any] | None:
+        return next((s for s in await self.slots() if s.get("id") == slot_id), None)
+
+    async def _slot_action(self, slot_id: int, action: str, filename: str | None) -> dict[str, Any]:
+        body = {"filename": filename} if filename is not None else {}
+        return await self._json_object(
+            "POST", f"/slots/{slot_id}", params={"action": action}, json=body
+        )
+
+    async def slot_save(self, slot_id: int, filename: str) -> dict[str, Any]:
+        return await self._slot_action(slot_id, "save", filename)
+
+    async def slot_restore(self, slot_id: int, filename: str) -> dict[str, Any]:
+        return await self._slot_action(slot_id, "restore", filename)
+
+    async def slot_erase(self, slot_id: int) -> dict[str, Any]:
+        return await self._slot_action(slot_id, "erase", None)
+
+    async def tokenize(self, content: str, add_special: bool = False) -> list[int]:
+        data = await self._json_object(
+            "POST",
+            "/tokenize",
+            json={"content": content, "add_special": add_special, "parse_special": True},
+        )
+        tokens = data.get("tokens")
+        if not isinstance(tokens, list):
+            raise LlamaServerError("/tokenize: no tokens")
+        return [t if isinstance(t, int) else int(t["id"]) for t in tokens]
+
+    async def apply_template(self, body: Mapping[str, Any]) -> str:
+        data = await self._json_object("POST", "/apply-template", json=dict(body))
+        prompt = data.get("prompt")
+        if not isinstance(prompt, str):
+            raise LlamaServerError("/apply-template: no prompt")
+        return prompt
+
+    async def chat(self, body: Mapping[str, Any]) -> CompletionResult:
+        status, data = await self._request("POST", "/v1/chat/completions", json=dict(body))
+        return CompletionResult(status, data if isinstance(data, dict) else {})
+
+    async def complete(self, body: Mapping[str, Any]) -> CompletionResult:
+        status, data = await self._request("POST", "/completion", json=dict(body))
         return CompletionResult(status, data if isinstance(data, dict) else {})

@@ -29,6 +29,10 @@ PI_PREFIX_CACHE_STORE_TLS_CA       CA bundle for a rediss:// store             (
 PI_PREFIX_CACHE_STORE_TIMEOUT      seconds per store operation                 2
 PI_PREFIX_CACHE_STORE_TTL          seconds slot files live in the store        604800
 PI_PREFIX_CACHE_KEEP_BILLING_HEADER  1 = leave Claude Code's billing header in     0
+PI_PREFIX_CACHE_DIVERGENCE_EXCERPTS  0 = no prompt text in divergence reports   1
+PI_PREFIX_CACHE_LEASE_WAIT         seconds a request waits for a slot          30
+PI_PREFIX_CACHE_UPSTREAM_TIMEOUT   seconds without a byte from llama-server    600
+PI_PREFIX_CACHE_CHECKPOINT_TOKENS  new tokens before a conversation checkpoint 1024
 =================================  ==========================================  ===========
 
 The log defaults to ``$PION_CACHE/prefix-cache.log`` (``~/.cache/pion/prefix-cache.log``).
@@ -117,6 +121,21 @@ class WarmerConfig:
     # Claude Code's per-prompt ``x-anthropic-billing-header`` system block is removed from
     # /v1/messages requests unless this is set (docs/llama.md, "Claude Code's billing header").
     keep_billing_header: bool = False
+    # How long a request waits, in order, for a slot another request leases
+    # (docs/llama.md, "One request per slot"); then it is forwarded unwarmed.
+    lease_wait: float = 30.0
+    # A forwarded request whose llama-server sends nothing for this long is answered 504
+    # (a wedged llama-server must not hang the proxy); a long prefill sends nothing for its
+    # whole duration, so this is generous.
+    upstream_timeout: float = 600.0
+    # Excerpts of prompt text where a request left its harness's learned prefix, in the
+    # status and the log (off: positions and causes only; docs/llama.md, "Why a request
+    # missed").
+    divergence_excerpts: bool = True
+    # Conversation checkpoints (docs/llama.md, "Whole conversations"): after an answer, the
+    # slot is saved as a checkpoint of the conversation when it grew by at least this many
+    # tokens past the longest file of it already saved; 0 turns checkpoints off.
+    checkpoint_tokens: int = 1024
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "base_url", normalize_base_url(self.base_url))
@@ -126,6 +145,10 @@ class WarmerConfig:
             raise ValueError("slot ids must be >= 0")
         if len(set(self.slots)) != len(self.slots):
             raise ValueError("slots must be distinct")
+        if self.lease_wait < 0 or self.upstream_timeout <= 0:
+            raise ValueError("lease wait must be >= 0 and upstream timeout > 0")
+        if self.checkpoint_tokens < 0:
+            raise ValueError("checkpoint tokens must be >= 0 (0: no checkpoints)")
         if self.store_timeout <= 0 or self.store_deadline <= 0 or self.store_ttl < 0:
             raise ValueError("store timeout and deadline must be > 0, ttl >= 0")
 
@@ -195,6 +218,8 @@ class WarmerConfig:
             "persist": (get("PERSIST") or "0").lower() in ("1", "true", "yes", "on"),
             "keep_billing_header": (get("KEEP_BILLING_HEADER") or "0").lower()
             in ("1", "true", "yes", "on"),
+            "divergence_excerpts": (get("DIVERGENCE_EXCERPTS") or "1").lower()
+            not in ("0", "false", "no", "off"),
             "slot_dir": Path(d) if (d := get("SLOT_DIR")) else None,
             "log_path": Path(p) if (p := get("LOG")) else default.log_path,
             "server_id": get("SERVER_ID") or "",
@@ -206,7 +231,12 @@ class WarmerConfig:
             else default.markers,
             "harness": get("HARNESS"),
             "timeout": flt("TIMEOUT", default.timeout),
+            "lease_wait": w if (w := flt("LEASE_WAIT", default.lease_wait)) >= 0 else 0.0,
+            "upstream_timeout": u
+            if (u := flt("UPSTREAM_TIMEOUT", default.upstream_timeout)) > 0
+            else default.upstream_timeout,
             "api_key": get("API_KEY"),
+            "checkpoint_tokens": max(0, num("CHECKPOINT_TOKENS", default.checkpoint_tokens)),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -4,8 +4,10 @@ cold-build steps (:mod:`pion.llama.restore`, :mod:`pion.llama.coldbuild`).
 Owns :class:`WarmerContext` (configuration, the llama-server client, the log, the two tiers
 of slot files, and the mutable state: what each slot holds, which (build, model) pairs are
 suspected of not restoring, what cache layout the running server writes) and
-:class:`SlotState`. Mutations of one slot's state happen under that slot's lock, held by
-the warmer; the shared sets and counters are guarded by :attr:`WarmerContext.guard`.
+:class:`SlotState`. Mutations of one slot's state happen under that slot's lease
+(:mod:`pion.llama.lease`), held by the request that warms it; the shared sets and counters
+are guarded by :attr:`WarmerContext.guard` (a thread lock: file work runs in worker
+threads, never held across an ``await``).
 
 The running server's cache layout (its K/V types and streams, :mod:`pion.llama.slotfile`)
 is not in ``/props``: it is read from a slot file the server wrote, either one the warmer
@@ -16,6 +18,7 @@ one-token prompt in the slot about to be restored into, saved and read back
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pion.llama.background import Background
-from pion.llama.client import LlamaClient, LlamaServerError
+from pion.llama.client import AsyncLlamaClient, LlamaServerError
 from pion.llama.compat import ServerFacts
 from pion.llama.config import WarmerConfig
 from pion.llama.eventlog import EventLog
@@ -33,7 +36,7 @@ from pion.llama.index import SlotIndex
 from pion.llama.prefix import WarmRequest
 from pion.llama.serverinfo import ServerInfo
 from pion.llama.slotfile import SlotLayout, read_layout, read_tokens
-from pion.llama.store import SlotStore
+from pion.llama.store import SlotStore, StoreError
 
 __all__ = ["PROBE_FILE", "Pending", "SlotState", "Target", "WarmerContext"]
 
@@ -85,6 +88,12 @@ class SlotState:
     # Token mode: the prefix's own tokens. A shorter prefix these start with is already
     # in the slot (a learned boundary moved back): a hit, not a rebuild.
     prompt: tuple[int, ...] | None = None
+    # Whether ``prompt`` is the prefix exactly (token mode), or a text-mode warm-up's
+    # rendering (the real requests share it up to the gate ratio, not its empty user turn).
+    prompt_exact: bool = True
+    # The warmer's count of unpinned requests when the slot was last known to hold this
+    # (see PrefixWarmer._trusted): equal, and no other request can have run in the slot.
+    epoch: int = 0
     # A prefix found in the slot with no file of its own yet: saved once a real request
     # has confirmed the slot serves it (in the background, see PrefixWarmer.observe).
     save_later: bool = False
@@ -112,6 +121,7 @@ class SlotState:
         held = self.prompt
         return (
             held is not None
+            and self.prompt_exact
             and tokens is not None
             and 0 < len(tokens) <= len(held)
             and held[: len(tokens)] == tokens
@@ -123,7 +133,7 @@ class WarmerContext:
     """Everything the warmer's steps share."""
 
     config: WarmerConfig
-    client: LlamaClient
+    client: AsyncLlamaClient
     log: EventLog
     index: SlotIndex | None
     store: SlotStore | None
@@ -134,12 +144,16 @@ class WarmerContext:
     # a round trip (hybrid detection).
     suspect: set[str] = field(default_factory=set)
     said_no_restore: set[str] = field(default_factory=set)
+    # The model kind (pion.llama.modelkind) per (build, model), detected once.
+    model_kinds: dict[str, str] = field(default_factory=dict)
     # Fingerprints whose stored copy failed to verify here: a rebuild replaces it.
     refused_store: set[str] = field(default_factory=set)
     layouts: dict[ServerInfo, SlotLayout] = field(default_factory=dict)
     counts: Counter[str] = field(default_factory=Counter)
     # Failures swallowed to stay fail-open, by where they happened.
     failures: Counter[str] = field(default_factory=Counter)
+    # Unexpected exceptions (a bug, not llama-server or the disk failing), by type.
+    errors: Counter[str] = field(default_factory=Counter)
     # The tokens each slot file holds, by (path, size, mtime): read once per file.
     token_cache: dict[tuple[str, int, int], tuple[int, ...] | None] = field(default_factory=dict)
 
@@ -160,12 +174,25 @@ class WarmerContext:
             self.token_cache[key] = tokens
         return tokens
 
+    async def tokens_of(self, path: Path) -> tuple[int, ...] | None:
+        """:meth:`file_tokens` off the event loop (it reads the slot dir)."""
+        return await asyncio.to_thread(self.file_tokens, path)
+
     def failure(self, where: str, exc: BaseException) -> None:
-        """A failure swallowed to stay fail-open: its traceback goes to the ``pion.llama``
-        logger at debug level, and it is counted (``failures`` in ``/pion/status``)."""
-        _logger.debug("%s failed (fail-open): %r", where, exc, exc_info=exc)
+        """A failure swallowed to stay fail-open, counted (``failures`` in
+        ``/pion/status``). An expected one (llama-server down or refusing, the store or
+        the disk failing) is logged at debug level; any other type is a bug: logged as an
+        error with its traceback and counted by type (``errors``)."""
+        expected = isinstance(exc, LlamaServerError | StoreError | OSError)
+        if expected:
+            _logger.debug("%s failed (fail-open): %r", where, exc, exc_info=exc)
+        else:
+            _logger.error("%s failed unexpectedly (fail-open): %r", where, exc, exc_info=exc)
+            self.log(f"ERROR in {where}: {type(exc).__name__}: {exc} (fail-open; see the logger)")
         with self.guard:
             self.failures[where] += 1
+            if not expected:
+                self.errors[type(exc).__name__] += 1
 
     def count(self, name: str, n: int = 1) -> None:
         with self.guard:
@@ -177,7 +204,7 @@ class WarmerContext:
             with self.guard:
                 self.layouts[info] = layout
 
-    def server_layout(self, info: ServerInfo, slot: int, *, probe: bool) -> SlotLayout | None:
+    async def server_layout(self, info: ServerInfo, slot: int, *, probe: bool) -> SlotLayout | None:
         """The running server's cache layout: known, or (``probe``) learned by saving a
         one-token prompt from ``slot``. That erases the slot: call it only right before
         the slot is restored into or rebuilt. None when it cannot be learned."""
@@ -188,12 +215,12 @@ class WarmerContext:
         name = PROBE_FILE.format(slot=slot)
         path = self.index.slot_dir / name
         try:
-            self.client.slot_erase(slot)
-            self.client.complete(
+            await self.client.slot_erase(slot)
+            await self.client.complete(
                 {"prompt": _PROBE_PROMPT, "n_predict": 0, "id_slot": slot, "cache_prompt": True}
             )
-            self.client.slot_save(slot, name)
-            layout = read_layout(path)
+            await self.client.slot_save(slot, name)
+            layout = await asyncio.to_thread(read_layout, path)
         except LlamaServerError as exc:
             self.failure("layout probe", exc)
             self.log(f"cache layout probe failed ({exc.short()}): cache type not compared")
@@ -202,7 +229,7 @@ class WarmerContext:
             with contextlib.suppress(OSError):
                 path.unlink()
             try:
-                self.client.slot_erase(slot)
+                await self.client.slot_erase(slot)
             except Exception as exc:
                 # The slot is about to be restored into or rebuilt anyway.
                 self.failure("layout probe erase", exc)

@@ -24,6 +24,8 @@ import hashlib
 import json
 import os
 import threading
+from array import array
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ __all__ = [
     "file_name",
     "fingerprint",
     "model_file_identity",
+    "tokens_digest",
 ]
 
 FILE_PREFIX = "pi-prefix-"
@@ -139,6 +142,12 @@ def fingerprint(inputs: FingerprintInputs) -> str:
         doc["tokens"] = list(doc["tokens"])
     blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def tokens_digest(tokens: Sequence[int]) -> str:
+    """SHA-256 (hex) of a token sequence: how a stored checkpoint's conversation is
+    compared with a request's without sending the tokens."""
+    return hashlib.sha256(array("q", tokens).tobytes()).hexdigest()
 
 
 def file_name(fp: str) -> str:

@@ -12,7 +12,8 @@ code that deletes slot files. Format (JSON, version 1)::
           "model": "...", "server": "...", "harness": "...",
           "prefill_ms": 812.5, "file_tokens": 8123, "n_ctx": 32768,
           "model_identity": {"id": "...", "size": 123, "sample_sha256": "..."},
-          "layout": {...} | null, "origin": "local" | "store:<host>"
+          "layout": {...} | null, "origin": "local" | "store:<host>",
+          "prefix": "" | "<64 hex>"
         }
       },
       "no_restore": {
@@ -24,7 +25,9 @@ code that deletes slot files. Format (JSON, version 1)::
 slot was saved with a conversation after the prefix, on eviction), ``prefill_ms`` the cold
 prefill time measured when the prefix was built, and ``n_ctx``, ``model_identity`` and
 ``layout`` what :mod:`pion.llama.compat` checks against the running server before a
-restore. Entries written before these fields existed read with them unknown (0, empty).
+restore. ``prefix`` is set on a checkpoint of a conversation (:mod:`pion.llama.checkpoint`):
+the fingerprint of the stable prefix it continues (its own ``fingerprint`` names the file).
+Entries written before these fields existed read with them unknown (0, empty).
 
 Rules (pi-prefix-cache's, docs/llama.md):
 
@@ -79,6 +82,13 @@ class IndexEntry:
     model_identity: dict[str, Any] | None = None
     layout: dict[str, Any] | None = None
     origin: str = "local"
+    # A checkpoint of a conversation (pion.llama.checkpoint): the fingerprint of the
+    # prefix it continues. Empty for a prefix's own file.
+    prefix: str = ""
+
+    @property
+    def checkpoint(self) -> bool:
+        return bool(self.prefix)
 
     def facts(self) -> FileFacts:
         """What :func:`pion.llama.compat.mismatch` compares (an unreadable layout: unknown)."""
@@ -125,6 +135,7 @@ class IndexEntry:
             model_identity=ident,
             layout=layout,
             origin=str(obj.get("origin", "local")),
+            prefix=str(obj.get("prefix", "")),
         )
 
 

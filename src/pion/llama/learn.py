@@ -14,24 +14,59 @@ learner keeps a few *families*, each the token prefix that the requests seen so 
   prompt (warming it costs nothing: the real request then reuses all of it; the next
   session with another prompt shrinks it).
 
-Families are few per key (:data:`MAX_FAMILIES`) and least recently used ones go. Thread-
-safe. Does not own tokenizing (the proxy asks llama-server) or files.
+Memory is bounded whatever clients send (the harness key comes from a header the client
+chooses): families are few per key (:data:`MAX_FAMILIES`), keys are few
+(:data:`MAX_KEYS`, least recently used first out), and all families together hold at most
+``max_bytes`` of tokens (4 bytes each, in ``array("i")``): over it, the oldest families
+of the least recently used keys go first, and a single prompt larger than the whole
+budget is kept only up to a quarter of it (its head is what a prefix is). Thread-safe.
+Does not own tokenizing (the proxy asks llama-server) or files.
 """
 
 from __future__ import annotations
 
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
-__all__ = ["MAX_FAMILIES", "BoundaryLearner", "Learned", "common_prefix"]
+__all__ = [
+    "MAX_BYTES",
+    "MAX_FAMILIES",
+    "MAX_KEYS",
+    "BoundaryLearner",
+    "Learned",
+    "common_prefix",
+]
 
 # Distinct stable prefixes remembered per harness key (a main agent, a title generator,
 # a sub-agent...).
 MAX_FAMILIES = 8
 # Harness keys remembered.
 MAX_KEYS = 64
+# Bytes of learned tokens, all keys together (4 bytes a token: 8M tokens).
+MAX_BYTES = 32 * 1024 * 1024
+_TOKEN_BYTES = 4
+
+# array("i") of token ids (a string: array is generic for type checkers only before 3.12).
+Family: TypeAlias = "array[int]"
+
+
+def _block(seq: Sequence[int], i: int, j: int) -> Sequence[int]:
+    part = seq[i:j]
+    # Only like compares with like: an array slice never equals a list or tuple slice.
+    return part if isinstance(part, list | array) else list(part)
+
+
+def _as_family(tokens: Sequence[int]) -> Family:
+    if isinstance(tokens, array) and tokens.typecode == "i":
+        return array("i", tokens.tobytes())  # a copy without an int object per token
+    try:
+        return array("i", tokens)
+    except OverflowError:  # ids beyond int32 do not occur in real vocabularies
+        return array("q", tokens)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -40,8 +75,15 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     i = 0
     # Compare in blocks first: prompts of 20k tokens share most of their length.
     step = 256
-    while i + step <= n and a[i : i + step] == b[i : i + step]:
-        i += step
+    same_kind = type(a) is type(b) and (
+        not isinstance(a, array) or a.typecode == b.typecode  # type: ignore[attr-defined]
+    )
+    if same_kind:
+        while i + step <= n and a[i : i + step] == b[i : i + step]:
+            i += step
+    else:
+        while i + step <= n and list(_block(a, i, i + step)) == list(_block(b, i, i + step)):
+            i += step
     while i < n and a[i] == b[i]:
         i += 1
     return i
@@ -58,12 +100,23 @@ class Learned:
 
 
 class BoundaryLearner:
-    """Learned stable prefixes, per harness key."""
+    """Learned stable prefixes, per harness key, within a memory budget."""
 
-    def __init__(self, min_tokens: int = 32, min_share: float = 0.5) -> None:
+    def __init__(
+        self,
+        min_tokens: int = 32,
+        min_share: float = 0.5,
+        *,
+        max_keys: int = MAX_KEYS,
+        max_bytes: int = MAX_BYTES,
+    ) -> None:
+        if max_keys < 1 or max_bytes < _TOKEN_BYTES * 4:
+            raise ValueError("max_keys must be >= 1 and max_bytes >= 16")
         self.min_tokens = min_tokens
         self.min_share = min_share
-        self._keys: OrderedDict[str, list[tuple[int, ...]]] = OrderedDict()
+        self.max_keys = max_keys
+        self.max_bytes = max_bytes
+        self._keys: OrderedDict[str, list[Family]] = OrderedDict()
         self._lock = threading.Lock()
 
     def _fits(self, shared: int, family: int) -> bool:
@@ -77,12 +130,9 @@ class BoundaryLearner:
     ) -> Learned:
         """Where ``tokens`` (a request of harness ``key``) stop being stable; updates
         what is learned."""
-        toks = tuple(tokens)
+        toks = _as_family(tokens)
         with self._lock:
-            families = self._keys.setdefault(key, [])
-            self._keys.move_to_end(key)
-            while len(self._keys) > MAX_KEYS:
-                self._keys.popitem(last=False)
+            families = self._families(key)
             best, at = 0, -1
             for i, family in enumerate(families):
                 shared = common_prefix(family, toks)
@@ -91,6 +141,7 @@ class BoundaryLearner:
             if at >= 0:
                 families.pop(at)
                 families.insert(0, toks[:best])
+                self._trim()
                 return Learned(best, "learned")
         # Outside the lock: seeds may read files.
         found = Learned(len(toks), "new")
@@ -100,10 +151,48 @@ class BoundaryLearner:
             if self._fits(shared, len(toks)) and shared > best:
                 best, found = shared, Learned(shared, "seeded")
         with self._lock:
-            families = self._keys.setdefault(key, [])
+            families = self._families(key)
             families.insert(0, toks[: found.tokens])
             del families[MAX_FAMILIES:]
+            self._trim()
         return found
+
+    def _families(self, key: str) -> list[Family]:
+        """``key``'s families, the key now the most recently used (lock held)."""
+        families = self._keys.setdefault(key, [])
+        self._keys.move_to_end(key)
+        while len(self._keys) > self.max_keys:
+            self._keys.popitem(last=False)
+        return families
+
+    def _trim(self) -> None:
+        """Drop families until the budget holds: the least recently used key's oldest
+        first; the one family left cut to a quarter of the budget (lock held)."""
+        total = self.bytes_used_locked()
+        while total > self.max_bytes and self._keys:
+            key, families = next(iter(self._keys.items()))
+            if len(self._keys) == 1 and len(families) == 1:
+                keep = self.max_bytes // (4 * _TOKEN_BYTES)
+                total -= (len(families[0]) - keep) * families[0].itemsize
+                families[0] = families[0][:keep]
+                break
+            total -= len(families[-1]) * families[-1].itemsize
+            families.pop()
+            if not families:
+                del self._keys[key]
+
+    def bytes_used_locked(self) -> int:
+        return sum(len(f) * f.itemsize for fams in self._keys.values() for f in fams)
+
+    def bytes_used(self) -> int:
+        """Bytes of tokens held (status, tests)."""
+        with self._lock:
+            return self.bytes_used_locked()
+
+    def keys(self) -> list[str]:
+        """Harness keys held, least recently used first."""
+        with self._lock:
+            return list(self._keys)
 
     def families(self, key: str) -> list[int]:
         """The token counts of ``key``'s families, most recent first (status, tests)."""

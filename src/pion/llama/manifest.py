@@ -9,6 +9,12 @@ pion-server's, or a plain Redis/Valkey. One slot file takes these string keys::
     <prefix><fingerprint>:<upload>:<i>       chunk i (0-based) of the file, CHUNK_BYTES each
                                              (the last one shorter)
 
+A conversation checkpoint (:mod:`pion.llama.checkpoint`) is a slot file like any (its own
+fingerprint), and is also listed under the prefix it continues, in a hash::
+
+    <prefix>conv:<prefix fingerprint>        field: the checkpoint's fingerprint; value:
+                                             "<tokens> <SHA-256 of those tokens>"
+
 ``<prefix>`` is ``pion:llama:`` by default; ``<fingerprint>`` the 64 hex digits of the
 prefix fingerprint; ``<upload>`` 16 random hex digits chosen by the writer. Because a
 writer stores every chunk before it sets the manifest, and chunk keys are new for every
@@ -50,6 +56,7 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "MAX_SLOT_FILE_BYTES",
     "Manifest",
+    "checkpoints_key",
     "chunk_key",
     "manifest_key",
 ]
@@ -79,6 +86,10 @@ def manifest_key(prefix: str, fingerprint: str) -> str:
 
 def chunk_key(prefix: str, fingerprint: str, upload: str, index: int) -> str:
     return f"{prefix}{fingerprint}:{upload}:{index}"
+
+
+def checkpoints_key(prefix: str, prefix_fp: str) -> str:
+    return f"{prefix}conv:{prefix_fp}"
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ Owns :class:`Outcome` and its one-line summary (pi-prefix-cache's TUI notificati
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 __all__ = ["WARM_KINDS", "Outcome", "OutcomeKind"]
@@ -74,4 +74,5 @@ class Outcome:
         return f"skipped ({self.detail})"
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "summary": self.summary()}
+        # Shallow (every field is a scalar): /pion/status renders 50 of these per request.
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "summary": self.summary()}

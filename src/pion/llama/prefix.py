@@ -59,6 +59,10 @@ class WarmRequest:
     # boundary). It is warmed as a raw ``/completion`` of these tokens; ``prefix`` is then
     # only the text shown in status output and ``render`` is empty (the tokens carry it).
     tokens: tuple[int, ...] | None = None
+    # Token mode: the whole request's tokens (the prefix, then the conversation after it):
+    # what a checkpoint of the conversation is looked up by and checked against
+    # (:mod:`pion.llama.checkpoint`). Not part of the prefix's identity.
+    conversation: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
 
     def label(self) -> str:
         """A human name for the prefix in status output: its first non-empty line, or its

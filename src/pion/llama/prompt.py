@@ -21,10 +21,11 @@ Errors of llama-server (down, refuses the body) propagate as
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from pion.llama.client import LlamaClient, LlamaServerError
+from pion.llama.client import AsyncLlamaClient, LlamaServerError
 from pion.llama.endpoints import EndpointKind, completion_prompt, to_chat
 from pion.llama.learn import BoundaryLearner
 from pion.llama.prefix import PrefixSkip, WarmRequest, warm_request_from_chat
@@ -59,16 +60,17 @@ def _label_text(chat: Mapping[str, Any]) -> str:
     return ""
 
 
-def warm_request_for(
+async def warm_request_for(
     kind: EndpointKind,
     body: Mapping[str, Any],
-    client: LlamaClient,
+    client: AsyncLlamaClient,
     learner: BoundaryLearner,
     *,
     markers: Sequence[str],
     harness: str,
     seeds: Callable[[], Iterable[Sequence[int]]] | None = None,
     log: Callable[[str], None] | None = None,
+    watch: Callable[[str, Sequence[int], str | None, int], None] | None = None,
 ) -> WarmRequest | PrefixSkip:
     """The prefix to warm for ``body`` sent to an endpoint of ``kind``."""
     model = body.get("model")
@@ -77,8 +79,9 @@ def warm_request_for(
         prompt = completion_prompt(body)
         if prompt is None:
             return PrefixSkip("prompt is not one string or token list")
-        tokens = prompt if isinstance(prompt, list) else client.tokenize(prompt, True)
+        tokens = prompt if isinstance(prompt, list) else await client.tokenize(prompt, True)
         label = prompt if isinstance(prompt, str) else ""
+        rendered = prompt if isinstance(prompt, str) else None
     else:
         if kind == "chat":
             found = warm_request_from_chat(body, markers, harness=harness)
@@ -94,7 +97,8 @@ def warm_request_for(
         if not isinstance(messages, list) or not messages:
             return PrefixSkip("no messages")
         try:
-            tokens = client.tokenize(client.apply_template(chat), True)
+            rendered = await client.apply_template(chat)
+            tokens = await client.tokenize(rendered, True)
         except LlamaServerError as exc:
             if exc.status != _INVALID_REQUEST:
                 raise
@@ -102,12 +106,15 @@ def warm_request_for(
             return PrefixSkip(f"llama-server does not render it: {exc.short()}")
         label = _label_text(chat)
     key = f"{harness}|{kind}|{model_id or ''}"
-    learned = learner.boundary(key, tokens, seeds)
+    # Off the loop: seeds read the slot dir.
+    learned = await asyncio.to_thread(learner.boundary, key, tokens, seeds)
     if log is not None:
         log(
             f"boundary {learned.how}: {learned.tokens} of {len(tokens)} tokens "
             f"({kind} request of {harness or 'an unnamed harness'})"
         )
+    if watch is not None:
+        watch(key, tokens, rendered, learned.tokens)
     if learned.tokens < learner.min_tokens:
         return PrefixSkip(f"stable prefix of {learned.tokens} tokens is too short to warm")
     return WarmRequest(
@@ -115,4 +122,5 @@ def warm_request_for(
         model=model_id,
         harness=harness,
         tokens=tuple(tokens[: learned.tokens]),
+        conversation=tuple(tokens),
     )

@@ -1,55 +1,64 @@
 """`pion llama proxy`: an OpenAI-compatible reverse proxy that warms the prefix first.
 
-Owns the HTTP side of `pion llama` (docs/llama.md; a starlette app, run by uvicorn):
+Owns the HTTP side of `pion llama` (docs/llama.md; a starlette app, run by uvicorn,
+:mod:`pion.llama.httpserver`), on one event loop with the warmer:
 
 - ``POST`` to a generation endpoint (:data:`pion.llama.endpoints.ENDPOINTS`: chat
   completions, ``/v1/messages``, ``/v1/responses``, the raw completions): find the stable
-  prefix and run :meth:`PrefixWarmer.ensure_for` in a worker thread (warm-ups of one slot
-  are serialised by the warmer's per-slot lock), then forward the request. A body over
-  :data:`~pion.llama.prompt.MAX_WARM_BODY`, not JSON or not an object is forwarded
-  without warming.
+  prefix, lease a slot and warm it there (:meth:`PrefixWarmer.claim`), forward the
+  request pinned to that slot, relay the answer, and only then end the lease
+  (:meth:`PrefixWarmer.finish`, in a task no answer waits for: the observation and any
+  save run while the slot is still the request's). A body over
+  :data:`~pion.llama.prompt.MAX_WARM_BODY` is streamed to llama-server as it arrives,
+  never buffered whole, never parsed; a body that is not JSON, not an object or nested
+  too deep is forwarded as sent, unwarmed.
 - every other method and path (``/v1/models``, ``/health``, ``/slots``, ``HEAD /``,
   ``/v1/messages/count_tokens``, ...) is forwarded untouched.
-- ``GET /pion/status``: the warmer's state as JSON (``pion llama status --proxy URL``).
+- ``GET /pion/status``: the warmer's state as JSON (``pion llama status --proxy URL``);
+  it never waits on a lease or on llama-server.
 
 Invariants: the request body is forwarded byte for byte (the bytes read, not a re-encoded
 parse), with two exceptions: Claude Code's billing-header block is removed from a
 ``/v1/messages`` body (re-encoded, same values otherwise; ``--keep-billing-header`` keeps
-it), and with several slots (``--slots``) a warmed request is
-pinned to its prefix's slot by inserting ``"id_slot":N,`` right after the body's opening
-brace (:func:`pin_slot`; everything else stays as sent, and a request that names its own
-``id_slot`` is left alone and not warmed); the response body is streamed back chunk by
-chunk as it arrives, unchanged, while a sans-IO scanner reads ``timings`` from it (the
-JSON body or the final SSE event) for the observed-reuse log line, the fast-path
-verification and the receipt. Hop-by-hop headers are not
-forwarded (RFC 9110 section 7.6.1). When the upstream is unreachable the client gets a 502
-in llama-server's error shape; the proxy itself never fails a request because of the
-warmer (fail-open).
+it), and a warmed request is pinned to its slot by inserting ``"id_slot":N,`` right after
+the body's opening brace (:func:`pin_slot`; everything else stays as sent; a request that
+names its own ``id_slot`` is left alone and not warmed). llama-server b11434 drops
+``id_slot`` from ``/v1/messages`` (its Anthropic conversion copies only the fields it
+knows), so such a request is not pinned; with ``--slots`` it leases every slot instead,
+so wherever llama-server places it, it takes no slot another request owns. The response
+body is streamed back chunk by chunk as it arrives, unchanged, while a sans-IO scanner
+reads ``timings`` from it (the JSON body or the final SSE event). Hop-by-hop headers are
+not forwarded (RFC 9110 section 7.6.1). When the upstream is unreachable the client gets
+a 502, when it sends nothing for ``--upstream-timeout`` seconds a 504, both in
+llama-server's error shape; the proxy itself never fails a request because of the warmer
+(fail-open).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-import threading
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+import time
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from typing import Any, TypeVar
 
-import anyio.to_thread
+import anyio
 import httpx
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from pion.llama.config import WarmerConfig
 from pion.llama.endpoints import ENDPOINTS, EndpointKind, strip_billing_header
-from pion.llama.outcome import WARM_KINDS, Outcome
+from pion.llama.httpserver import BODY_IDLE_TIMEOUT, serve_in_thread, uvicorn_options
 from pion.llama.prompt import MAX_WARM_BODY
 from pion.llama.status import redact_url
 from pion.llama.timings import TimingsScanner
-from pion.llama.warmer import PrefixWarmer
+from pion.llama.warmer import PrefixWarmer, Ticket
 
 __all__ = [
     "CHAT_PATHS",
@@ -61,8 +70,15 @@ __all__ = [
     "serve_in_thread",
 ]
 
+T = TypeVar("T")
+
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 STATUS_PATH = "/pion/status"
+
+# The endpoints whose id_slot llama-server b11434 honours (its Anthropic conversion builds
+# a new body from the fields it knows and drops id_slot; the Responses conversion copies
+# the body).
+_PINNABLE: frozenset[EndpointKind] = frozenset({"chat", "responses", "completion"})
 
 # RFC 9110 7.6.1 hop-by-hop fields, plus the ones httpx/uvicorn recompute for the new hop.
 _HOP_BY_HOP = frozenset(
@@ -86,6 +102,96 @@ def _end_to_end(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in raw if k.lower() not in _HOP_BY_HOP]
 
 
+def _error(code: int, message: str) -> JSONResponse:
+    """An answer in llama-server's error shape."""
+    kind = "unavailable_error"
+    return JSONResponse({"error": {"code": code, "message": message, "type": kind}}, code)
+
+
+class _Body:
+    """A request body read up to the warm limit: ``head`` holds what was read; ``rest``,
+    when the body is longer, streams the remainder (never buffered)."""
+
+    def __init__(self, head: bytes, rest: AsyncIterator[bytes] | None) -> None:
+        self.head = head
+        self.rest = rest
+
+    def content(self) -> bytes | AsyncIterator[bytes]:
+        if self.rest is None:
+            return self.head
+        return self._chain(self.head, self.rest)
+
+    @staticmethod
+    async def _chain(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        yield head
+        async for chunk in rest:
+            yield chunk
+
+
+async def _read_body(request: Request) -> _Body:
+    """Read the body until it passes :data:`MAX_WARM_BODY`; a stalled client is cut off
+    (:data:`BODY_IDLE_TIMEOUT`)."""
+    stream = request.stream().__aiter__()
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), BODY_IDLE_TIMEOUT)
+        except StopAsyncIteration:
+            return _Body(b"".join(parts), None)
+        parts.append(chunk)
+        size += len(chunk)
+        if size > MAX_WARM_BODY:
+            return _Body(b"".join(parts), _timed(stream))
+
+
+async def _timed(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    while True:
+        try:
+            yield await asyncio.wait_for(stream.__anext__(), BODY_IDLE_TIMEOUT)
+        except StopAsyncIteration:
+            return
+
+
+class _Relay(StreamingResponse):
+    """A streamed answer whose ticket is finished whatever happens to the response
+    (relayed, client gone, cancelled): the lease is always released."""
+
+    def __init__(self, body: AsyncIterator[bytes], status_code: int, done: _Done) -> None:
+        super().__init__(body, status_code=status_code)
+        self._done = done
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._done.finish(hung_up=True)
+
+
+class _Done:
+    """Finishes one ticket exactly once: the first caller's word counts."""
+
+    def __init__(self, warmer: PrefixWarmer, ticket: Ticket | None) -> None:
+        self.warmer = warmer
+        self.ticket = ticket
+        self.scanner: TimingsScanner | None = None
+        self.failed = False
+
+    def finish(self, *, hung_up: bool = False) -> None:
+        ticket, self.ticket = self.ticket, None
+        if ticket is None:
+            return
+        timings = self.scanner.close() if self.scanner is not None else None
+        # Timings come with the answer's last event: a client that hung up once it had them
+        # (Codex after response.completed, often before the stream's end is read) got its
+        # whole answer, and the slot holds what the answer confirmed.
+        hung_up = hung_up and timings is None
+        self.warmer.spawn(
+            self.warmer.finish(ticket, timings, failed=self.failed, hung_up=hung_up),
+            "finish",
+        )
+
+
 _JSON_SPACE = b" \t\r\n"
 
 
@@ -103,13 +209,12 @@ def pin_slot(body: bytes, slot: int) -> bytes:
 
 
 class PrefixProxy:
-    """The proxy application: one warmer, one upstream llama-server."""
+    """The proxy application: one warmer, one upstream llama-server, one HTTP client."""
 
     def __init__(self, config: WarmerConfig, warmer: PrefixWarmer | None = None) -> None:
         self.config = config
         self.warmer = warmer or PrefixWarmer(config)
         self.upstream = config.base_url
-        self._http: httpx.AsyncClient | None = None
         self.app = Starlette(
             routes=[
                 Route(STATUS_PATH, self._status, methods=["GET"]),
@@ -121,30 +226,55 @@ class PrefixProxy:
             ],
             lifespan=self._lifespan,
         )
+        # Forwarded requests: no read limit on a connection pool slot, a read timeout
+        # that tells a wedged llama-server from a slow one.
+        t = config.upstream_timeout
+        self._timeout = httpx.Timeout(connect=10.0, read=t, write=t, pool=None)
+        self.upstream_errors: dict[str, Any] = {"timeouts": 0, "unreachable": 0, "last": None}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        """From another thread (tests, benchmarks, embedding): run ``coro`` on the running
+        proxy's event loop and wait for its result."""
+        if self._loop is None:
+            coro.close()
+            raise RuntimeError("the proxy is not running")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def flush(self, timeout: float = 60.0) -> bool:
+        """From another thread: wait for the post-answer work and background pushes
+        submitted so far on the running proxy."""
+        if self._loop is None:
+            return True
+        return self.call(self.warmer.flush(timeout), timeout + 5.0)
+
+    def status(self) -> dict[str, Any]:
+        """From another thread: what ``GET /pion/status`` answers."""
+        return self.call(self._status_data())
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
-        # No read timeout: a generation may pause for minutes between tokens.
-        timeout = httpx.Timeout(connect=10.0, read=None, write=None, pool=None)
-        self._http = httpx.AsyncClient(timeout=timeout)
-        # Forward only what the client sent: drop httpx's default request headers.
-        self._http.headers.clear()
+        self._loop = asyncio.get_running_loop()
         try:
             yield
         finally:
-            await self._http.aclose()
-            self.warmer.close()
+            # Shutdown: answers in flight were given uvicorn's grace; every lease ends.
+            await self.warmer.aclose()
 
     async def _status(self, _request: Request) -> Response:
-        data = await anyio.to_thread.run_sync(self.warmer.status)
-        return JSONResponse(data)
+        return JSONResponse(await self._status_data())
+
+    async def _status_data(self) -> dict[str, Any]:
+        data = await self.warmer.status()
+        data["upstream_errors"] = dict(self.upstream_errors)
+        return data
 
     def _parse(self, body: bytes) -> dict[str, Any] | None:
-        if len(body) > MAX_WARM_BODY:
-            self.warmer.skipped(f"body of {len(body)} bytes is over {MAX_WARM_BODY}: not warmed")
-            return None
         try:
             parsed = json.loads(body)
+        except RecursionError:
+            self.warmer.skipped("body nests too deep to parse: forwarded as sent")
+            return None
         except ValueError:
             self.warmer.skipped("body is not JSON")
             return None
@@ -166,67 +296,99 @@ class PrefixProxy:
 
     async def _prepare(
         self, kind: EndpointKind, body: bytes, user_agent: str
-    ) -> tuple[bytes, Outcome | None]:
-        """The body to forward and the warm outcome of a generation request."""
+    ) -> tuple[bytes, Ticket | None]:
+        """The body to forward and the ticket of a generation request (None: skipped, not
+        observed; a ticket without a lease: forwarded unpinned, observed)."""
         parsed = self._parse(body)
         if parsed is None:
             return body, None
         if kind == "messages":
-            stripped = self._strip_billing_header(parsed)
+            try:
+                stripped = self._strip_billing_header(parsed)
+            except RecursionError:
+                stripped = None
             body = stripped if stripped is not None else body
-        if self.config.multi_slot and "id_slot" in parsed:
+        if "id_slot" in parsed:
             self.warmer.skipped("the request pins id_slot itself")
             return body, None
-        outcome = await anyio.to_thread.run_sync(self.warmer.ensure_for, kind, parsed, user_agent)
-        if outcome.kind == "skipped":
+        ticket = await self.warmer.claim(kind, parsed, user_agent, pinnable=kind in _PINNABLE)
+        if ticket.outcome.kind == "skipped":
             return body, None
-        if self.config.multi_slot and outcome.kind in WARM_KINDS:
-            if kind == "messages":
-                # llama-server's Anthropic conversion keeps no id_slot: the request goes
-                # to the slot whose prompt is most similar, which is the warmed one.
-                return body, outcome
+        if ticket.pin is not None:
             try:
-                body = pin_slot(body, outcome.slot)
+                body = pin_slot(body, ticket.pin)
             except ValueError:
-                # JSON that does not start with "{" as bytes (a BOM, UTF-16): forward
-                # it as sent; llama-server then picks the slot by prompt similarity.
-                self.warmer.log(f"request not pinned to slot {outcome.slot}: {body[:4]!r}")
-        return body, outcome
+                # JSON that does not start with "{" as bytes (a BOM, UTF-16): forwarded as
+                # sent, under the lease all the same.
+                self.warmer.log(f"request not pinned to slot {ticket.pin}: {body[:4]!r}")
+        return body, ticket
 
     async def _forward(self, request: Request) -> Response:
-        http = self._http
-        if http is None:
-            raise RuntimeError("proxy used outside its lifespan")
-        body = await request.body()
-        outcome: Outcome | None = None
+        try:
+            read = await _read_body(request)
+        except TimeoutError:
+            return _error(408, "pion llama proxy: the request body stalled")
+        ticket: Ticket | None = None
+        content: bytes | AsyncIterator[bytes] = read.content()
         kind = ENDPOINTS.get(request.url.path) if request.method == "POST" else None
-        if kind is not None:
-            body, outcome = await self._prepare(kind, body, request.headers.get("user-agent", ""))
+        if kind is not None and read.rest is not None:
+            self.warmer.skipped(f"body is over {MAX_WARM_BODY} bytes: streamed, not warmed")
+        elif kind is not None:
+            content, ticket = await self._prepare(
+                kind, read.head, request.headers.get("user-agent", "")
+            )
+        done = _Done(self.warmer, ticket)
+        unpinned = kind is not None and (ticket is None or ticket.lease is None)
+        try:
+            return await self._send(request, content, done, unpinned)
+        except BaseException:
+            done.finish(hung_up=True)
+            raise
+
+    async def _send(
+        self,
+        request: Request,
+        content: bytes | AsyncIterator[bytes],
+        done: _Done,
+        unpinned: bool,
+    ) -> Response:
         url = self.upstream + request.url.path
         if request.url.query:
             url += "?" + request.url.query
+        http = self.warmer.client.http
         upstream_req = http.build_request(
-            request.method, url, headers=_end_to_end(request.headers.raw), content=body
+            request.method,
+            url,
+            headers=_end_to_end(request.headers.raw),
+            content=content,
+            timeout=self._timeout,
         )
+        if unpinned:
+            # This request may run in any slot: no slot is trusted unchecked from now on,
+            # and no request is pinned to a slot it may be running in (see warmer._busy).
+            self.warmer.unpinned_epoch += 1
+            self.warmer.unpinned_inflight += 1
         try:
             resp = await http.send(upstream_req, stream=True)
+        except httpx.TimeoutException as exc:
+            self._unpinned_done(unpinned)
+            done.failed = True
+            done.finish()
+            return self._upstream_error(
+                504, "timeout", f"sent nothing for {self._timeout.read} s ({exc!r})"
+            )
         except httpx.HTTPError as exc:
-            self.warmer.log(f"upstream {self.upstream} unreachable: {exc!r}")
-            if outcome is not None:
-                self.warmer.observe(outcome, None)
-            error = {
-                "code": 502,
-                "message": f"pion llama proxy: upstream {self.upstream} unreachable: {exc}",
-                "type": "unavailable_error",
-            }
-            return JSONResponse({"error": error}, status_code=502)
-        scanner = None
-        if outcome is not None:
+            self._unpinned_done(unpinned)
+            done.failed = True
+            done.finish()
+            return self._upstream_error(502, "unreachable", f"unreachable: {exc}")
+        except BaseException:
+            self._unpinned_done(unpinned)
+            raise
+        if done.ticket is not None:
             streaming = "text/event-stream" in resp.headers.get("content-type", "")
-            scanner = TimingsScanner(streaming)
-        response = StreamingResponse(
-            self._relay(resp, scanner, outcome), status_code=resp.status_code
-        )
+            done.scanner = TimingsScanner(streaming)
+        response = _Relay(self._relay(resp, done, unpinned), resp.status_code, done)
         # Upstream's headers in upstream's order. Content-Length stays: aiter_raw passes
         # the bytes as sent (no decoding), so the length still holds.
         response.raw_headers = [
@@ -236,35 +398,51 @@ class PrefixProxy:
         ]
         return response
 
+    def _unpinned_done(self, unpinned: bool) -> None:
+        if unpinned:
+            self.warmer.unpinned_inflight -= 1
+
+    def _upstream_error(self, code: int, what: str, detail: str) -> Response:
+        key = "timeouts" if code == 504 else "unreachable"
+        self.upstream_errors[key] += 1
+        self.upstream_errors["last"] = {
+            "code": code,
+            "what": what,
+            "detail": detail,
+            "at": time.time(),
+        }
+        message = f"pion llama proxy: upstream {self.upstream} {detail}"
+        self.warmer.log(message)
+        return _error(code, message)
+
     async def _relay(
-        self, resp: httpx.Response, scanner: TimingsScanner | None, outcome: Outcome | None
+        self, resp: httpx.Response, done: _Done, unpinned: bool
     ) -> AsyncIterator[bytes]:
+        complete = False
         try:
             async for chunk in resp.aiter_raw():
-                if scanner is not None:
-                    scanner.feed(chunk)
+                if done.scanner is not None:
+                    done.scanner.feed(chunk)
                 yield chunk
+            complete = True
+        except httpx.TimeoutException:
+            done.failed = True
+            self._upstream_error(
+                504, "timeout", f"stopped sending for {self._timeout.read} s mid-answer"
+            )
+            raise
+        except httpx.HTTPError as exc:
+            # llama-server died or restarted mid-answer: the client's answer is cut short.
+            done.failed = True
+            self._upstream_error(502, "unreachable", f"failed mid-answer: {exc!r}")
+            raise
         finally:
-            await resp.aclose()
-            if scanner is not None and outcome is not None:
-                timings = scanner.close()
-                # Shielded: a client that hangs up as soon as it has its answer (Codex
-                # after response.completed) cancels this task, and the observation
-                # (verification, receipt, a queued save) must still happen.
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(self.warmer.observe, outcome, timings)
-
-
-def _uvicorn_options(host: str, port: int) -> dict[str, Any]:
-    # No Server/Date headers of our own: the upstream's pass through unchanged.
-    return {
-        "host": host,
-        "port": port,
-        "log_level": "warning",
-        "access_log": False,
-        "server_header": False,
-        "date_header": False,
-    }
+            self._unpinned_done(unpinned)
+            # Shielded: a client that hangs up as soon as it has its answer (Codex after
+            # response.completed) cancels this task; the upstream must still be closed.
+            with anyio.CancelScope(shield=True):
+                await resp.aclose()
+            done.finish(hung_up=not complete and not done.failed)
 
 
 def serve(config: WarmerConfig, host: str = "127.0.0.1", port: int = 8089) -> None:
@@ -283,26 +461,7 @@ def serve(config: WarmerConfig, host: str = "127.0.0.1", port: int = 8089) -> No
         f"({slots}, persist {'on' if proxy.warmer.index else 'off'}, "
         f"store {redact_url(store.config.url) if store else 'off'}, verify {config.verify})"
     )
-    uvicorn.run(proxy.app, **_uvicorn_options(host, port))
-
-
-@contextlib.contextmanager
-def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Serve an ASGI app with uvicorn on a background thread (real TCP); yield its URL."""
-    config = uvicorn.Config(app, **_uvicorn_options(host, port))
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="pion-llama-http", daemon=True)
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("server failed to start")
-        threading.Event().wait(0.01)
-    bound = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://{host}:{bound}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    uvicorn.run(proxy.app, **uvicorn_options(host, port))
 
 
 @contextlib.contextmanager

@@ -4,6 +4,9 @@ Owns the restore step of the warmer (:func:`restore`) and rejecting a restore th
 verify (:func:`reject`). In order:
 
 1. ``no_restore`` recorded for this (build, model): nothing is restored (hybrid models).
+   **A checkpoint of the conversation** (:mod:`pion.llama.checkpoint`) that shares more of
+   the request's tokens than its prefix is restored in place of the prefix's own file:
+   the longest such (:func:`longest_checkpoint`), after the compatibility check.
 2. **Local disk**: ``pi-prefix-<fp16>.bin`` in the slot dir, only when ``index.json``
    lists it for this fingerprint with its exact byte size (llama-server b11434 aborts on a
    truncated slot file instead of answering an error, taking every session down).
@@ -23,14 +26,15 @@ Returns the outcome, or None when the caller must build the prefix cold.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from typing import Any
 
-from pion.llama.client import CompletionResult, LlamaClient, LlamaServerError
+from pion.llama.client import AsyncLlamaClient, CompletionResult, LlamaServerError
 from pion.llama.compat import FileFacts, ServerFacts, mismatch
 from pion.llama.context import Pending, SlotState, Target, WarmerContext
-from pion.llama.fingerprint import file_name
+from pion.llama.fingerprint import file_name, tokens_digest
 from pion.llama.index import IndexEntry, SlotIndex
 from pion.llama.learn import common_prefix
 from pion.llama.manifest import Manifest
@@ -44,6 +48,7 @@ __all__ = [
     "HYBRID_ADVICE",
     "NO_SAVING_ADVICE",
     "PARTIAL_MIN_TOKENS",
+    "longest_checkpoint",
     "reject",
     "restore",
     "restore_partial",
@@ -83,11 +88,15 @@ def warm_body(request: WarmRequest, slot: int, user: str) -> dict[str, object]:
     return request.body(user, **extra)
 
 
-def warm_up(client: LlamaClient, request: WarmRequest, slot: int, user: str) -> CompletionResult:
+async def warm_up(
+    client: AsyncLlamaClient, request: WarmRequest, slot: int, user: str
+) -> CompletionResult:
     """One warm-up request into ``slot``: the prefix, then ``user``; a chat completion
     (text mode) or a raw completion of the prefix's tokens (token mode)."""
     body = warm_body(request, slot, user)
-    return client.complete(body) if request.tokens is not None else client.chat(body)
+    if request.tokens is not None:
+        return await client.complete(body)
+    return await client.chat(body)
 
 
 class _Checker:
@@ -95,22 +104,24 @@ class _Checker:
 
     def __init__(self, ctx: WarmerContext, info: ServerInfo, slot: int) -> None:
         self.ctx, self.info, self.slot = ctx, info, slot
-        self.server: ServerFacts = ctx.facts(info, ctx.server_layout(info, slot, probe=False))
+        with ctx.guard:
+            known = ctx.layouts.get(info)
+        self.server: ServerFacts = ctx.facts(info, known)
 
-    def why_not(self, facts: FileFacts) -> str | None:
+    async def why_not(self, facts: FileFacts) -> str | None:
         if facts.layout is not None and self.server.layout is None:
-            layout = self.ctx.server_layout(self.info, self.slot, probe=True)
+            layout = await self.ctx.server_layout(self.info, self.slot, probe=True)
             self.server = dataclasses.replace(self.server, layout=layout)
         return mismatch(facts, self.server)
 
 
-def restore(ctx: WarmerContext, target: Target) -> Outcome | None:
+async def restore(ctx: WarmerContext, target: Target) -> Outcome | None:
     """Restore the target's prefix into its slot from disk or store and (probe mode)
     verify it."""
     request, slot, fp, info = target.request, target.slot, target.fingerprint, target.info
     if ctx.index is None:
         return None
-    index = ctx.index.load()
+    index = await asyncio.to_thread(ctx.index.load)
     key = info.restore_key()
     if key in index.no_restore:
         if key not in ctx.said_no_restore:
@@ -120,14 +131,19 @@ def restore(ctx: WarmerContext, target: Target) -> Outcome | None:
         return None
     name = file_name(fp)
     checker = _Checker(ctx, info, slot)
-    entry = _local(ctx, index, name, fp, checker)
     tier = "disk"
+    entry: IndexEntry | None
+    found = await _checkpoint(ctx, index, target, checker)
+    if found is not None:
+        name, entry, tier = found
+    else:
+        entry = await _local(ctx, index, name, fp, checker)
     if entry is None and ctx.store is not None:
-        entry, tier = _pull(ctx, target, index, name, checker), "store"
+        entry, tier = await _pull(ctx, target, index, name, checker), "store"
     if entry is None:
         return None
     try:
-        res = ctx.client.slot_restore(slot, name)
+        res = await ctx.client.slot_restore(slot, name)
     except LlamaServerError as exc:
         ctx.log(f"no checkpoint (restore {exc.short()}) → cold build")
         return None
@@ -140,7 +156,14 @@ def restore(ctx: WarmerContext, target: Target) -> Outcome | None:
         ctx.log("RESTORE gave no tokens → cold build")
         return None
     own_file = n_restored == (entry.file_tokens or entry.tokens)
-    tokens = entry.tokens
+    # A checkpoint holds the prefix and a conversation after it: the prefix's own count
+    # is what the real request is verified against and what later hits check.
+    tokens = len(request.tokens or ()) if entry.checkpoint else entry.tokens
+    prompt = request.tokens
+    if prompt is None:
+        # Text mode: the file's own tokens (checked when it was saved) stand for the prefix.
+        held = await ctx.tokens_of(ctx.index.slot_dir / name)
+        prompt = held[:tokens] if held else None
     state = SlotState(
         fp,
         tokens,
@@ -150,53 +173,132 @@ def restore(ctx: WarmerContext, target: Target) -> Outcome | None:
         prefill_ms=entry.prefill_ms,
         saved=True,
         file=name,
-        prompt=request.tokens,
+        prompt=prompt,
+        prompt_exact=request.tokens is not None,
     )
     if ctx.config.verify == "probe":
-        failure = _probe(ctx, request, slot)
+        failure = await _probe(ctx, request, slot)
         if failure is not None:
-            reject(ctx, slot, name, key=key, own_file=own_file, why=failure, erase=True)
+            await reject(ctx, slot, name, key=key, own_file=own_file, why=failure, erase=True)
             return None
-        ctx.index.touch(name)
+        await asyncio.to_thread(ctx.index.touch, name)
         ctx.slots[slot] = state
         return _finish(Outcome("restored", fp, slot, tokens, file=name, tier=tier), target.t0)
-    ctx.index.touch(name)
+    await asyncio.to_thread(ctx.index.touch, name)
     state.pending = Pending(name, own_file, key, n_restored, restore_ms)
     ctx.slots[slot] = state
     outcome = Outcome("restored", fp, slot, tokens, file=name, tier=tier, pending_verify=True)
     return _finish(outcome, target.t0)
 
 
-def target_tokens(ctx: WarmerContext, request: WarmRequest, slot: int) -> tuple[int, ...]:
+async def target_tokens(ctx: WarmerContext, request: WarmRequest, slot: int) -> tuple[int, ...]:
     """The tokens a warm-up of ``request`` sends: its own (token mode), or its chat body
     rendered and tokenized by llama-server (text mode)."""
     if request.tokens is not None:
         return request.tokens
-    prompt = ctx.client.apply_template(warm_body(request, slot, ""))
-    return tuple(ctx.client.tokenize(prompt, add_special=True))
+    prompt = await ctx.client.apply_template(warm_body(request, slot, ""))
+    return tuple(await ctx.client.tokenize(prompt, add_special=True))
 
 
-def restore_partial(ctx: WarmerContext, target: Target) -> tuple[str, int] | None:
-    """No file of this prefix: restore the saved prefix that shares the most tokens with
-    it, when that is long (:data:`PARTIAL_MIN_TOKENS`, :data:`PARTIAL_MIN_SHARE`), so the
-    cold build that follows computes only the rest. Returns (file, tokens shared)."""
-    index, slot, info = ctx.index, target.slot, target.info
-    if index is None:
+def longest_checkpoint(
+    ctx: WarmerContext, index: SlotIndex, tokens: tuple[int, ...]
+) -> tuple[int, str, IndexEntry] | None:
+    """The indexed conversation checkpoint (:mod:`pion.llama.checkpoint`) whose tokens
+    share the longest prefix with ``tokens``: (tokens shared, name, entry). Reads the
+    slot dir: call it off the event loop."""
+    best: tuple[int, str, IndexEntry] | None = None
+    for name, entry in sorted(index.files.items()):
+        path = index.slot_dir / name
+        if not entry.checkpoint or not path.is_file() or path.stat().st_size != entry.bytes:
+            continue
+        held = ctx.file_tokens(path)
+        if held is None:
+            continue
+        # One token is always evaluated: a file holding all of ``tokens`` serves one less.
+        shared = min(common_prefix(held, tokens), len(tokens) - 1)
+        if best is None or shared > best[0]:
+            best = (shared, name, entry)
+    return best
+
+
+async def _checkpoint(
+    ctx: WarmerContext, index: SlotIndex, target: Target, checker: _Checker
+) -> tuple[str, IndexEntry, str] | None:
+    """The checkpoint to restore for the target's request instead of its prefix's own
+    file: the compatible one sharing the longest token prefix with the whole request,
+    when that is longer than the prefix (the conversation up to an earlier turn); from
+    the slot dir, or pulled from the store when it lists a longer one. (name, entry,
+    tier)."""
+    request = target.request
+    conversation, prefix = request.conversation, request.tokens
+    if conversation is None or prefix is None or len(conversation) <= len(prefix):
         return None
-    loaded = index.load()
-    key = info.restore_key()
-    if key in loaded.no_restore or not loaded.files:
+    best = await asyncio.to_thread(longest_checkpoint, ctx, index, conversation)
+    local = best[0] if best is not None else 0
+    pulled = await _stored_checkpoint(ctx, target, index, max(local, len(prefix)), checker)
+    if pulled is not None:
+        return pulled
+    if best is None or best[0] <= len(prefix):
+        return None
+    shared, name, entry = best
+    why = await checker.why_not(entry.facts())
+    if why is not None:
+        ctx.count("refused_compat")
+        ctx.log(f"REFUSED checkpoint {name} before restore: {why} → the prefix's own file")
+        return None
+    ctx.count("checkpoint_restores")
+    ctx.log(
+        f"CHECKPOINT {name} shares {shared} of the request's {len(conversation)} tokens "
+        f"(the prefix: {len(prefix)}) → restoring it"
+    )
+    return name, entry, "disk"
+
+
+async def _stored_checkpoint(
+    ctx: WarmerContext, target: Target, index: SlotIndex, floor: int, checker: _Checker
+) -> tuple[str, IndexEntry, str] | None:
+    """The longest checkpoint the store lists under the target's prefix whose tokens
+    (by their SHA-256) start the request and are more than ``floor``, pulled into the
+    slot dir (verified like any pull)."""
+    store, conversation = ctx.store, target.request.conversation or ()
+    if store is None or not store.usable():
         return None
     try:
-        tokens = target_tokens(ctx, target.request, slot)
-    except LlamaServerError as exc:
-        ctx.log(f"no partial restore (tokenizing failed: {exc.short()})")
+        listed = await asyncio.to_thread(store.checkpoints, target.fingerprint)
+    except StoreError as exc:
+        ctx.log(f"STORE checkpoints unavailable ({exc})")
         return None
-    checker = _Checker(ctx, info, slot)
+    for tokens, fp, digest in sorted(((t, f, d) for f, t, d in listed), reverse=True):
+        if not floor < tokens <= len(conversation):
+            continue
+        if await asyncio.to_thread(tokens_digest, conversation[:tokens]) != digest:
+            continue
+        name = file_name(fp)
+        stored = dataclasses.replace(target, fingerprint=fp)
+        entry = await _pull(ctx, stored, index, name, checker)
+        if entry is None:
+            return None
+        entry.prefix, entry.tokens = target.fingerprint, tokens
+        await asyncio.to_thread(_put, ctx, index, name, entry)
+        ctx.count("checkpoint_restores")
+        ctx.log(
+            f"CHECKPOINT {name} from the store: shares {tokens} of the request's "
+            f"{len(conversation)} tokens → restoring it"
+        )
+        return name, entry, "store"
+    return None
+
+
+def longest_shared(
+    ctx: WarmerContext, index: SlotIndex, tokens: tuple[int, ...], skip: str
+) -> tuple[int, str, IndexEntry] | None:
+    """The indexed file (not of fingerprint ``skip``) whose tokens share the longest
+    prefix with ``tokens``: (tokens shared, name, entry). Reads the slot dir: call it off
+    the event loop."""
     best: tuple[int, str, IndexEntry] | None = None
-    for name, entry in sorted(loaded.files.items()):
+    for name, entry in sorted(index.files.items()):
         path = index.slot_dir / name
-        if entry.fingerprint == target.fingerprint or not path.is_file():
+        if entry.fingerprint == skip or not path.is_file():
             continue
         if path.stat().st_size != entry.bytes:
             continue
@@ -206,21 +308,42 @@ def restore_partial(ctx: WarmerContext, target: Target) -> tuple[str, int] | Non
         shared = common_prefix(held, tokens)
         if best is None or shared > best[0]:
             best = (shared, name, entry)
+    return best
+
+
+async def restore_partial(ctx: WarmerContext, target: Target) -> tuple[str, int] | None:
+    """No file of this prefix: restore the saved prefix that shares the most tokens with
+    it, when that is long (:data:`PARTIAL_MIN_TOKENS`, :data:`PARTIAL_MIN_SHARE`), so the
+    cold build that follows computes only the rest. Returns (file, tokens shared)."""
+    index, slot, info = ctx.index, target.slot, target.info
+    if index is None:
+        return None
+    loaded = await asyncio.to_thread(index.load)
+    key = info.restore_key()
+    if key in loaded.no_restore or not loaded.files:
+        return None
+    try:
+        tokens = await target_tokens(ctx, target.request, slot)
+    except LlamaServerError as exc:
+        ctx.log(f"no partial restore (tokenizing failed: {exc.short()})")
+        return None
+    checker = _Checker(ctx, info, slot)
+    best = await asyncio.to_thread(longest_shared, ctx, loaded, tokens, target.fingerprint)
     need = max(PARTIAL_MIN_TOKENS, PARTIAL_MIN_SHARE * len(tokens))
     if best is None or best[0] < need:
         return None
     shared, name, entry = best
-    why = checker.why_not(entry.facts())
+    why = await checker.why_not(entry.facts())
     if why is not None:
         ctx.count("refused_compat")
         ctx.log(f"REFUSED {name} for a partial restore: {why} → cold build")
         return None
     try:
-        res = ctx.client.slot_restore(slot, name)
+        res = await ctx.client.slot_restore(slot, name)
     except LlamaServerError as exc:
         ctx.log(f"partial restore of {name} failed ({exc.short()}) → cold build")
         return None
-    index.touch(name)
+    await asyncio.to_thread(index.touch, name)
     ctx.count("partial_restores")
     ctx.log(
         f"RESTORE {name} (partial): shares {shared} of {len(tokens)} tokens with this "
@@ -229,12 +352,17 @@ def restore_partial(ctx: WarmerContext, target: Target) -> tuple[str, int] | Non
     return name, shared
 
 
+def _put(ctx: WarmerContext, index: SlotIndex, name: str, entry: IndexEntry) -> None:
+    index.put(name, entry)
+    index.cleanup(ctx.config.max_files, ctx.config.max_bytes, keep=frozenset({name}))
+
+
 def _finish(outcome: Outcome, t0: float) -> Outcome:
     ms = (time.monotonic() - t0) * 1000.0
     return dataclasses.replace(outcome, ms=ms, at=time.time())
 
 
-def _local(
+async def _local(
     ctx: WarmerContext, index: SlotIndex, name: str, fp: str, checker: _Checker
 ) -> IndexEntry | None:
     then = "trying the store" if ctx.store is not None else "cold build"
@@ -258,9 +386,9 @@ def _local(
             f"no checkpoint ({name} is {size} bytes, index.json says {entry.bytes}: "
             f"truncated or replaced, deleted) → {then}"
         )
-        index.drop(name, delete_file=True)
+        await asyncio.to_thread(index.drop, name, True)
         return None
-    why = checker.why_not(entry.facts())
+    why = await checker.why_not(entry.facts())
     if why is not None:
         ctx.count("refused_compat")
         ctx.log(f"REFUSED {name} before restore: {why} → {then}")
@@ -268,7 +396,7 @@ def _local(
     return entry
 
 
-def _pull(
+async def _pull(
     ctx: WarmerContext, target: Target, index: SlotIndex, name: str, checker: _Checker
 ) -> IndexEntry | None:
     fp = target.fingerprint
@@ -279,7 +407,7 @@ def _pull(
         ctx.log("STORE skipped (it failed moments ago) → cold build")
         return None
     try:
-        manifest = store.manifest(fp)
+        manifest = await asyncio.to_thread(store.manifest, fp)
     except StoreCorrupt as exc:
         ctx.refused_store.add(fp)
         ctx.log(f"STORE REFUSED the manifest of {name}: {exc} → cold build")
@@ -291,7 +419,7 @@ def _pull(
         ctx.log(f"STORE has no {name} → cold build")
         return None
     facts = FileFacts(manifest.build, manifest.model, manifest.n_ctx, manifest.layout)
-    why = checker.why_not(facts)
+    why = await checker.why_not(facts)
     if why is not None:
         ctx.count("refused_compat")
         ctx.log(f"STORE REFUSED {name} (built on {manifest.origin}): {why} → cold build")
@@ -299,7 +427,7 @@ def _pull(
     path = index.slot_dir / name
     t = time.monotonic()
     try:
-        store.pull(manifest, path)
+        await asyncio.to_thread(store.pull, manifest, path)
     except StoreCorrupt as exc:
         ctx.refused_store.add(fp)
         ctx.log(f"STORE REFUSED {name}: {exc}; never sent to llama-server → cold build")
@@ -309,20 +437,19 @@ def _pull(
         return None
     ms = (time.monotonic() - t) * 1000.0
     # The file's own bytes, not the manifest's word, decide the layout check.
-    layout = read_layout(path)
-    why = checker.why_not(FileFacts(manifest.build, manifest.model, manifest.n_ctx, layout))
+    layout = await asyncio.to_thread(read_layout, path)
+    why = await checker.why_not(FileFacts(manifest.build, manifest.model, manifest.n_ctx, layout))
     if why is None and manifest.layout is not None and layout != manifest.layout:
         why = "the file's cache layout is not the one its manifest states"
     if why is not None:
         ctx.refused_store.add(fp)
-        index.drop(name, delete_file=True)
+        await asyncio.to_thread(index.drop, name, True)
         path.unlink(missing_ok=True)
         ctx.count("refused_compat")
         ctx.log(f"STORE REFUSED {name} after pulling: {why} → cold build")
         return None
     entry = _entry(ctx, target.request, manifest, layout)
-    index.put(name, entry)
-    index.cleanup(ctx.config.max_files, ctx.config.max_bytes, keep=frozenset({name}))
+    await asyncio.to_thread(_put, ctx, index, name, entry)
     ctx.count("store_pulls")
     ctx.log(
         f"STORE PULLED {name}: {manifest.size} bytes in {ms:.0f} ms, size and SHA-256 "
@@ -353,15 +480,15 @@ def _entry(
     )
 
 
-def _probe(ctx: WarmerContext, request: WarmRequest, slot: int) -> str | None:
+async def _probe(ctx: WarmerContext, request: WarmRequest, slot: int) -> str | None:
     """pi-prefix-cache's two-stage verification; returns why it failed, or None."""
     gate = f"{ctx.config.gate_ratio:.0%}"
-    ident = warm_up(ctx.client, request, slot, "").timings
+    ident = (await warm_up(ctx.client, request, slot, "")).timings
     if ident is None:
         return "identical-prompt gate: no timings in the answer"
     if ident.reuse < ctx.config.gate_ratio:
         return f"identical-prompt gate {ident.cache_n}/{ident.total} < {gate}"
-    div = warm_up(ctx.client, request, slot, ctx.config.probe_message).timings
+    div = (await warm_up(ctx.client, request, slot, ctx.config.probe_message)).timings
     if div is None:
         return "divergent probe: no timings in the answer"
     if div.cache_n == 0:
@@ -378,15 +505,15 @@ def _probe(ctx: WarmerContext, request: WarmRequest, slot: int) -> str | None:
     return None
 
 
-def reject(
+async def reject(
     ctx: WarmerContext, slot: int, name: str, *, key: str, own_file: bool, why: str, erase: bool
 ) -> None:
     """A restore did not verify: drop the file (the next session rebuilds it)."""
     ctx.log(f"RESTORE invalid ({why}) → {'erase + ' if erase else ''}cold rebuild")
     if erase:
-        ctx.client.slot_erase(slot)
+        await ctx.client.slot_erase(slot)
     if ctx.index is not None:
-        ctx.index.drop(name, delete_file=True)
+        await asyncio.to_thread(ctx.index.drop, name, True)
     if own_file:
         # Our own file, right token count, and still no reuse: maybe the server cannot
         # restore this model at all. The next cold build checks (hybrid detection).

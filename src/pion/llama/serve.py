@@ -34,6 +34,7 @@ import httpx
 
 from pion.llama.agents import AgentConfig, configuration_text
 from pion.llama.config import WarmerConfig
+from pion.llama.modelkind import ModelKind, classify_metadata, read_gguf_metadata
 from pion.llama.paths import cache_dir, default_log_path
 from pion.llama.proxy import PrefixProxy, running_proxy
 
@@ -44,6 +45,7 @@ __all__ = [
     "find_llama_server",
     "llama_server_args",
     "run",
+    "swa_full_reason",
 ]
 
 # A llama-server that dies this soon after a (re)start, this many times in a row, is
@@ -116,6 +118,8 @@ class ServeOptions:
     log_path: Path = field(default_factory=default_log_path)
     context: int = 32768  # per slot, unless the llama-server flags set -c
     llama_args: tuple[str, ...] = ()
+    # --swa-full for sliding-window models: None = when the GGUF says so, False = never.
+    swa_full: bool | None = None
 
     def __post_init__(self) -> None:
         if self.slots < 1:
@@ -139,9 +143,28 @@ class ServeOptions:
         return self.context
 
 
+def swa_full_reason(options: ServeOptions) -> str | None:
+    """Why llama-server gets ``--swa-full`` (None: it does not). A sliding-window model's
+    slot files keep only the window without it, so a restore would reuse nothing; with
+    it the K/V cache is kept for the whole context (more memory: the full context
+    instead of the window, on the sliding layers)."""
+    if options.swa_full is False or "--swa-full" in options.llama_args:
+        return None
+    if options.swa_full is True:
+        return "--swa-full asked for"
+    try:
+        state = classify_metadata(read_gguf_metadata(options.model))
+    except (OSError, ValueError):
+        return None  # llama-server will say what is wrong with the file
+    if state.kind is not ModelKind.SLIDING_WINDOW:
+        return None
+    return f"{state.arch} uses sliding-window attention ({state.sliding_window} tokens)"
+
+
 def llama_server_args(binary: Path, options: ServeOptions, port: int) -> list[str]:
-    """The llama-server command line: the model, loopback, the slots, the slot dir and,
-    unless the extra flags set it, ``-c`` for ``context`` tokens per slot."""
+    """The llama-server command line: the model, loopback, the slots, the slot dir,
+    ``--swa-full`` for a sliding-window model (:func:`swa_full_reason`) and, unless the
+    extra flags set it, ``-c`` for ``context`` tokens per slot."""
     args = [
         str(binary),
         "-m", str(options.model),
@@ -152,6 +175,8 @@ def llama_server_args(binary: Path, options: ServeOptions, port: int) -> list[st
     ]  # fmt: skip
     if not _CTX_FLAGS.intersection(options.llama_args):
         args += ["-c", str(options.context * options.slots)]
+    if swa_full_reason(options) is not None:
+        args.append("--swa-full")
     return args + list(options.llama_args)
 
 
@@ -307,6 +332,8 @@ def run(
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         echo(f"starting {binary} on {supervisor.url} (log {supervisor.log_path})")
+        if (why := swa_full_reason(options)) is not None:
+            echo(f"--swa-full: {why}; slot files keep the whole cache (more memory)")
         supervisor.start()
         echo(f"llama-server {supervisor.pid} ready on {supervisor.url}")
         config = WarmerConfig(

@@ -57,6 +57,13 @@ def _echo(line: str) -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="the binary [PATH, else the build cache, else built]",
 )
+@click.option(
+    "--swa-full/--no-swa-full",
+    "swa_full",
+    default=None,
+    help="keep the whole K/V cache of a sliding-window model, so its slot files restore "
+    "(more memory) [on when the GGUF has a sliding window]",
+)
 @click.argument("llama_args", nargs=-1, type=click.UNPROCESSED)
 def serve_command(
     *,
@@ -69,6 +76,7 @@ def serve_command(
     slot_dir: Path | None,
     log_path: Path | None,
     binary: Path | None,
+    swa_full: bool | None,
     llama_args: tuple[str, ...],
 ) -> None:
     """Run llama-server (restarted if it dies) and the proxy in front of it; print the
@@ -84,6 +92,7 @@ def serve_command(
             log_path=log_path or default_log_path(),
             context=ctx,
             llama_args=llama_args,
+            swa_full=swa_full,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

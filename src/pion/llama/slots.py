@@ -8,9 +8,10 @@ prefix is *evicted*: the warmer saves it first when it is not on disk yet). Requ
 then pinned to their slot with ``id_slot``, so llama-server's own slot choice (by prompt
 similarity) cannot move a prefix.
 
-The table records claims, not K/V: it is updated the moment a request is routed (so
-concurrent requests for two new prefixes never pick the same slot) while the warmer's
-own state records what a slot was verified to hold. Thread-safe.
+The table records claims, not K/V: a request picks among the slots no other request holds
+a lease on (:meth:`SlotTable.pick`, :mod:`pion.llama.lease`) and records its claim once
+its lease is granted, while the warmer's own state records what a slot was verified to
+hold. Thread-safe.
 """
 
 from __future__ import annotations
@@ -82,6 +83,21 @@ class SlotTable:
                 evicted = self._claims[slot].fingerprint
             self._claims[slot] = Claim(fingerprint, label, now, order)
             return slot, evicted
+
+    def pick(self, fingerprint: str, free: frozenset[int]) -> int | None:
+        """The slot a request for ``fingerprint`` takes among the ``free`` ones (not
+        leased): its own when it is free, None when its own is leased (it waits for it);
+        else a free slot nobody claimed, else the least recently used free one. Records
+        nothing (:meth:`pin` does, once the slot is leased)."""
+        with self._lock:
+            own = next((s for s, c in self._claims.items() if c.fingerprint == fingerprint), None)
+            if own is not None:
+                return own if own in free else None
+            unclaimed = [s for s in self.slots if s in free and s not in self._claims]
+            if unclaimed:
+                return unclaimed[0]
+            claimed = [s for s in self._claims if s in free]
+            return min(claimed, key=lambda s: self._claims[s].order) if claimed else None
 
     def pin(self, slot: int, fingerprint: str, label: str = "") -> str | None:
         """Record that ``slot`` now serves ``fingerprint`` (an explicit choice); return the

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pion.llama.context import WarmerContext
 from pion.llama.slots import SlotTable
 
-__all__ = ["redact_url", "warmer_status"]
+__all__ = ["files_status", "redact_url", "warmer_status"]
 
 
 def redact_url(url: str) -> str:
@@ -59,7 +59,9 @@ def _slots(ctx: WarmerContext, table: SlotTable | None) -> dict[str, Any]:
     return out
 
 
-def _files(ctx: WarmerContext) -> tuple[dict[str, Any], dict[str, Any]]:
+def files_status(ctx: WarmerContext) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The slot dir's files and the (build, model) pairs restores are off for. Reads
+    ``index.json``: call it off the event loop."""
     if ctx.index is None:
         return {}, {}
     try:
@@ -74,13 +76,16 @@ def warmer_status(
     table: SlotTable | None,
     outcomes: list[dict[str, Any]],
     counts: dict[str, int],
+    files: tuple[dict[str, Any], dict[str, Any]] = ({}, {}),
 ) -> dict[str, Any]:
-    """Everything ``/pion/status`` shows."""
+    """Everything ``/pion/status`` shows (``files``: :func:`files_status`)."""
     cfg = ctx.config
-    files, no_restore = _files(ctx)
+    files_, no_restore = files
     with ctx.guard:
         events = dict(ctx.counts)
         failures = dict(ctx.failures)
+        errors = dict(ctx.errors)
+        model_kinds = dict(ctx.model_kinds)
     store: dict[str, Any] | None = None
     if ctx.store is not None:
         store = {
@@ -102,9 +107,11 @@ def warmer_status(
         "counts": counts,
         "events": events,
         "failures": failures,
+        "errors": errors,
         "outcomes": outcomes,
-        "files": files,
+        "files": files_,
         "no_restore": no_restore,
+        "model_kinds": model_kinds,
         "store": store,
         "log_tail": ctx.log.recent()[-30:],
     }

@@ -43,11 +43,13 @@ from pion.llama.manifest import (
     CHUNK_BYTES,
     DEFAULT_KEY_PREFIX,
     Manifest,
+    checkpoints_key,
     chunk_key,
     manifest_key,
 )
 
 __all__ = [
+    "MAX_CHECKPOINTS",
     "PIPELINE_CHUNKS",
     "RECEIPT_NS_PREFIX",
     "RETRY_AFTER_S",
@@ -64,6 +66,9 @@ __all__ = [
 RETRY_AFTER_S = 15.0
 # A manifest key's suffix (chunk keys have ``:upload:i`` after it).
 _FINGERPRINT = re.compile(r"[0-9a-f]{64}")
+# Checkpoints of one prefix read from the store at most, and the most tokens one may claim.
+MAX_CHECKPOINTS = 256
+_MAX_CHECKPOINT_TOKENS = 1 << 24
 # Chunks requested per round trip while pulling (16 MB in flight at 4 MB chunks).
 PIPELINE_CHUNKS = 4
 # Superseded chunks stay readable this long, for pulls already under way.
@@ -371,6 +376,39 @@ class SlotStore:
 
         with contextlib.suppress(StoreError):
             self._call("EXPIRE pulled keys", run)
+
+    # -- conversation checkpoints -----------------------------------------------------
+
+    def add_checkpoint(self, prefix_fp: str, fingerprint: str, tokens: int, digest: str) -> None:
+        """List the stored checkpoint ``fingerprint`` under the prefix it continues: the
+        first ``tokens`` of its conversation have SHA-256 ``digest``."""
+        key = checkpoints_key(self.config.prefix, prefix_fp)
+        ttl = self.config.ttl
+
+        def run() -> None:
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.hset(key, fingerprint, f"{tokens} {digest}")
+            if ttl:
+                pipe.expire(key, ttl)
+            pipe.execute()
+
+        self._call("HSET checkpoints", run)
+
+    def checkpoints(self, prefix_fp: str) -> list[tuple[str, int, str]]:
+        """The checkpoints listed under a prefix: (fingerprint, tokens, digest). The
+        store is untrusted: malformed entries are skipped, at most
+        :data:`MAX_CHECKPOINTS` are read."""
+        key = checkpoints_key(self.config.prefix, prefix_fp)
+        raw = self._call("HGETALL checkpoints", lambda: self._redis.hgetall(key))
+        out: list[tuple[str, int, str]] = []
+        for field_, value in list((raw or {}).items())[:MAX_CHECKPOINTS]:
+            fp = field_.decode("ascii", "replace") if isinstance(field_, bytes) else ""
+            text = value.decode("ascii", "replace") if isinstance(value, bytes) else ""
+            tokens, _, digest = text.partition(" ")
+            valid = _FINGERPRINT.fullmatch(fp) and _FINGERPRINT.fullmatch(digest)
+            if valid and tokens.isdigit() and 0 < int(tokens) <= _MAX_CHECKPOINT_TOKENS:
+                out.append((fp, int(tokens), digest))
+        return out
 
     # -- the receipt ------------------------------------------------------------------
 

@@ -1,93 +1,100 @@
-"""The prefix warmer: make sure a llama-server slot holds a stable prefix before a request.
+"""The prefix warmer: a llama-server slot holds a request's stable prefix, and the request
+owns that slot until its answer is done.
 
-Owns the state machine of pi-prefix-cache (docs/llama.md), for one prefix in one slot or,
-with ``slots``/``all_slots``, one prefix per slot:
+Owns :class:`PrefixWarmer` (public API, routing, leases) and :class:`Ticket`; the steps in
+a slot are :mod:`pion.llama.steps`. Asynchronous: everything runs on one event loop (the
+proxy's) with one ``httpx.AsyncClient`` per llama-server; file work runs in worker
+threads. For one prefix in one slot or, with ``slots``/``all_slots``, one prefix per slot:
 
-0. **Routing.** The request's prefix fingerprint picks its slot (:mod:`pion.llama.slots`):
-   the slot that has it, else a free one, else the least recently used, whose prefix is
-   *evicted* (saved first when persisting and not on disk yet).
-1. **In-process hit.** This process warmed the fingerprint into the slot and ``GET /slots``
-   still shows the slot's ``n_prompt_tokens`` (a restarted server shows none) → proceed.
-   Also a hit: a slot whose prefix (token mode) *starts with* the request's prefix, the
-   usual case when a learned boundary moves back (the second session of a harness shares
-   all but its prompt with the first, whose whole prompt was warmed). The slot is routed
-   to, not evicted; it is taken over by the shorter prefix as it is (no restore, no
-   warm-up). With ``persist`` the shorter prefix's file, when it has none, is saved from
-   the slot in the background once a real request has confirmed the reuse (``observe``);
-   a save can only add a file, never change the slot.
-2. **Restore** (``persist``): from the local disk, else from the store (``store``), after
-   checking size, hash and compatibility; then verify (:mod:`pion.llama.restore`).
-   ``verify="fast"`` (default): the real request is the verification; its ``timings`` are
-   handed to :meth:`PrefixWarmer.observe`, and ``cache_n`` must reach 90% of the prefix's
-   tokens (the identical-prompt gate) and so be > 0 (the divergent probe, since the real
-   request diverges after the prefix). If not, that request simply ran cold; the file is
-   dropped and the next session cold-builds. ``verify="probe"``: two requests before the
-   real one.
-3. **Cold warm-up**, then with ``persist`` save, index and share the file
+0. **Lease** (:mod:`pion.llama.lease`). The request's fingerprint picks its slot among
+   the slots no other request holds: the slot that has it, else one whose prefix starts
+   with it, else a free one, else the least recently used (whose prefix is *evicted*,
+   saved first when persisting and not on disk yet). Waiting is in order and bounded
+   (``lease_wait``), then the request passes through unwarmed. The lease covers the
+   warm-up, the real request (the proxy pins it with ``id_slot``) and the observation and
+   save after its answer (:meth:`PrefixWarmer.finish`).
+1. **Hit.** The slot holds the fingerprint: trusted under the lease while no unpinned
+   request ran since; else ``GET /slots`` must still show its prompt. Also a hit: a slot
+   whose prefix starts with the request's (a learned boundary moved back), taken over as
+   it is and, with ``persist``, saved once the real request confirmed the reuse.
+2. **Restore** (``persist``): from disk, else from the store, after checking size, hash and
+   compatibility; verified by the real request (``verify="fast"``: ``cache_n`` reaches 90%
+   of the prefix) or by two probes first (``"probe"``) (:mod:`pion.llama.restore`).
+3. **Cold warm-up**, then with ``persist`` a checked save, the index and the store
    (:mod:`pion.llama.coldbuild`).
 
-The receipt: when the real request confirms a hit or a restore (its ``cache_n`` reaches
-the gate), the warmer reports ``KV.PREFIX.LOOKUP llama:<fingerprint> TOKENS n PREFILL_MS
-ms`` to the store in the background, ``ms`` being the cold prefill measured when the
-prefix was built.
+The receipt: a confirmed hit or restore is reported to the store (``KV.PREFIX.LOOKUP
+llama:<fingerprint> TOKENS n PREFILL_MS ms``) in the background.
 
-Fail-open: :meth:`PrefixWarmer.ensure` never raises. Any error is logged and returned as a
-``disabled`` outcome; the caller forwards its request anyway. Work on one slot is
-serialised by a per-slot lock, so concurrent callers (proxy threads, harness threads) are
-safe, and different slots warm in parallel. Does not own HTTP forwarding
-(:mod:`pion.llama.proxy`) or the file format of the index (:mod:`pion.llama.index`).
+Fail-open: :meth:`PrefixWarmer.claim`, :meth:`~PrefixWarmer.ensure` and
+:meth:`~PrefixWarmer.finish` never raise; a failure is a ``disabled`` outcome (counted; an
+unexpected exception type is logged as an error with its traceback) and the caller's
+request proceeds. Does not own HTTP forwarding (:mod:`pion.llama.proxy`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import threading
+import asyncio
 import time
 from collections import Counter, deque
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pion.llama.background import Background
-from pion.llama.client import LlamaClient, LlamaServerError
-from pion.llama.coldbuild import cold, save_evicted, save_held
+from pion.llama.client import AsyncLlamaClient, LlamaServerError
 from pion.llama.config import WarmerConfig
-from pion.llama.context import SlotState, Target, WarmerContext
+from pion.llama.context import WarmerContext
 from pion.llama.endpoints import EndpointKind
 from pion.llama.eventlog import EventLog
-from pion.llama.fingerprint import FingerprintInputs, fingerprint, model_file_identity
 from pion.llama.index import SlotIndex
 from pion.llama.learn import BoundaryLearner
+from pion.llama.lease import Lease, SlotLeases
 from pion.llama.outcome import WARM_KINDS, Outcome
 from pion.llama.prefix import PrefixSkip, WarmRequest
 from pion.llama.prompt import warm_request_for
 from pion.llama.restore import (
     HYBRID_ADVICE,
-    NO_SAVING_ADVICE,
-    reject,
-    restore,
-    restore_partial,
 )
 from pion.llama.serverinfo import ServerInfo
 from pion.llama.slots import SlotTable
-from pion.llama.status import warmer_status
-from pion.llama.store import SlotStore, StoreError, prefill_ms_arg
+from pion.llama.status import files_status, warmer_status
+from pion.llama.steps import SLOTS_SNAPSHOT, SlotsSnapshot, WarmerSteps
+from pion.llama.store import SlotStore, StoreError
 from pion.llama.timings import Timings
+from pion.llama.watch import DivergenceWatch
 
-__all__ = ["HYBRID_ADVICE", "PrefixWarmer"]
+__all__ = ["HYBRID_ADVICE", "PrefixWarmer", "Ticket"]
 
 
-class PrefixWarmer:
-    """Keeps stable prefixes warm in llama-server slots. Thread-safe; never raises from
-    :meth:`ensure` or :meth:`observe`."""
+@dataclass
+class Ticket:
+    """A warmed request on its way: the outcome, and the lease it holds until
+    :meth:`PrefixWarmer.finish` (None: nothing held, the request passes through as sent).
+    ``pin``: the slot to pin the request to with ``id_slot`` (None: leave it unpinned).
+    ``conversation``: the request's own tokens (token mode), for a checkpoint after it."""
+
+    outcome: Outcome
+    lease: Lease | None = None
+    pin: int | None = None
+    # The whole request's tokens (token mode): a checkpoint of the conversation after
+    # its answer is checked against them (pion.llama.checkpoint).
+    conversation: tuple[int, ...] | None = None
+
+
+class PrefixWarmer(WarmerSteps):
+    """Keeps stable prefixes warm in llama-server slots, on one asyncio event loop. Never
+    raises from :meth:`claim`, :meth:`ensure`, :meth:`ensure_for`, :meth:`finish` or
+    :meth:`observe`."""
 
     def __init__(
         self,
         config: WarmerConfig,
-        client: LlamaClient | None = None,
+        client: AsyncLlamaClient | None = None,
         log: EventLog | None = None,
     ) -> None:
         self.config = config
-        self.client = client or LlamaClient(
+        self.client = client or AsyncLlamaClient(
             config.base_url, timeout=config.timeout, api_key=config.api_key
         )
         self.log = log or EventLog(config.log_path)
@@ -100,17 +107,22 @@ class PrefixWarmer:
         self.ctx = WarmerContext(config, self.client, self.log, index, store, background)
         if background is not None:
             background.on_failure = self.ctx.failure
-        # Saves of prefixes found in a slot (see _save_later): after the request, off its path.
-        self._saves: Background | None = None
-        if index is not None:
-            self._saves = Background(self.log, name="pion-llama-save", word="SAVE")
-            self._saves.on_failure = self.ctx.failure
-        self._slot_locks: dict[int, threading.Lock] = {}
         self._table: SlotTable | None = None
+        self.leases: SlotLeases | None = None
         self._info: ServerInfo | None = None
+        self._props: asyncio.Task[ServerInfo] | None = None
+        self._snapshot: SlotsSnapshot | None = None
         self._outcomes: deque[Outcome] = deque(maxlen=50)
         self._counts: Counter[str] = Counter()
+        # Post-answer work (observation, saves) and receipts: tasks no answer waits for.
+        self._tasks: set[asyncio.Task[None]] = set()
+        # Generation requests forwarded without a pin right now, and since start: such a
+        # request may run in any slot, so a slot's state is trusted without asking
+        # llama-server only while none has run since it was warmed (``SlotState.epoch``).
+        self.unpinned_inflight = 0
+        self.unpinned_epoch = 0
         self.learner = BoundaryLearner()
+        self.divergence = DivergenceWatch(self.log, excerpts=config.divergence_excerpts)
 
     def _open_store(self, index: SlotIndex | None) -> tuple[SlotStore | None, Background | None]:
         store_config = self.config.store_config()
@@ -134,63 +146,97 @@ class PrefixWarmer:
     def store(self) -> SlotStore | None:
         return self.ctx.store
 
-    def close(self) -> None:
-        if self._saves is not None:
-            self._saves.close()
+    async def aclose(self) -> None:
+        """Finish post-answer work, release every lease, close the store and client."""
+        await self.flush(timeout=30.0)
+        for task in list(self._tasks):
+            task.cancel()
+        if self.leases is not None:
+            self.leases.release_all()
         if self.ctx.background is not None:
-            self.ctx.background.close()
+            await asyncio.to_thread(self.ctx.background.close)
         if self.ctx.store is not None:
-            self.ctx.store.close()
-        self.client.close()
+            await asyncio.to_thread(self.ctx.store.close)
+        await self.client.aclose()
+        await asyncio.to_thread(self.log.flush)
 
-    def flush(self, timeout: float = 60.0) -> bool:
-        """Wait for background work (slot saves, then store pushes and receipts) submitted
-        so far."""
+    async def flush(self, timeout: float = 60.0) -> bool:
+        """Wait for post-answer work (observations, saves), then store pushes and
+        receipts, submitted so far."""
         deadline = time.monotonic() + timeout
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+            if pending:
+                return False
+        background = self.ctx.background
         ok = True
-        for background in (self._saves, self.ctx.background):
-            if background is not None:
-                ok = background.flush(max(0.0, deadline - time.monotonic())) and ok
+        if background is not None:
+            left = max(0.0, deadline - time.monotonic())
+            ok = await asyncio.to_thread(background.flush, left)
+        await asyncio.to_thread(self.log.flush, max(0.0, deadline - time.monotonic()))
         return ok
 
-    def __enter__(self) -> PrefixWarmer:
-        return self
+    def spawn(self, coro: Any, what: str) -> None:
+        """Run ``coro`` as a task no request waits for; failures are counted, not raised."""
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        async def run() -> None:
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.ctx.failure(what, exc)
 
-    def _lock(self, slot: int) -> threading.Lock:
-        with self.ctx.guard:
-            return self._slot_locks.setdefault(slot, threading.Lock())
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # -- public API -----------------------------------------------------------------------
 
-    def ensure(self, request: WarmRequest, slot: int | None = None) -> Outcome:
-        """Make a slot hold ``request``'s prefix: ``slot`` when given, else the slot the
-        routing picks (the configured ``slot`` without ``slots``). The outcome names it."""
+    async def claim(
+        self, kind: EndpointKind, body: Mapping[str, Any], harness: str, *, pinnable: bool
+    ) -> Ticket:
+        """Find the warmable prefix of a request, lease a slot for it and warm it there.
+        The ticket holds the lease until :meth:`finish`: the caller forwards the request
+        (pinned to ``ticket.pin``) in between. ``pinnable``: the endpoint honours
+        ``id_slot`` (llama-server drops it from ``/v1/messages``: such a request leases
+        every slot of a multi-slot warmer, as llama-server places it itself)."""
         t0 = time.monotonic()
+        # Beside the rendering, not after it: whether the slots still hold their prompts
+        # (a restarted llama-server shows none) costs no round trip of its own.
+        token = SLOTS_SNAPSHOT.set(self._shared_snapshot())
         try:
-            slot, fp, evicted = self._route(request, slot)
-        except Exception as exc:
-            self.ctx.failure("route", exc)
-            return self._record(self._failed(exc, self.config.slot, t0))
-        with self._lock(slot):
-            try:
-                outcome = self._ensure(request, slot, fp, evicted, t0)
-            except Exception as exc:
-                # The fail-open boundary: whatever broke, the caller's request proceeds.
-                self.ctx.failure("ensure", exc)
-                outcome = self._failed(exc, slot, t0)
-                self.ctx.slots.pop(slot, None)
-        return self._record(outcome)
+            return await self._claim_found(kind, body, harness, t0, pinnable=pinnable)
+        finally:
+            SLOTS_SNAPSHOT.reset(token)
 
-    def ensure_for(self, kind: EndpointKind, body: Mapping[str, Any], harness: str) -> Outcome:
-        """Find the warmable prefix of a request to any generation endpoint (a harness
-        marker, else the boundary learned from this harness's requests) and ensure it.
-        Never raises: a failure is a ``disabled`` outcome, no prefix a ``skipped`` one."""
-        t0 = time.monotonic()
+    def _shared_snapshot(self) -> SlotsSnapshot:
+        """The ``GET /slots`` in flight, else a new one: requests that arrive together
+        share one (a burst of N asks once); its start time goes with it, so the lease
+        check (:meth:`_claim`) judges it by when it was asked, not when it was joined."""
+        current = self._snapshot
+        if current is None or current.entries.done():
+            entries = asyncio.get_running_loop().create_task(self._slots_snapshot())
+            current = self._snapshot = SlotsSnapshot(time.monotonic(), entries)
+        return current
+
+    async def _slots_snapshot(self) -> list[dict[str, Any]] | None:
         try:
-            found = warm_request_for(
+            return await self.client.slots()
+        except LlamaServerError:
+            return None
+
+    async def _claim_found(
+        self,
+        kind: EndpointKind,
+        body: Mapping[str, Any],
+        harness: str,
+        t0: float,
+        *,
+        pinnable: bool,
+    ) -> Ticket:
+        try:
+            found = await warm_request_for(
                 kind,
                 body,
                 self.client,
@@ -199,22 +245,98 @@ class PrefixWarmer:
                 harness=harness,
                 seeds=lambda: self._seeds(harness),
                 log=self.log,
+                watch=self.divergence,
             )
         except Exception as exc:
             self.ctx.failure("prefix", exc)
-            return self._record(self._failed(exc, self.config.slot, t0))
+            return Ticket(self._record(self._failed(exc, self.config.slot, t0)))
         if isinstance(found, PrefixSkip):
-            return self.skipped(found.reason)
-        return self.ensure(found)
+            return Ticket(self.skipped(found.reason))
+        exclusive = not pinnable and self.config.multi_slot
+        return await self._claim(found, None, t0, exclusive=exclusive, pinnable=pinnable)
+
+    async def finish(
+        self,
+        ticket: Ticket,
+        timings: Timings | None,
+        *,
+        failed: bool = False,
+        hung_up: bool = False,
+    ) -> None:
+        """The real request's answer is relayed (``failed``: the upstream failed;
+        ``hung_up``: the client went away first): observe it, save what it confirmed, then
+        release the lease. Never raises; always releases."""
+        try:
+            if failed:
+                self._upstream_failed()
+            elif hung_up:
+                self.ctx.count("hung_up")
+                if ticket.lease is not None:
+                    # llama-server may still be busy with the abandoned request; the next
+                    # request pinned to a busy slot would wedge it.
+                    await self._until_idle(ticket.lease.slot)
+            else:
+                await self._observe(ticket.outcome, timings)
+                conversation = ticket.conversation
+                exclusive = ticket.lease is not None and ticket.lease.exclusive
+                if exclusive and not await self._placed(ticket.outcome):
+                    conversation = None  # the warmed slot does not hold it
+                await self._after_answer(ticket.outcome, timings, conversation)
+        except Exception as exc:
+            self.ctx.failure("observe", exc)
+            self.log(f"observation failed (fail-open): {exc!r}")
+        finally:
+            self.release(ticket)
+
+    def release(self, ticket: Ticket) -> None:
+        """End the ticket's lease (idempotent)."""
+        if ticket.lease is not None and self.leases is not None:
+            self.leases.release(ticket.lease)
+
+    async def ensure(self, request: WarmRequest, slot: int | None = None) -> Outcome:
+        """Make a slot hold ``request``'s prefix now (``pion llama warm``, a library): the
+        lease ends when it is warm. ``slot`` when given, else the routing's choice."""
+        ticket = await self._claim(request, slot, time.monotonic(), exclusive=False, pinnable=True)
+        self._released_early(ticket)
+        return ticket.outcome
+
+    async def ensure_for(
+        self, kind: EndpointKind, body: Mapping[str, Any], harness: str
+    ) -> Outcome:
+        """:meth:`claim` for a request that is not forwarded by this process: the lease
+        ends when the prefix is warm."""
+        ticket = await self.claim(kind, body, harness, pinnable=True)
+        self._released_early(ticket)
+        return ticket.outcome
+
+    def _released_early(self, ticket: Ticket) -> None:
+        """The lease ends before the caller's own request: that request runs outside any
+        lease, like an unpinned one (no slot is trusted unchecked after it)."""
+        self.release(ticket)
+        if ticket.lease is not None:
+            self.unpinned_epoch += 1
+
+    async def observe(self, outcome: Outcome, timings: Timings | None) -> None:
+        """A request sent outside a ticket (a library caller): log its reuse, accept or
+        reject a pending restore, report the receipt, save what it confirmed."""
+        try:
+            await self._observe(outcome, timings)
+            await self._after_answer(outcome, timings, None)
+        except Exception as exc:
+            self.ctx.failure("observe", exc)
+            self.log(f"observation failed (fail-open): {exc!r}")
 
     def _seeds(self, harness: str) -> Iterator[tuple[int, ...]]:
-        """The tokens of the saved prefixes of ``harness`` (what earlier runs learned)."""
+        """The tokens of the saved prefixes of ``harness`` (what earlier runs learned).
+        Reads the slot dir: the learner calls it off the event loop."""
         index = self.ctx.index
         if index is None:
             return
         owner = self.config.harness if self.config.harness is not None else harness
         for name, entry in sorted(index.load().files.items()):
-            if entry.harness == owner:
+            # A checkpoint holds a whole conversation: as a seed it would make the learner
+            # take that conversation for the stable prefix.
+            if entry.harness == owner and not entry.checkpoint:
                 tokens = self.ctx.file_tokens(index.slot_dir / name)
                 if tokens:
                     yield tokens
@@ -247,44 +369,26 @@ class PrefixWarmer:
         shown = text if len(text) <= 120 else text[:117] + "..."
         self.log(f"removed Claude Code's billing-header system block: {shown!r}")
 
-    def observe(self, outcome: Outcome, timings: Timings | None) -> None:
-        """Log the real request's reuse; accept or reject a pending restore; report a
-        confirmed hit or restore to the receipt."""
-        try:
-            self._observe(outcome, timings)
-        except Exception as exc:
-            self.ctx.failure("observe", exc)
-            self.log(f"observation failed (fail-open): {exc!r}")
-
-    def status(self) -> dict[str, Any]:
-        """Slots and their prefixes, last outcomes, counters, files, store, log tail."""
+    async def status(self) -> dict[str, Any]:
+        """Slots and their prefixes, leases, last outcomes, counters, files, the log tail.
+        Never waits on a lease or llama-server; ``index.json`` is read off the loop."""
+        files = await asyncio.to_thread(files_status, self.ctx)
         with self.ctx.guard:
             outcomes = [o.to_json() for o in self._outcomes]
             counts = dict(self._counts)
-        return warmer_status(self.ctx, self._table, outcomes, counts)
+        data = warmer_status(self.ctx, self._table, outcomes, counts, files)
+        data["leases"] = self.leases.status() if self.leases is not None else None
+        data["unpinned_inflight"] = self.unpinned_inflight
+        data["divergence"] = self.divergence.to_json()
+        return data
 
-    # -- routing --------------------------------------------------------------------------
+    # -- routing and leases ---------------------------------------------------------------
 
-    def _server_info(self, refresh: bool) -> ServerInfo:
-        if refresh or self._info is None:
-            self._info = ServerInfo.from_props(self.client.props())
-        return self._info
-
-    def _fingerprint(self, request: WarmRequest, info: ServerInfo) -> str:
-        inputs = FingerprintInputs.of(
-            request,
-            model_id=info.model_id,
-            model_file=model_file_identity(info.model_path),
-            server_id=f"{self.config.server_id}|{info.build}",
-            harness=self.config.harness,
-        )
-        return fingerprint(inputs)
-
-    def _slot_table(self, info: ServerInfo) -> SlotTable:
-        with self.ctx.guard:
-            if self._table is None:
-                self._table = SlotTable(self._slot_ids(info))
-            return self._table
+    def _slot_table(self, info: ServerInfo) -> tuple[SlotTable, SlotLeases]:
+        if self._table is None or self.leases is None:
+            slots = self._slot_ids(info)
+            self._table, self.leases = SlotTable(slots), SlotLeases(slots)
+        return self._table, self.leases
 
     def _slot_ids(self, info: ServerInfo) -> tuple[int, ...]:
         """The slots this warmer uses (``--slots all``: as many as the server has)."""
@@ -306,21 +410,120 @@ class PrefixWarmer:
             self.log(f"one stable prefix per slot: slots {', '.join(map(str, slots))}")
         return slots
 
-    def _route(self, request: WarmRequest, slot: int | None) -> tuple[int, str, str | None]:
-        """(slot, fingerprint, evicted fingerprint) for this request."""
-        info = self._server_info(refresh=False)
-        fp = self._fingerprint(request, info)
-        table = self._slot_table(info)
-        if slot is not None:
-            return slot, fp, table.pin(slot, fp, request.label())
+    async def _claim(
+        self,
+        request: WarmRequest,
+        slot: int | None,
+        t0: float,
+        *,
+        exclusive: bool,
+        pinnable: bool,
+    ) -> Ticket:
+        """Lease a slot for ``request`` (waiting in order, at most ``lease_wait``), then
+        warm it there. Fail-open: any error releases the lease and passes through."""
+        try:
+            info = await self._server_info(refresh=False)
+            fp = self._fingerprint(request, info)
+            table, leases = self._slot_table(info)
+        except Exception as exc:
+            self.ctx.failure("route", exc)
+            return Ticket(self._record(self._failed(exc, self.config.slot, t0)))
+
+        def choose(free: frozenset[int]) -> int | None:
+            if slot is not None:
+                return slot if slot in free else None
+            return self._choose(table, fp, request, free)
+
+        label = request.label()
+        lease = await leases.acquire(
+            None if exclusive else choose, label, wait=self.config.lease_wait
+        )
+        if lease is None:
+            self.ctx.count("lease_timeouts")
+            return Ticket(
+                self.skipped(
+                    f"every slot it could use stayed busy for {self.config.lease_wait:g} s: "
+                    "forwarded unwarmed"
+                )
+            )
+        if lease.waited_s > 0.001:
+            self.ctx.count("lease_waits")
+        snapshot = SLOTS_SNAPSHOT.get()
+        if snapshot is not None and not leases.quiet_since(lease.slots, snapshot.started):
+            # Another request held the slot after the snapshot was asked for (a burst
+            # queued on one slot): it shows the slot as it was before that request.
+            SLOTS_SNAPSHOT.set(None)
+        try:
+            return await self._warm_leased(
+                request,
+                slot=slot,
+                fp=fp,
+                table=table,
+                leases=leases,
+                lease=lease,
+                t0=t0,
+                pinnable=pinnable,
+            )
+        except asyncio.CancelledError:
+            # The client went away mid-warm-up: llama-server may still be busy in the slot.
+            self.ctx.slots.pop(lease.slot, None)
+            self.spawn(self._release_when_idle(lease), "release")
+            raise
+
+    async def _warm_leased(
+        self,
+        request: WarmRequest,
+        *,
+        slot: int | None,
+        fp: str,
+        table: SlotTable,
+        leases: SlotLeases,
+        lease: Lease,
+        t0: float,
+        pinnable: bool,
+    ) -> Ticket:
+        """Under ``lease``: warm ``request``'s prefix (fail-open)."""
+        target = lease.slot
+        if lease.exclusive:
+            chosen = slot if slot is not None else self._choose(table, fp, request, lease.slots)
+            target = chosen if chosen is not None else lease.slot
+        try:
+            if await self._busy(target):
+                leases.release(lease)
+                self.ctx.count("busy_slot_skips")
+                return Ticket(
+                    self.skipped(f"slot {target} is busy with a request the proxy could not pin")
+                )
+            outcome = await self._ensure_in(request, target, fp, table, t0)
+        except Exception as exc:
+            # The fail-open boundary: whatever broke, the caller's request proceeds.
+            self.ctx.failure("ensure", exc)
+            self.ctx.slots.pop(target, None)
+            leases.release(lease)
+            return Ticket(self._record(self._failed(exc, target, t0)))
+        ticket = Ticket(self._record(outcome), lease, conversation=request.conversation)
+        if outcome.kind in WARM_KINDS and pinnable:
+            ticket.pin = outcome.slot
+        return ticket
+
+    async def _release_when_idle(self, lease: Lease) -> None:
+        try:
+            await self._until_idle(lease.slot)
+        finally:
+            if self.leases is not None:
+                self.leases.release(lease)
+
+    def _choose(
+        self, table: SlotTable, fp: str, request: WarmRequest, free: frozenset[int]
+    ) -> int | None:
+        """The slot a request takes among the free ones (None: it waits): the slot of its
+        prefix, else a slot whose prefix starts with its own (a learned boundary moved
+        back), else a free slot (unclaimed first, then least recently used)."""
         if table.slot_of(fp) is None:
             holder = self._holder(table, request)
             if holder is not None:
-                # The slot already holds this prefix at its start: route there, evict nothing.
-                table.pin(holder, fp, request.label())
-                return holder, fp, None
-        slot, evicted = table.claim(fp, request.label())
-        return slot, fp, evicted
+                return holder if holder in free else None
+        return table.pick(fp, free)
 
     def _holder(self, table: SlotTable, request: WarmRequest) -> int | None:
         """A slot of ours whose prefix starts with ``request``'s (the longest such)."""
@@ -333,184 +536,12 @@ class PrefixWarmer:
                     found = (slot, held)
         return found[0] if found is not None else None
 
-    # -- the state machine ----------------------------------------------------------------
-
-    def _ensure(
-        self, request: WarmRequest, slot: int, fp: str, evicted: str | None, t0: float
-    ) -> Outcome:
-        ctx = self.ctx
-        state = ctx.slots.get(slot)
-        if state is not None and state.fingerprint == fp:
-            if self._slot_alive(slot, state.tokens):
-                self.log(f"fingerprint={fp[:16]}…")
-                self.log(f"cache=HIT (slot {slot} already warmed for this fingerprint)")
-                ms = (time.monotonic() - t0) * 1000.0
-                return Outcome("hit", fp, slot, state.tokens, ms=ms, at=time.time())
-            self.log(
-                f"slot {slot} no longer holds the prefix (server restarted or slot "
-                "reused) → rebuilding"
-            )
-            ctx.slots.pop(slot, None)
-        elif state is not None and state.holds_start_of(request.tokens):
-            hit = self._held_hit(request, slot, fp, state, t0)
-            if hit is not None:
-                return hit
-            ctx.slots.pop(slot, None)
-            state = None
-        # Off the hit path a /props round trip is cheap next to a warm-up, and it notices a
-        # restarted server with another build or model.
-        info = self._server_info(refresh=True)
-        if state is not None and state.fingerprint != fp:
-            save_evicted(ctx, slot, state, info)
-            ctx.slots.pop(slot, None)
-        elif evicted is not None:
-            self.log(f"EVICT slot {slot}: {evicted[:16]}…, least recently used")
-        new_fp = self._fingerprint(request, info)
-        if new_fp != fp and self._table is not None:
-            self._table.pin(slot, new_fp, request.label())
-        self.log(f"fingerprint={new_fp[:16]}…")
-        target = Target(request, slot, new_fp, info, t0)
-        if ctx.index is not None:
-            restored = restore(ctx, target)
-            if restored is not None:
-                return restored
-            base = restore_partial(ctx, target)
-            if base is not None:
-                built = cold(ctx, target)
-                return dataclasses.replace(built, kind="partial", file=base[0], shared=base[1])
-        return cold(ctx, target)
-
-    def _held_hit(
-        self, request: WarmRequest, slot: int, fp: str, state: SlotState, t0: float
-    ) -> Outcome | None:
-        """The slot's prefix starts with ``request``'s: take the slot over for the shorter
-        prefix as it is (a hit), or None when the slot no longer holds it."""
-        tokens = len(request.tokens or ())
-        if not self._slot_alive(slot, tokens):
-            self.log(
-                f"slot {slot} no longer holds the prefix (server restarted or slot "
-                "reused) → rebuilding"
-            )
-            return None
-        self.ctx.slots[slot] = state.taken_over(fp, request, save=self.ctx.index is not None)
-        self.log(f"fingerprint={fp[:16]}…")
-        self.log(
-            f"cache=HIT (slot {slot} holds this prefix of {tokens} tok at the start of "
-            f"{state.fingerprint[:16]}…'s {len(state.prompt or ())}: taken over as it is)"
-        )
-        self.ctx.count("held_hits")
-        ms = (time.monotonic() - t0) * 1000.0
-        return Outcome("hit", fp, slot, tokens, ms=ms, at=time.time())
-
-    def _slot_alive(self, slot: int, tokens: int) -> bool:
-        try:
-            entry = self.client.slot(slot)
-        except LlamaServerError as exc:
-            self.log(f"slot check failed ({exc.short()}) → treating slot {slot} as cold")
+    async def _busy(self, slot: int) -> bool:
+        """Whether llama-server is processing a request in ``slot`` that the proxy did not
+        pin there. Pinning a request to a busy slot makes llama-server b11434 load its
+        host-memory prompt cache into that slot and spin forever (docs/llama.md): asked
+        only while unpinned requests are on their way, the one case it can happen."""
+        if self.unpinned_inflight <= 0:
             return False
-        n = entry.get("n_prompt_tokens") if entry else None
-        return isinstance(n, int) and n > 0 and n >= self.config.gate_ratio * tokens
-
-    def _observe(self, outcome: Outcome, timings: Timings | None) -> None:
-        if outcome.kind in ("disabled", "skipped") and timings is None:
-            return
-        if timings is None:
-            self.log("observed normal request: no timings in the response")
-            return
-        self.log(
-            f"observed normal request: prompt_n={timings.prompt_n} cache_n={timings.cache_n} "
-            f"(reuse {timings.reuse:.0%})"
-        )
-        if outcome.kind not in WARM_KINDS:
-            return
-        with self._lock(outcome.slot):
-            state = self.ctx.slots.get(outcome.slot)
-            if state is None or state.fingerprint != outcome.fingerprint:
-                return
-            gate = self.config.gate_ratio * state.tokens
-            reused = timings.cache_n > 0 and timings.cache_n >= gate
-            if state.pending is not None:
-                self._verify_pending(outcome.slot, state, timings, reused)
-            elif timings.cache_n == 0:
-                # Something else took the slot since (another client, a restart): do not
-                # claim a hit next time.
-                self.log(f"slot {outcome.slot} did not serve the prefix → re-warming next time")
-                self.ctx.slots.pop(outcome.slot, None)
-                return
-            if reused and outcome.kind in ("hit", "restored"):
-                self._receipt(state)
-            if reused and state.save_later:
-                state.save_later = False
-                self._save_later(outcome.slot, state.fingerprint)
-
-    def _verify_pending(self, slot: int, state: SlotState, timings: Timings, ok: bool) -> None:
-        pending = state.pending
-        if pending is None:
-            return
-        state.pending = None
-        if ok:
-            self.log(
-                f"RESTORE verified by the real request: identical "
-                f"{timings.cache_n}/{state.tokens}, divergent cache_n={timings.cache_n}"
-            )
-            if 0 < state.prefill_ms <= pending.restore_ms:
-                self.log(
-                    f"RESTORE accepted but saved no time: restoring took "
-                    f"{pending.restore_ms:.0f} ms, the cold prefill {state.prefill_ms:.0f} ms"
-                )
-            return
-        self.ctx.slots.pop(slot, None)
-        self.log(
-            f"RESTORE accepted by llama-server (n_restored={pending.n_restored}) but saved no "
-            f"time: the request reused {timings.cache_n} of {state.tokens} prefix tokens; "
-            f"{NO_SAVING_ADVICE}?"
-        )
-        reject(
-            self.ctx,
-            slot,
-            pending.file,
-            key=pending.restore_key,
-            own_file=pending.own_file,
-            why=f"real request reused {timings.cache_n} of {state.tokens} restored tokens, "
-            f"< {self.config.gate_ratio:.0%}; it ran cold",
-            erase=False,
-        )
-
-    def _save_later(self, slot: int, fp: str) -> None:
-        """Save the prefix taken over in ``slot`` (see :meth:`_held_hit`) in the
-        background: the request that confirmed it has been answered, so the slot holds the
-        prefix and that request. Under the slot's lock, only while the slot still serves
-        ``fp``; a save that missed (a restart since, a failure) leaves the prefix to the
-        next chance: an eviction saves it, a restart restores it in part from the file it
-        started in."""
-        saves = self._saves
-        if saves is None:
-            return
-
-        def job() -> None:
-            with self._lock(slot):
-                state = self.ctx.slots.get(slot)
-                if state is None or state.fingerprint != fp or state.saved:
-                    return
-                save_held(self.ctx, slot, state, self._server_info(refresh=True))
-
-        if saves.submit(f"save of slot {slot}", job):
-            self.log(f"save of slot {slot}'s prefix {fp[:16]}… queued (background)")
-
-    def _receipt(self, state: SlotState) -> None:
-        store, background = self.ctx.store, self.ctx.background
-        if store is None or background is None:
-            return
-        fp, tokens, ms = state.fingerprint, state.tokens, state.prefill_ms
-
-        def report() -> None:
-            hit = store.report(fp, tokens, ms)
-            if hit is None:
-                return
-            self.log(
-                f"RECEIPT KV.PREFIX.LOOKUP llama:{fp[:16]}… TOKENS {tokens} "
-                f"PREFILL_MS {prefill_ms_arg(ms)} → "
-                + ("HIT" if hit else "MISS (not registered there: registered now)")
-            )
-
-        background.submit("receipt", report)
+        entry = await self.client.slot(slot)
+        return bool(entry and entry.get("is_processing"))

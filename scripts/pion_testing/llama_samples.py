@@ -1,4 +1,4 @@
-"""Pi-shaped sample requests for tests, the benchmark and experiments.
+"""Pi-shaped sample requests for tests, the benchmarks and the fidelity worker.
 
 Owns :func:`pi_system_prompt` and :func:`pi_tools`, which build a system prompt shaped like
 Pi's (>= 0.87): an untagged preamble, then ``<tools>``, ``<rules>``, ``<project_context>`` and

@@ -1,0 +1,114 @@
+"""How the proxy's HTTP server is run: uvicorn, with time limits on slow and idle clients.
+
+Owns the uvicorn options of ``pion llama proxy`` and its protocol class
+(:class:`TimedH11Protocol`), and :func:`serve_in_thread` (tests, embedding). uvicorn closes
+a keep-alive connection that stays idle after a response (``timeout_keep_alive``), but not
+a connection that never completes a request's headers: a client that connects and sends
+nothing, or trickles a header byte every few seconds (slowloris), would hold a socket and
+a descriptor forever. :class:`TimedH11Protocol` closes a connection whose request headers
+are not complete :data:`HEADER_TIMEOUT` seconds after it opened or after its last
+response. A body that stalls is the proxy's to time out (:data:`BODY_IDLE_TIMEOUT`), as
+it reads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+__all__ = [
+    "BODY_IDLE_TIMEOUT",
+    "HEADER_TIMEOUT",
+    "KEEP_ALIVE_TIMEOUT",
+    "TimedH11Protocol",
+    "serve_in_thread",
+    "uvicorn_options",
+]
+
+# Seconds a connection may take to send a complete request head (nginx's
+# client_header_timeout defaults to 60 s; a harness sends its head at once).
+HEADER_TIMEOUT = 30.0
+# Seconds a request body may stall between two chunks (nginx's client_body_timeout: 60 s).
+BODY_IDLE_TIMEOUT = 60.0
+# Seconds an idle keep-alive connection is kept (uvicorn's default is 5).
+KEEP_ALIVE_TIMEOUT = 15.0
+
+
+class TimedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, closing connections whose request head is late."""
+
+    _pion_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._pion_arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._pion_disarm()
+        super().connection_lost(exc)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._pion_disarm()  # the head is in: the body has its own limit
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._pion_arm()
+
+    def _pion_arm(self) -> None:
+        self._pion_disarm()
+        self._pion_timer = self.loop.call_later(HEADER_TIMEOUT, self._pion_late)
+
+    def _pion_disarm(self) -> None:
+        if self._pion_timer is not None:
+            self._pion_timer.cancel()
+            self._pion_timer = None
+
+    def _pion_late(self) -> None:
+        self._pion_timer = None
+        in_request = self.cycle is not None and not self.cycle.response_complete
+        if not in_request and not self.transport.is_closing():
+            self.transport.close()
+
+
+def uvicorn_options(host: str, port: int) -> dict[str, Any]:
+    # No Server/Date headers of our own: the upstream's pass through unchanged.
+    return {
+        "host": host,
+        "port": port,
+        "log_level": "warning",
+        "access_log": False,
+        "server_header": False,
+        "date_header": False,
+        "http": TimedH11Protocol,
+        "timeout_keep_alive": KEEP_ALIVE_TIMEOUT,
+        # A proxy shutting down lets answers in flight finish, for a while.
+        "timeout_graceful_shutdown": 10,
+    }
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn on a background thread (real TCP); yield its URL."""
+    config = uvicorn.Config(app, **uvicorn_options(host, port))
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="pion-llama-http", daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("server failed to start")
+        threading.Event().wait(0.01)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join(15)
