@@ -32,6 +32,11 @@ Tree::
                                          tier could not supply (unreachable, or its
                                          copy there is incomplete)
 
+Not an error, and outside the tree: :class:`NotYet`, raised by a store a command
+needs when what it needs is on its way (a tier fill reading): the command waits
+without holding the loop and runs again once it has come
+(``pion.commands.execution``).
+
 Clients match a few messages by text (``blob size``, ``session lives on worker N``,
 ``already``/``exists``); those texts are part of the wire contract (docs/protocol.md,
 "Wire conventions").
@@ -40,6 +45,7 @@ Clients match a few messages by text (``blob size``, ``session lives on worker N
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 __all__ = [
     "BodyError",
@@ -51,6 +57,7 @@ __all__ = [
     "MisconfError",
     "NoAuthError",
     "NoProtoError",
+    "NotYet",
     "OOMError",
     "PionError",
     "ProtocolError",
@@ -176,3 +183,15 @@ class WrongWorkerError(PionError):
 class TierError(PionError):
     """The shared second tier (``--tier``) could not supply a session this worker does
     not hold: the tier is unreachable or in backoff, or its copy is incomplete."""
+
+
+class NotYet(Exception):
+    """What a command needs is on its way (a tier fill is reading it): ``ready(go)``
+    calls ``go()`` once it has come, on any thread, at once if it has. Raised only
+    where the caller said it may wait (``Context.may_wait``) and before the command
+    changed anything, so running the command again then is the same as running it
+    once. Not a :class:`PionError`: nobody answers it; the command waits."""
+
+    def __init__(self, ready: Callable[[Callable[[], None]], None]) -> None:
+        super().__init__("waiting for data on its way")
+        self.ready = ready

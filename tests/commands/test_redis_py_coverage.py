@@ -1,5 +1,5 @@
 """Every command redis-py's ``Redis`` class sends for the families Pion serves (strings
-and generic keys, hashes, sorted sets, SCAN, and the server and connection commands)
+and generic keys, hashes, sorted sets, lists, sets, SCAN, and the server and connection commands)
 is either served by pion-server or listed in docs/protocol.md "Not yet served" with
 its reason, and answers ``-ERR unknown command`` there: nothing is half-served.
 
@@ -24,6 +24,8 @@ _FAMILIES = (
     core.BasicKeyCommands,
     core.HashCommands,
     core.SortedSetCommands,
+    core.ListCommands,
+    core.SetCommands,
     core.ScanCommands,
     core.ManagementCommands,
 )
@@ -39,6 +41,8 @@ _OPTIONS = frozenset(
         "IFEQ",
         "IFNE",
         "LIMIT",
+        "MAXLEN",
+        "RANK",
         "METRICS",
         "MINMATCHLEN",
         "OFF",
@@ -55,12 +59,11 @@ _OPTIONS = frozenset(
 # Not served, each in docs/protocol.md "Not yet served" (the reasons are there).
 NOT_SERVED = frozenset(
     {
-        # list and set types
-        "BLMOVE",
+        # Redis 8 additions to lists and sets (not in Redis 7.x)
         "BLMOVEM",
-        "LMOVE",
         "LMOVEM",
-        "SSCAN",
+        "SDIFFCARD",
+        "SUNIONCARD",
         # bit fields
         "BITFIELD_RO",
         # string algorithms
@@ -90,11 +93,10 @@ NOT_SERVED = frozenset(
         "HSETEX",
         "HTTL",
         "HOTKEYS",
-        # storing a range, popping from several keys, and blocking pops
+        # storing a range, sorting
         "ZRANGESTORE",
-        "BZMPOP",
-        "BZPOPMAX",
-        "BZPOPMIN",
+        "SORT",
+        "SORT_RO",
         # replication, Redis's persistence commands, debugging, modules
         "BGREWRITEAOF",
         "BGSAVE",
@@ -117,7 +119,6 @@ NOT_SERVED = frozenset(
         "CLIENT UNPAUSE",
         "CLIENT TRACKING",
         "CLIENT TRACKINGINFO",
-        "CLIENT UNBLOCK",
         "CONFIG REWRITE",
         "COMMAND GETKEYSANDFLAGS",
         "MEMORY MALLOC-STATS",
@@ -138,6 +139,7 @@ SUBCOMMAND_CALLS: dict[str, list[str]] = {
     "CLIENT REPLY": ["CLIENT", "REPLY", "ON"],
     "CLIENT SETINFO": ["CLIENT", "SETINFO", "LIB-NAME", "test"],
     "CLIENT SETNAME": ["CLIENT", "SETNAME", "test"],
+    "CLIENT UNBLOCK": ["CLIENT", "UNBLOCK", "999999"],
     "COMMAND COUNT": ["COMMAND", "COUNT"],
     "COMMAND LIST": ["COMMAND", "LIST"],
     "CONFIG GET": ["CONFIG", "GET", "maxclients"],

@@ -177,7 +177,12 @@ def test_truncated_payloads_are_refused(m: KeyMutation) -> None:
         (28, struct.pack("<IQ", 1, 1 << 40) + b"kv", "past a string"),
         (28, struct.pack("<I", 1) + b"k", "shorter"),
         (29, struct.pack("<I", 1) + b"k" + struct.pack("<I", 0), "count 0"),
-        (30, b"", "unknown op"),
+        (32, b"", "unknown op"),
+        (30, struct.pack("<I", 1) + b"k" + b"\x63", "unknown LIST change"),
+        (31, struct.pack("<I", 1) + b"k" + b"\x09", "unknown SET_OF change"),
+        (30, struct.pack("<I", 1) + b"k" + b"\x01" + struct.pack("<I", 0), "count 0"),
+        (30, struct.pack("<I", 1) + b"k" + b"\x05" + struct.pack("<Q", 0), "shorter"),
+        (31, struct.pack("<I", 1) + b"k" + b"\x01" + struct.pack("<I", 9), "count 9"),
     ],
 )
 def test_hostile_payloads_are_refused(op: int, payload: bytes, why: str) -> None:

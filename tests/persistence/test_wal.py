@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,10 @@ class FsyncSpy:
             raise OSError(errno.EIO, "Input/output error")
 
 
+def _fsync_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "pion-wal-fsync" and t.is_alive()}
+
+
 @pytest.fixture
 def fsync(monkeypatch: pytest.MonkeyPatch) -> FsyncSpy:
     spy = FsyncSpy()
@@ -52,7 +57,9 @@ def test_always_is_one_fsync_per_group(tmp_path: Path, fsync: FsyncSpy) -> None:
 
 
 def test_everysec_syncs_in_the_background(tmp_path: Path, fsync: FsyncSpy) -> None:
+    others = _fsync_threads()
     vs, p = open_store(tmp_path, appendfsync="everysec")
+    assert _fsync_threads() - others  # what syncs each second
     base = fsync.calls
     vs.create(b"a", 8, "int8")
     assert not p.needs_sync()  # replies never wait under everysec
@@ -65,11 +72,13 @@ def test_everysec_syncs_in_the_background(tmp_path: Path, fsync: FsyncSpy) -> No
 
 
 def test_no_leaves_it_to_the_os_until_close(tmp_path: Path, fsync: FsyncSpy) -> None:
+    others = _fsync_threads()
     vs, p = open_store(tmp_path, appendfsync="no")
     base = fsync.calls
     vs.create(b"a", 8, "int8")
-    time.sleep(1.3)
     assert fsync.calls == base and not p.needs_sync()
+    # Nothing that could fsync later is running: only everysec has a syncing thread.
+    assert not _fsync_threads() - others
     p.commit()  # KV.PREFIX.COMMIT is a barrier under every policy
     assert fsync.calls == base + 1
     vs.create(b"b", 8, "int8")

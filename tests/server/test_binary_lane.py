@@ -298,3 +298,22 @@ def test_random_frames_never_break_the_lane(lane_server: Callable[..., Any]) -> 
             assert status == STATUS_OK and len(reply) == H_Q * D * 4
     assert lane.call(OP_PING) == (STATUS_OK, b"")
     assert redis.Redis(port=server.port).info("stats")["total_internal_errors"] == 0
+
+
+def test_lane_queries_are_timed_and_counted_as_the_resp_command(
+    lane_server: Callable[..., Any],
+) -> None:
+    """The lane's queries pass the one error boundary: INFO commandstats counts them
+    (calls and failed calls), errorstats counts their errors, SLOWLOG logs them."""
+    server, lane, _ = lane_server()
+    c = redis.Redis(port=server.port)
+    c.config_set("slowlog-log-slower-than", 0)
+    q, e = rand(H_Q, 1, D), np.zeros((H_KV, 0, D), np.float32)
+    hm = np.arange(H_Q) // 4
+    assert lane.call(OP_QUERY_FUSED, fused(b"s", q, e, e, hm))[0] == STATUS_OK
+    assert lane.call(OP_QUERY_FUSED, fused(b"x", q, e, e, hm))[0] == STATUS_ERROR
+    row = c.info("commandstats")["cmdstat_attend.prefix.query_fused"]
+    assert (row["calls"], row["failed_calls"]) == (2, 1)
+    assert c.info("errorstats")["errorstat_ERR"]["count"] >= 1
+    logged = [e["command"] for e in c.slowlog_get(128)]
+    assert any(cmd.startswith(b"ATTEND.PREFIX.QUERY_FUSED x") for cmd in logged), logged

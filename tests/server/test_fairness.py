@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from support import ServerProcess, encode_command, running_server
@@ -176,6 +177,87 @@ def test_keys_over_a_large_keyspace_lets_other_clients_in(srv: ServerProcess) ->
     assert data.count(b"$8\r\nk") == n
     # The long command was cut into steps: no probe PING waited for the whole of it.
     assert waits
+    assert max(waits) < took / 2, (max(waits), took)
+
+
+class Probe:
+    """A client PINGing one at a time on its own connection; ``waits`` holds each
+    round trip (s)."""
+
+    def __init__(self, srv: ServerProcess) -> None:
+        self.waits: list[float] = []
+        self._srv = srv
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with self._srv.connect(timeout=30) as p:
+            while not self._done.is_set():
+                t0 = time.monotonic()
+                _ping(p)
+                self.waits.append(time.monotonic() - t0)
+
+    def stop(self) -> list[float]:
+        self._done.set()
+        self._thread.join(timeout=30)
+        assert self.waits
+        return self.waits
+
+
+def test_a_large_exec_lets_other_clients_in(srv: ServerProcess) -> None:
+    """MULTI, KEYS over a large keyspace, EXEC: the transaction's commands run at once
+    (nobody sees it half-applied) and its reply is encoded in steps, so no probe PING
+    waits for the whole of it."""
+    n = 150_000
+    with srv.client() as r:
+        pipe = r.pipeline(transaction=False)
+        for start in range(0, n, 10_000):
+            pipe.mset({f"k{i:07d}": "v" for i in range(start, start + 10_000)})
+        pipe.execute()
+    with srv.connect(timeout=60) as tx:
+        probe = Probe(srv)
+        time.sleep(0.1)
+        start = time.monotonic()
+        tx.sendall(
+            encode_command("MULTI")
+            + encode_command("SET", "a", "1")
+            + encode_command("KEYS", "*")
+            + encode_command("EXEC")
+        )
+        data, _ = _read_reply_of(tx, b"\r\n", 2 * (n + 1) + 5)
+        took = time.monotonic() - start
+        waits = probe.stop()
+    assert data.startswith(b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n*%d\r\n" % (n + 1))
+    assert data.count(b"$8\r\nk") == n
+    assert max(waits) < took / 2, (max(waits), took)
+
+
+def test_a_silenced_bulk_load_of_quantized_layers_keeps_the_slices(srv: ServerProcess) -> None:
+    """CLIENT REPLY OFF, then large V.STOREBATCHes: their quantization runs on the
+    worker pool as any client's does (it used to run inline, on the loop), so the
+    probe's PINGs go on meanwhile; the rows are all stored."""
+    dim, count, layers = 1024, 8192, 6  # 32 MiB of fp32 rows per layer
+    rng = np.random.default_rng(1)
+    blob = rng.standard_normal((count, dim)).astype("<f4").tobytes()
+    with srv.client() as r:
+        r.execute_command("V.CREATE", "s", dim, "VQUANT", "int8")
+        before = srv.info("stats")["offloaded_commands"]
+    with srv.connect(timeout=60) as load:
+        probe = Probe(srv)
+        time.sleep(0.1)
+        start = time.monotonic()
+        load.sendall(encode_command("CLIENT", "REPLY", "OFF"))
+        for layer in range(layers):
+            load.sendall(encode_command("V.STOREBATCH", "s", layer, 0, count, blob))
+        load.sendall(encode_command("CLIENT", "REPLY", "ON") + encode_command("PING"))
+        got, _ = _read_reply_of(load, b"\r\n", 2)
+        took = time.monotonic() - start
+        waits = probe.stop()
+    assert got == b"+OK\r\n+PONG\r\n"
+    assert srv.info("stats")["offloaded_commands"] - before == layers
+    with srv.client() as r:
+        assert r.execute_command("V.INFO", "s")  # the session holds its layers
     assert max(waits) < took / 2, (max(waits), took)
 
 

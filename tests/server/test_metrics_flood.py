@@ -46,3 +46,36 @@ def test_a_thousand_idle_metrics_connections_change_nothing(tmp_path: Path) -> N
         finally:
             for s in idle:
                 s.close()
+
+
+def _exchange(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+        s.sendall(request)
+        out = b""
+        while chunk := s.recv(65536):  # the server closes after its response
+            out += chunk
+    return out
+
+
+def test_requests_the_endpoint_refuses_and_a_head_request(tmp_path: Path) -> None:
+    port = _free_port()
+    with running_server(tmp_path, "--no-wal", "--metrics-port", str(port)):
+        get = _exchange(port, b"GET /metrics HTTP/1.0\r\n\r\n")
+        head, _, body = get.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+        assert length == len(body) and b"pion_connected_clients" in body
+        # HEAD: the same head, no body.
+        only = _exchange(port, b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert only.startswith(b"HTTP/1.1 200 OK\r\n") and only.endswith(b"\r\n\r\n")
+        assert b"Content-Length: " in only
+        refused = {
+            b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n": b"405",
+            b"NOT HTTP AT ALL\r\n\r\n": b"400",
+            # A head longer than MAX_REQUEST_BYTES and still not complete.
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"y" * 9000: b"431",
+        }
+        for request, status in refused.items():
+            reply = _exchange(port, request)
+            assert reply.startswith(b"HTTP/1.1 " + status + b" "), reply[:80]
+            assert reply.endswith(b"Content-Length: 0\r\nConnection: close\r\n\r\n")

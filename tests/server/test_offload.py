@@ -170,8 +170,8 @@ def test_streamed_reply_waits_for_a_client_behind(tmp_path: Path, small_offload:
         assert len(manual.queue) == 1
         manual.run_one()  # piece 3 was computing already: it is sent too
         assert manual.queue == []
-        assert conn._busy is not None  # the rest waits for the client to read
-        while conn._busy is not None:
+        assert conn._running.busy  # the rest waits for the client to read
+        while conn._running.busy:
             t.drain()
             await asyncio.sleep(0)
             manual.run_all()
@@ -203,6 +203,39 @@ def test_offloaded_store_error_is_the_synchronous_one(tmp_path: Path, small_offl
     assert asyncio.run(run(ManualOffload())) == inline
     assert inline[1] == ("error", "ERR layer 0 row 37: non-finite value")
     assert b"layer_0_tokens" not in inline[2]  # nothing was stored
+
+
+def test_an_error_found_off_the_loop_is_returned_as_found(
+    tmp_path: Path, small_offload: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31: the store's arguments are parsed once (``StoreRequest``), and a
+    non-finite value the worker found is the reply: the rows are not quantized again
+    on the loop to find it a second time."""
+    bad = rows(100, 64, 1)
+    bad[37, 5] = np.nan
+
+    async def body() -> None:
+        manual = ManualOffload()
+        conn, t = connect(tmp_path, offload=manual)
+        conn.data_received(encode("V.CREATE", "s", 64, "VQUANT", "int8"))
+        parsed: list[object] = []
+        real_parse = vstore_commands._parse_storebatch
+        monkeypatch.setattr(
+            vstore_commands,
+            "_parse_storebatch",
+            lambda argv: parsed.append(argv) or real_parse(argv),
+        )
+        stores: list[object] = []
+        real_store = conn._state.vstore.store
+        monkeypatch.setattr(
+            conn._state.vstore, "store", lambda *a, **k: stores.append(a) or real_store(*a, **k)
+        )
+        conn.data_received(encode("V.STOREBATCH", "s", 0, 0, 100, bad.tobytes()))
+        manual.run_all()
+        assert parse(bytes(t.written))[-1] == ("error", "ERR layer 0 row 37: non-finite value")
+        assert len(parsed) == 1 and stores == []
+
+    asyncio.run(body())
 
 
 def test_layout_changed_while_encoding(tmp_path: Path, small_offload: None) -> None:
@@ -273,12 +306,12 @@ def test_a_failed_piece_drops_the_connection(tmp_path: Path) -> None:
         manual = ManualOffload()
         conn, t = connect(tmp_path, offload=manual)
         stream = Stream([LazyBulk(8, [lambda: np.zeros(1, "<f8"), boom])], array=False)
-        conn._start([b"V.FETCH"], stream)
+        conn._running.start([b"V.FETCH"], stream, silent=False)
         manual.run_one()
         manual.run_one()
         assert t.aborted
         assert conn._state.counters.internal_errors == 1
-        assert conn._busy is None
+        assert not conn._running.busy
 
     asyncio.run(body())
 
@@ -288,7 +321,7 @@ def test_a_short_stream_drops_the_connection(tmp_path: Path) -> None:
         manual = ManualOffload()
         conn, t = connect(tmp_path, offload=manual)
         stream = Stream([LazyBulk(16, [lambda: np.zeros(1, "<f8")])], array=True)
-        conn._start([b"V.FETCH"], stream)
+        conn._running.start([b"V.FETCH"], stream, silent=False)
         manual.run_all()
         assert t.aborted
 
@@ -305,7 +338,7 @@ def test_offload_finish_runs_inside_the_error_boundary(tmp_path: Path) -> None:
     async def body() -> None:
         manual = ManualOffload()
         conn, t = connect(tmp_path, offload=manual)
-        conn._start([b"V.STOREBATCH"], Offload(work=lambda: 1, finish=finish))
+        conn._running.start([b"V.STOREBATCH"], Offload(work=lambda: 1, finish=finish), silent=False)
         manual.run_all()
         conn.data_received(encode("PING"))
         assert parse(bytes(t.written)) == [("error", "ERR internal error"), b"PONG"]

@@ -78,3 +78,20 @@ def test_an_error_reply_raises_and_the_connection_is_dropped(
     assert read_into(r, wants[1:], threads) == [4]
     assert dest[1, :4].tobytes() == b"fine"
     assert r.ping()
+
+
+def test_a_redirection_is_a_retryable_cluster_error(
+    cluster: RedisCluster3, threads: ThreadPoolExecutor, prefix: str
+) -> None:
+    # A plain client of a node that does not own the key: MOVED (redis-py's
+    # MovedError, a ResponseError) is the ClusterError TierClient retries.
+    name = f"{prefix}:moved"
+    cluster.client().set(name, b"v")
+    owner = cluster.owner_of(name)
+    other = next(node for node in cluster.nodes if node is not owner)
+    r = other.client()
+    dest = np.zeros(8, dtype=np.uint8)
+    with pytest.raises(redis.exceptions.ClusterError) as raised:
+        read_into(r, [Want(name, dest.data.cast("B"))], threads)
+    assert isinstance(raised.value.__cause__, redis.exceptions.ResponseError)
+    assert r.ping()  # the connection that saw the error was dropped, not reused

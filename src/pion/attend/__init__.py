@@ -9,8 +9,8 @@ queried), ``queries.py`` (every query form, validated), ``warm.py``
 the commands that drive them are ``pion.commands.attend``; the binary lane is
 ``pion.server.binary``. Recurrent state is not attention: it lives in ``pion.ssm``.
 
-Depends on ``errors``, ``numpy``, the fp16 codec's compiled cast and (``warm.py``
-only) the V-store.
+Depends on ``errors``, ``codecs`` (``widen.py``: the fp16 codec's compiled cast, when
+built) and ``vstore`` (``warm.py`` only), and on numpy.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from pion.client.errors import PionWrongWorker, error_from_redis
 from pion.client.export import ExportLane, is_loopback_host
 from pion.client.operation import operation
 from pion.client.options import connection_options, tls_options
-from pion.client.plans import Arrays, Plan, Warmed
+from pion.client.plans import Arrays, Plan, PlanFactory, Warmed
 from pion.client.wire import Command, make_namespace
 from pion.wire import affinity_port
 
@@ -72,7 +72,6 @@ C = TypeVar("C")  # a shell's connection class: redis.Redis or redis.asyncio.Red
 
 DEFAULT_PORT = 1974  # Pion's default port
 
-PlanFactory: TypeAlias = Callable[[], Plan[T]]
 # The driver's batches, each addressed to a port; it is sent each batch's replies.
 Route: TypeAlias = Generator[tuple[int, list[Command]], list[object], T]
 

@@ -1,6 +1,9 @@
 """``operation``: the descriptor that writes a client method once for the sync and
 asyncio shells. Why it exists and how it types: :mod:`pion.client.base`, "How a method
-is written once"."""
+is written once".
+
+It knows the shells only as :class:`Shell` (what it calls on one), so ``base.py``
+imports it and it imports nothing of ``base.py``."""
 
 from __future__ import annotations
 
@@ -8,18 +11,30 @@ import inspect
 import weakref
 from collections.abc import Callable, Coroutine
 from types import MethodType
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
 import redis
 import redis.asyncio
 
-if TYPE_CHECKING:
-    from pion.client.base import BasePromptCache, PlanFactory
+from pion.client.plans import PlanFactory
 
-__all__ = ["operation"]
+__all__ = ["Shell", "operation"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
+C_co = TypeVar("C_co", covariant=True)
+
+
+class Shell(Protocol[C_co]):
+    """A client class as ``operation`` sees it (``BasePromptCache`` and its shells):
+    its connection class ``C_co`` (``redis.Redis`` or ``redis.asyncio.Redis``) tells
+    a blocking method from a coroutine one."""
+
+    def _connection(self, port: int) -> C_co: ...
+
+    @staticmethod
+    def _shell_method(op: operation[Any, Any]) -> Callable[..., Any] | None: ...
+
 
 _RESULT = "PlanFactory["
 
@@ -53,21 +68,21 @@ class operation(Generic[P, T]):  # lower case, as property and classmethod are
 
     @overload
     def __get__(
-        self, cache: None, owner: type[BasePromptCache[redis.Redis]]
-    ) -> Callable[Concatenate[BasePromptCache[redis.Redis], P], T]: ...
+        self, cache: None, owner: type[Shell[redis.Redis]]
+    ) -> Callable[Concatenate[Shell[redis.Redis], P], T]: ...
     @overload
     def __get__(
-        self, cache: None, owner: type[BasePromptCache[redis.asyncio.Redis]]
-    ) -> Callable[Concatenate[BasePromptCache[redis.asyncio.Redis], P], Coroutine[Any, Any, T]]: ...
+        self, cache: None, owner: type[Shell[redis.asyncio.Redis]]
+    ) -> Callable[Concatenate[Shell[redis.asyncio.Redis], P], Coroutine[Any, Any, T]]: ...
     @overload
     def __get__(
-        self, cache: BasePromptCache[redis.Redis], owner: type[Any] | None = None
+        self, cache: Shell[redis.Redis], owner: type[Any] | None = None
     ) -> Callable[P, T]: ...
     @overload
     def __get__(
-        self, cache: BasePromptCache[redis.asyncio.Redis], owner: type[Any] | None = None
+        self, cache: Shell[redis.asyncio.Redis], owner: type[Any] | None = None
     ) -> Callable[P, Coroutine[Any, Any, T]]: ...
-    def __get__(self, cache: BasePromptCache[Any] | None, owner: type[Any] | None = None) -> Any:
+    def __get__(self, cache: Shell[Any] | None, owner: type[Any] | None = None) -> Any:
         shell = owner if cache is None else type(cache)
         if shell is None:
             raise TypeError("__get__(None, None) is invalid")

@@ -49,10 +49,13 @@ from pion.client.wire import (
 from pion.export.format import FormatError
 from pion.wire import bytes_of
 
-__all__ = ["Arrays", "Plan", "Warmed"]
+__all__ = ["Arrays", "Plan", "PlanFactory", "Warmed"]
 
 T = TypeVar("T")
 Plan: TypeAlias = Generator[list[Command], list[object], T]
+# What a client method's build returns: a plan made afresh on each call (a worker
+# redirect runs a fresh one), see pion.client.base.
+PlanFactory: TypeAlias = Callable[[], Plan[T]]
 Arrays: TypeAlias = list[npt.NDArray[np.float32]]
 
 

@@ -1,6 +1,6 @@
 """Storage formats for K/V rows: encode/decode with frozen on-disk ids.
 
-Eight formats, one module per family::
+Eight formats, one module per family (the reading order)::
 
     fp16.py    fp16      IEEE half, verbatim
     fp8.py     fp8       E4M3FN codes + fp16 scale per 32 values

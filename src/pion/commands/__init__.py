@@ -6,6 +6,28 @@ The table is built once and frozen; the server carries it on every handler's
 :class:`~pion.commands.state.Context`, so ``COMMAND`` describes exactly the table that
 dispatches. Tests that need an extra command build their own table with
 :func:`build_table` instead of patching a global.
+
+Reading order:
+
+1. ``state.py`` (what every handler is handed, and the row type), ``args.py`` and
+   ``scan_args.py`` (argument parsing every family shares).
+2. How a command runs: ``execution.py`` (the one error boundary, and running a
+   deferred result to its end where nothing may run in between), ``deferred.py`` (the
+   results that are not ready when a handler returns: work off the loop, steps, a
+   streamed reply, a wait), ``chunked.py`` (long replies and work cut into steps),
+   ``stats.py`` (commandstats, errorstats, SLOWLOG).
+3. The families: ``generic.py`` (connection and server commands) with ``clientctl.py``,
+   ``config_cmd.py``, ``info.py`` and ``observe.py``; the plain keyspace's
+   ``strings.py``, ``keys.py``, ``keys_more.py``, ``hashes.py``, ``zsets.py``,
+   ``zsets_more.py``, ``zsets_algebra.py``, ``bits.py``, ``lists.py`` and ``sets.py``;
+   ``blocking.py`` (BLPOP and the other blocking pops); ``transactions.py``
+   (MULTI/EXEC/WATCH); ``pubsub.py`` (SUBSCRIBE, PUBLISH and the rest); ``scripting.py``
+   (EVAL, SCRIPT: the runtime is ``pion.scripting``) with ``scriptbusy.py`` (a long
+   script: other clients wait, then -BUSY); the V-store's ``vstore.py``,
+   ``tierfetch.py`` (fetches streamed from a tier fill), ``rollback.py`` and
+   ``export.py``; ``prefix.py`` (KV.PREFIX.*),
+   ``persist.py``, ``attend.py`` and ``ssm.py``.
+4. ``workers.py``: what a command asks about other workers under ``-w N``.
 """
 
 from __future__ import annotations
@@ -16,15 +38,20 @@ from types import MappingProxyType
 from pion.commands import (
     attend,
     bits,
+    blocking,
     export,
     generic,
     hashes,
     keys,
     keys_more,
+    lists,
     observe,
     persist,
     prefix,
+    pubsub,
     rollback,
+    scripting,
+    sets,
     ssm,
     strings,
     transactions,
@@ -56,6 +83,11 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     transactions.COMMANDS,
     zsets_algebra.COMMANDS,
     bits.COMMANDS,
+    lists.COMMANDS,
+    sets.COMMANDS,
+    blocking.COMMANDS,
+    pubsub.COMMANDS,
+    scripting.COMMANDS,
 )
 
 

@@ -15,9 +15,17 @@ from typing import cast
 
 from pion.commands.deferred import Steps
 from pion.resp.encoder import Chunks, encode_reply
-from pion.resp.reply import NoReply, Reply
+from pion.resp.reply import Encoded, NoReply, Reply
 
-__all__ = ["BIG_REPLY", "STEP_ITEMS", "pairs_reply", "reply", "run_now", "work_steps"]
+__all__ = [
+    "BIG_REPLY",
+    "STEP_ITEMS",
+    "encoded_array",
+    "pairs_reply",
+    "reply",
+    "run_now",
+    "work_steps",
+]
 
 # Elements encoded per step: about half a millisecond of the loop.
 STEP_ITEMS = 2048
@@ -29,7 +37,36 @@ def reply(items: list[Reply], proto: int) -> Reply | Steps:
     """``items`` as an array reply: at once when small, else in steps."""
     if len(items) <= BIG_REPLY:
         return items
-    return Steps(_array(items, proto))
+    return Steps(_array(items, proto), taken=True)
+
+
+def encoded_array(count: int, parts: Sequence[Chunks | Steps], proto: int) -> Reply | Steps:
+    """An array of ``count`` elements already encoded (``parts``: chunks, and steps
+    that only encode what they took, ``Steps.taken``, each in its place: a
+    transaction's replies). At once when small and none is in steps, else in steps."""
+    flat: Chunks = [b"*%d\r\n" % count]
+    for part in parts:
+        if isinstance(part, Steps) or len(flat) + len(part) > BIG_REPLY:
+            return Steps(_parts(count, parts, proto), taken=True)
+        flat += part
+    return Encoded(b"".join(flat))
+    return Steps(_parts(count, parts, proto), taken=True)
+
+
+def _parts(
+    count: int, parts: Sequence[Chunks | Steps], proto: int
+) -> Generator[Chunks, None, Reply]:
+    yield [b"*%d\r\n" % count]
+    for part in parts:
+        if isinstance(part, Steps):
+            last = yield from part.run
+            out: Chunks = []
+            encode_reply(last, proto, out)
+            yield out
+            continue
+        for start in range(0, len(part), STEP_ITEMS):
+            yield part[start : start + STEP_ITEMS]
+    return NoReply()
 
 
 def _array(items: Sequence[Reply], proto: int) -> Generator[Chunks, None, Reply]:
@@ -62,7 +99,7 @@ def pairs_reply(
         for a, b in ordered:
             out += [a, b]
         return out
-    return Steps(_pairs(pairs, proto, shape, swap))
+    return Steps(_pairs(pairs, proto, shape, swap), taken=True)
 
 
 def _pairs(
@@ -88,14 +125,15 @@ def _pairs(
     return NoReply()
 
 
-def work_steps(work: Generator[None, None, Reply]) -> Steps:
-    """Steps that only work (free memory, parse arguments) and then reply."""
+def work_steps(work: Generator[None, None, Reply], *, taken: bool = False) -> Steps:
+    """Steps that only work (free memory, parse arguments) and then reply; ``taken``
+    as :class:`Steps` has it."""
 
     def run() -> Generator[Chunks, None, Reply]:
         result = yield from _quiet(work)
         return result
 
-    return Steps(run())
+    return Steps(run(), taken=taken)
 
 
 def _quiet(work: Generator[None, None, Reply]) -> Generator[Chunks, None, Reply]:

@@ -13,13 +13,16 @@ nothing, as in Redis.
 from __future__ import annotations
 
 from pion.commands.args import Args
+from pion.commands.blocking import unblock
 from pion.commands.state import ClientState, Context
 from pion.errors import PionError
+from pion.keyspace.numbers import parse_int64
 from pion.resp.reply import NO_REPLY, Reply, Simple
 
 __all__ = ["begin_silent", "client_kill", "client_no_evict", "client_reply", "silenced"]
 
-# Redis's client types; every Pion connection is a normal one.
+# Redis's client types; a Pion connection is a pubsub one while it has a subscription
+# (pion.pubsub), else a normal one.
 _TYPES = frozenset({"NORMAL", "MASTER", "REPLICA", "SLAVE", "PUBSUB"})
 
 
@@ -77,6 +80,29 @@ def client_no_evict(ctx: Context, cur: Args) -> Reply:
     return Simple("OK")
 
 
+# -- CLIENT UNBLOCK ------------------------------------------------------------------------
+
+
+def client_unblock(ctx: Context, cur: Args, spelled: str) -> Reply:
+    """``CLIENT UNBLOCK id [TIMEOUT|ERROR]``: ``:1`` when client ``id`` was waiting in
+    a blocking command (now answered as timed out, or ``-UNBLOCKED ...``), else ``:0``.
+    ``spelled``: the subcommand as sent, which Redis's arity error quotes."""
+    if len(cur) not in (1, 2):
+        raise PionError(
+            f"unknown subcommand or wrong number of arguments for '{spelled}'. Try CLIENT HELP."
+        )
+    client_id = parse_int64(cur.arg())
+    if client_id is None:
+        raise PionError("value is not an integer or out of range")
+    error = False
+    if not cur.done():
+        reason = cur.keyword()
+        if reason not in ("TIMEOUT", "ERROR"):
+            raise PionError("CLIENT UNBLOCK reason should be TIMEOUT or ERROR")
+        error = reason == "ERROR"
+    return int(unblock(ctx.state.keyspace, client_id, error))
+
+
 # -- CLIENT KILL ----------------------------------------------------------------------------
 
 
@@ -125,12 +151,13 @@ def client_kill(ctx: Context, cur: Args) -> Reply:
             skipme = text.lower() == "yes"
         else:
             raise PionError("syntax error")
-    if kind is not None and kind != "NORMAL":
+    if kind is not None and kind not in ("NORMAL", "PUBSUB"):
         return 0
     killed = 0
     for cid, c in list(state.clients.items()):
         if (
-            (ids is not None and cid != ids)
+            (kind is not None and (kind == "PUBSUB") != state.pubsub.subscribed(cid))
+            or (ids is not None and cid != ids)
             or (addr_f is not None and c.addr != addr_f)
             or (laddr_f is not None and c.laddr != laddr_f)
             or (skipme and cid == ctx.client.id)

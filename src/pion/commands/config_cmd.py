@@ -2,11 +2,15 @@
 
 Readable: bind, port, dir, requirepass, maxmemory, vstore-max-sessions, appendonly,
 appendfsync, save, databases, loglevel, worker-id, maxclients, maxmemory-clients,
-slowlog-log-slower-than, slowlog-max-len. Settable at runtime: maxmemory,
-vstore-max-sessions, loglevel, maxclients, maxmemory-clients, slowlog-log-slower-than,
-slowlog-max-len (the last two live in ``stats.py``'s slow log, not in the startup
-config). Anything else answers an error naming the parameter, so a client
-never believes a setting took effect when it did not. ``CONFIG SET`` with several
+slowlog-log-slower-than, slowlog-max-len, client-output-buffer-limit,
+notify-keyspace-events, busy-reply-threshold (alias lua-time-limit). Settable at
+runtime: maxmemory, vstore-max-sessions, loglevel, maxclients, maxmemory-clients,
+slowlog-log-slower-than, slowlog-max-len, client-output-buffer-limit,
+notify-keyspace-events, busy-reply-threshold and lua-time-limit (``pion.pubsub`` and
+``pion.notify`` hold and apply the two of pub/sub, the script runtime
+``pion.scripting`` the busy threshold; the slowlog two live in ``stats.py``'s slow
+log, not in the startup config). Anything else answers an error naming the parameter,
+so a client never believes a setting took effect when it did not. ``CONFIG SET`` with several
 pairs is atomic, as in Redis 7: all are checked first, then all applied, or none.
 """
 
@@ -21,7 +25,10 @@ from typing import Any
 from pion.commands.args import Args
 from pion.commands.state import Context, ServerState
 from pion.errors import PionError
+from pion.notify import configure, flags_text, parse_flags
+from pion.pubsub import OutputLimit
 from pion.resp.reply import Reply, Simple
+from pion.scripting.runtime import Scripts
 
 __all__ = ["config", "parse_memory"]
 
@@ -67,7 +74,19 @@ def _getters(ctx: Context) -> dict[str, Callable[[], str]]:
         "maxmemory-clients": lambda: str(cfg.maxmemory_clients),
         "slowlog-log-slower-than": lambda: str(ctx.state.stats.slowlog_threshold_us),
         "slowlog-max-len": lambda: str(ctx.state.stats.slowlog.maxlen),
+        "client-output-buffer-limit": lambda: " ".join(
+            f"{name} {limit.text()}" for name, limit in ctx.state.pubsub.limits.items()
+        ),
+        "notify-keyspace-events": lambda: flags_text(ctx.state.notify_flags),
+        "busy-reply-threshold": lambda: str(_scripts(ctx.state).busy_ms),
+        "lua-time-limit": lambda: str(_scripts(ctx.state).busy_ms),
     }
+
+
+def _scripts(state: ServerState) -> Scripts:
+    if state.scripts is None:
+        state.scripts = Scripts()
+    return state.scripts
 
 
 # A setting's parser: the value as sent -> what applies it. Parsing raises PionError
@@ -162,6 +181,53 @@ def _slowlog_max_len(value: str) -> _Apply:
     return apply
 
 
+def _notify_events(value: str) -> _Apply:
+    flags = parse_flags(value)
+
+    def apply(state: ServerState) -> None:
+        configure(state, flags)
+
+    return apply
+
+
+def _output_limits(value: str) -> _Apply:
+    """``<class> <hard> <soft> <soft seconds>`` repeated (Redis's texts for each
+    error); a class given twice takes its last values."""
+    words = value.split()
+    if len(words) % 4:
+        raise PionError("Wrong number of arguments in buffer limit configuration.")
+    limits: dict[str, OutputLimit] = {}
+    for i in range(0, len(words), 4):
+        name = words[i].lower()
+        name = "slave" if name == "replica" else name
+        if name not in ("normal", "slave", "pubsub"):
+            raise PionError("Invalid client class specified in buffer limit configuration.")
+        try:
+            hard, soft = parse_memory(words[i + 1]), parse_memory(words[i + 2])
+            seconds = int(words[i + 3], 10)
+        except (PionError, ValueError):
+            seconds = -1
+        if seconds < 0:
+            raise PionError(
+                "Error in hard, soft or soft_seconds setting in buffer limit configuration."
+            )
+        limits[name] = OutputLimit(hard, soft, seconds)
+
+    def apply(state: ServerState) -> None:
+        state.pubsub.limits.update(limits)
+
+    return apply
+
+
+def _busy_threshold(value: str) -> _Apply:
+    n = _long_in(value, 0)
+
+    def apply(state: ServerState) -> None:
+        _scripts(state).busy_ms = n
+
+    return apply
+
+
 _LEVELS = ("debug", "info", "notice", "warning", "error")
 _SETTABLE: dict[str, _Parser] = {
     "maxmemory": _maxmemory,
@@ -171,6 +237,10 @@ _SETTABLE: dict[str, _Parser] = {
     "maxmemory-clients": _maxmemory_clients,
     "slowlog-log-slower-than": _slowlog_threshold,
     "slowlog-max-len": _slowlog_max_len,
+    "client-output-buffer-limit": _output_limits,
+    "notify-keyspace-events": _notify_events,
+    "busy-reply-threshold": _busy_threshold,
+    "lua-time-limit": _busy_threshold,
 }
 
 

@@ -23,8 +23,15 @@ one of these instead of a reply, after it has parsed and checked every argument:
   Atomicity is the command's to keep: a step that reads live state must not rely on
   it across a yield, so a command reads or changes the state in one step and only
   encodes (or frees) what it took in the later ones.
+- :class:`Wait`: the command waits for something outside it (a key written, an
+  event), its client's later commands behind it, every other client going on; then
+  its ``then()`` runs on the loop and returns the reply (or another of these). The
+  mechanism blocking commands and pub/sub build on.
 
-The connection (``pion.server.connection``) runs them: it starts no further command of
+Where they run: ``pion.server.running`` on a live connection (the RESP lane's and,
+through it, a silenced client's), :func:`pion.commands.execution.settle` where nothing
+may run in between (EXEC, a connection without a worker pool). The connection
+(``pion.server.connection``) runs them: it starts no further command of
 that client until the reply has been handed on, so a pipeline's commands still run and
 reply in order; receiving the client's next command and sending the previous reply
 continue meanwhile, which is the overlap the offload exists for. Without a worker
@@ -42,7 +49,17 @@ from typing import Any, Generic, TypeAlias, TypeVar
 from pion.resp.encoder import Chunks
 from pion.resp.reply import Reply
 
-__all__ = ["Awaiting", "Deferred", "LazyBulk", "Offload", "Piece", "Split", "Steps", "Stream"]
+__all__ = [
+    "Awaiting",
+    "Deferred",
+    "LazyBulk",
+    "Offload",
+    "Piece",
+    "Split",
+    "Steps",
+    "Stream",
+    "Wait",
+]
 
 T = TypeVar("T")
 
@@ -63,7 +80,7 @@ class Split(Generic[T]):
     """An :class:`Offload`'s ``work`` in independent ``parts`` (row blocks of one store,
     each writing its own rows of a shared output) that a worker pool may run at once,
     on several threads; the work's result is ``result()``, taken once every part has
-    run. The first part to raise is the work's exception. Called directly (no pool),
+    run. The first part in order that raised gives the work's exception. Called directly (no pool),
     the parts run in order on the calling thread."""
 
     parts: Sequence[Callable[[], object]]
@@ -114,9 +131,36 @@ class Stream:
 class Steps:
     """Work in steps on the event loop: each ``next(run)`` yields encoded chunks to
     send now; the generator's return value is encoded and sent last (None: nothing
-    more). A PionError raised before any chunk was yielded is the command's reply."""
+    more). A PionError raised before any chunk was yielded is the command's reply.
+
+    ``taken``: every step works only on what the handler took from the state (encoding
+    it, freeing it), never on live state, so the steps may run after later commands
+    (a transaction's EXEC runs its other commands first and encodes these in its own
+    reply's steps); steps that change state (a long ZADD) may not, and run in place."""
 
     run: Generator[Chunks, None, Reply]
+    taken: bool = False
 
 
-Deferred: TypeAlias = Offload[Any] | Stream | Steps
+def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """The command waits: ``ready(go)`` arranges for ``go()`` to be called once what it
+    waits for has come (on any thread; at once if it is there already); ``then()``
+    runs then, on the loop, and returns the reply or another deferred result. After
+    ``timeout`` seconds (None: no limit), or where nothing may wait (inside EXEC),
+    ``expired()`` is the reply instead. ``cancel()`` is called when the wait ends
+    without ``go()`` (timed out, its client gone), so a waiter can be forgotten; a
+    ``go()`` after that is ignored."""
+
+    ready: Callable[[Callable[[], None]], None]
+    then: Callable[[], Reply | Deferred]
+    expired: Callable[[], Reply | Deferred]
+    timeout: float | None = None
+    cancel: Callable[[], None] = _nothing
+
+
+Deferred: TypeAlias = Offload[Any] | Stream | Steps | Wait

@@ -76,7 +76,7 @@ def v_export(ctx: Context, argv: Sequence[bytes]) -> Reply:
         # the cluster tier holds is filled from it first (--tier).
         redirect_session(ctx, sid, "V.EXPORT")
         if ctx.state.tier is not None:
-            ctx.state.tier.ensure_local((sid,), required=True)
+            ctx.state.tier.ensure_local((sid,), required=True, may_wait=ctx.may_wait)
     req = ExportRequest(sid_k, sid_v, start, end, n_layers, heads, head_dim)
     done = exports.export(ctx.state.vstore, req)
     ctx.state.receipt.credit_bytes(done.nbytes)

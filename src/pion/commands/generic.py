@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from pion import __version__
 from pion.commands import config_cmd
 from pion.commands.args import Args, parse_int
-from pion.commands.clientctl import client_kill, client_no_evict, client_reply
+from pion.commands.clientctl import client_kill, client_no_evict, client_reply, client_unblock
 from pion.commands.info import info_command
+from pion.commands.pubsub import ping_subscribed
 from pion.commands.state import Command, Context
 from pion.errors import NoAuthError, NoProtoError, PionError, WrongPassError
 from pion.resp.reply import NO_REPLY, Reply, Simple
@@ -38,7 +39,12 @@ def _ping(ctx: Context, args: Sequence[bytes]) -> Reply:
     cur = Args(args, "PING")
     if len(cur) > 1:
         raise PionError("wrong number of arguments for 'ping' command")
-    return Simple("PONG") if cur.done() else cur.arg("message")
+    bare = cur.done()
+    message = b"" if bare else cur.arg("message")
+    subscribed = ping_subscribed(ctx, message)
+    if subscribed is not None:
+        return subscribed
+    return Simple("PONG") if bare else message
 
 
 def _echo(ctx: Context, args: Sequence[bytes]) -> Reply:
@@ -134,8 +140,13 @@ def _valid_name(raw: bytes) -> str:
 def _client_line(ctx: Context, client_id: int) -> str:
     c = ctx.state.clients[client_id]
     age = int(time.time() - c.created)
+    subs = ctx.state.pubsub.of(c.id)
+    # Redis's pub/sub fields: flags P while subscribed, then the counts per kind.
+    counts = (0, 0, 0) if subs is None else tuple(len(n) for n in subs.names)
+    flags = "N" if subs is None else "P"
     return (
-        f"id={c.id} addr={c.addr} laddr={c.laddr} name={c.name} age={age} db=0 "
+        f"id={c.id} addr={c.addr} laddr={c.laddr} name={c.name} age={age} flags={flags} db=0 "
+        f"sub={counts[0]} psub={counts[1]} ssub={counts[2]} "
         f"resp={c.proto} lib-name={c.lib_name} lib-ver={c.lib_ver} cmd={c.last_command.lower()}"
     )
 
@@ -170,6 +181,8 @@ def _client(ctx: Context, args: Sequence[bytes]) -> Reply:
         return "".join(_client_line(ctx, cid) + "\n" for cid in sorted(ctx.state.clients))
     if sub == "KILL":
         return client_kill(ctx, cur)
+    if sub == "UNBLOCK":
+        return client_unblock(ctx, cur, args[0].decode("ascii"))
     if sub == "NO-EVICT":
         return client_no_evict(ctx, cur)
     if sub == "NO-TOUCH" and len(cur) == 1:
@@ -244,13 +257,20 @@ def _command(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 # The key positions (first key, last key, step) of the commands that take keys of the
 # plain keyspace, as redis-server 7 reports them (a test compares the two); every other
-# command has none: its arguments are namespaces, session ids or options. One line per
+# command has none: its arguments are namespaces, session ids or options (shard
+# channels count as keys, as in Redis: they pick a cluster slot). One line per
 # command: a keyspace command added to the table adds its line here.
 KEY_POSITIONS: dict[str, tuple[int, int, int]] = {
     "APPEND": (1, 1, 1),
     "BITCOUNT": (1, 1, 1),
     "BITOP": (2, -1, 1),
     "BITPOS": (1, 1, 1),
+    "BLMOVE": (1, 2, 1),
+    "BLPOP": (1, -2, 1),
+    "BRPOP": (1, -2, 1),
+    "BRPOPLPUSH": (1, 2, 1),
+    "BZPOPMAX": (1, -2, 1),
+    "BZPOPMIN": (1, -2, 1),
     "COPY": (1, 2, 1),
     "DECR": (1, 1, 1),
     "DECRBY": (1, 1, 1),
@@ -284,6 +304,18 @@ KEY_POSITIONS: dict[str, tuple[int, int, int]] = {
     "INCR": (1, 1, 1),
     "INCRBY": (1, 1, 1),
     "INCRBYFLOAT": (1, 1, 1),
+    "LINDEX": (1, 1, 1),
+    "LINSERT": (1, 1, 1),
+    "LLEN": (1, 1, 1),
+    "LMOVE": (1, 2, 1),
+    "LPOP": (1, 1, 1),
+    "LPOS": (1, 1, 1),
+    "LPUSH": (1, 1, 1),
+    "LPUSHX": (1, 1, 1),
+    "LRANGE": (1, 1, 1),
+    "LREM": (1, 1, 1),
+    "LSET": (1, 1, 1),
+    "LTRIM": (1, 1, 1),
     "MGET": (1, -1, 1),
     "MSET": (1, -1, 2),
     "MSETNX": (1, -1, 2),
@@ -295,13 +327,36 @@ KEY_POSITIONS: dict[str, tuple[int, int, int]] = {
     "PTTL": (1, 1, 1),
     "RENAME": (1, 2, 1),
     "RENAMENX": (1, 2, 1),
+    "RPOP": (1, 1, 1),
+    "RPOPLPUSH": (1, 2, 1),
+    "RPUSH": (1, 1, 1),
+    "RPUSHX": (1, 1, 1),
+    "SADD": (1, 1, 1),
+    "SCARD": (1, 1, 1),
+    "SDIFF": (1, -1, 1),
+    "SDIFFSTORE": (1, -1, 1),
     "SET": (1, 1, 1),
     "SETBIT": (1, 1, 1),
     "SETEX": (1, 1, 1),
     "SETNX": (1, 1, 1),
     "SETRANGE": (1, 1, 1),
+    "SINTER": (1, -1, 1),
+    "SINTERSTORE": (1, -1, 1),
+    "SISMEMBER": (1, 1, 1),
+    "SMEMBERS": (1, 1, 1),
+    "SMISMEMBER": (1, 1, 1),
+    "SMOVE": (1, 2, 1),
+    "SPOP": (1, 1, 1),
+    "SPUBLISH": (1, 1, 1),
+    "SRANDMEMBER": (1, 1, 1),
+    "SREM": (1, 1, 1),
+    "SSCAN": (1, 1, 1),
+    "SSUBSCRIBE": (1, -1, 1),
     "STRLEN": (1, 1, 1),
     "SUBSTR": (1, 1, 1),
+    "SUNION": (1, -1, 1),
+    "SUNIONSTORE": (1, -1, 1),
+    "SUNSUBSCRIBE": (1, -1, 1),
     "TOUCH": (1, -1, 1),
     "TTL": (1, 1, 1),
     "TYPE": (1, 1, 1),

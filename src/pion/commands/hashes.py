@@ -16,6 +16,7 @@ from pion.commands.state import Command, Context
 from pion.errors import PionError
 from pion.keyspace.hashes import hincrby, hincrbyfloat, hrandfield, hscan, hsetnx
 from pion.keyspace.numbers import parse_int64
+from pion.notify import GENERIC, HASH, notify
 from pion.resp.reply import Reply, Simple
 
 __all__ = ["COMMANDS"]
@@ -29,11 +30,14 @@ def _pairs(name: str, args: Sequence[bytes]) -> list[tuple[bytes, bytes]]:
 
 
 def _hset(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return ctx.state.keyspace.hash_set(args[0], _pairs("hset", args))
+    added = ctx.state.keyspace.hash_set(args[0], _pairs("hset", args))
+    notify(ctx.state, HASH, "hset", args[0])
+    return added
 
 
 def _hmset(ctx: Context, args: Sequence[bytes]) -> Reply:
     ctx.state.keyspace.hash_set(args[0], _pairs("hmset", args))
+    notify(ctx.state, HASH, "hset", args[0])
     return Simple("OK")
 
 
@@ -48,7 +52,13 @@ def _hmget(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 
 def _hdel(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return ctx.state.keyspace.hash_delete(args[0], args[1:])
+    ks = ctx.state.keyspace
+    deleted = ks.hash_delete(args[0], args[1:])
+    if deleted:
+        notify(ctx.state, HASH, "hdel", args[0])
+        if not ks.exists(args[0]):  # the last field went: the key with it
+            notify(ctx.state, GENERIC, "del", args[0])
+    return deleted
 
 
 def _hgetall(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
@@ -82,18 +92,25 @@ def _hstrlen(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 
 def _hsetnx(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return int(hsetnx(ctx.state.keyspace, args[0], args[1], args[2]))
+    stored = hsetnx(ctx.state.keyspace, args[0], args[1], args[2])
+    if stored:
+        notify(ctx.state, HASH, "hset", args[0])
+    return int(stored)
 
 
 def _hincrby(ctx: Context, args: Sequence[bytes]) -> Reply:
     delta = parse_int64(args[2])
     if delta is None:
         raise PionError("value is not an integer or out of range")
-    return hincrby(ctx.state.keyspace, args[0], args[1], delta)
+    reply = hincrby(ctx.state.keyspace, args[0], args[1], delta)
+    notify(ctx.state, HASH, "hincrby", args[0])
+    return reply
 
 
 def _hincrbyfloat(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return hincrbyfloat(ctx.state.keyspace, args[0], args[1], args[2])
+    reply = hincrbyfloat(ctx.state.keyspace, args[0], args[1], args[2])
+    notify(ctx.state, HASH, "hincrbyfloat", args[0])
+    return reply
 
 
 # HRANDFIELD's count bounds (Redis's -LONG_MAX..LONG_MAX; half that WITHVALUES).

@@ -33,7 +33,9 @@ import threading
 from collections.abc import Callable, Sequence
 
 from pion import __version__
+from pion.commands.blocking import blocked_count
 from pion.commands.state import Context
+from pion.pubsub import Kind
 from pion.resp.reply import Reply, Verbatim
 
 __all__ = ["MAXMEMORY_POLICY", "bytes_to_human", "info_command", "memory_usage", "rss_bytes"]
@@ -123,7 +125,7 @@ def _clients(ctx: Context) -> list[str]:
         f"maxclients:{ctx.state.config.maxclients}",
         # No command blocks (there is no BLPOP, BZPOPMIN or WAIT that waits); redis-cli
         # --stat shows this column.
-        "blocked_clients:0",
+        f"blocked_clients:{blocked_count(ctx.state.keyspace)}",
     ]
 
 
@@ -173,6 +175,7 @@ def _stats(ctx: Context) -> list[str]:
     vs = ctx.state.vstore
     tables = ctx.state.attention
     ks = ctx.state.keyspace
+    pubsub = ctx.state.pubsub
     return [
         f"total_connections_received:{c.total_connections_received}",
         f"total_commands_processed:{c.total_commands_processed}",
@@ -194,6 +197,10 @@ def _stats(ctx: Context) -> list[str]:
         f"expired_keys:{ks.expired_keys}",
         f"keyspace_hits:{ks.hits}",
         f"keyspace_misses:{ks.misses}",
+        f"pubsub_channels:{len(pubsub.table[Kind.CHANNEL])}",
+        f"pubsub_patterns:{len(pubsub.table[Kind.PATTERN])}",
+        f"pubsubshard_channels:{len(pubsub.table[Kind.SHARD])}",
+        f"client_output_buffer_limit_disconnections:{pubsub.limit_disconnects}",
         f"total_error_replies:{ctx.state.stats.error_replies}",
     ]
 

@@ -18,6 +18,7 @@ from pion.errors import PionError
 from pion.keyspace.entries import Entry
 from pion.keyspace.glob import matches_all, stringmatch
 from pion.keyspace.numbers import parse_cursor, parse_int64
+from pion.notify import GENERIC, notify
 from pion.resp.encoder import Chunks
 from pion.resp.reply import Reply, Simple
 
@@ -41,7 +42,14 @@ def _keyword(raw: bytes) -> str:
 
 
 def _del(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return ctx.state.keyspace.delete(args)
+    ks = ctx.state.keyspace
+    if not ctx.state.notify_flags:
+        return ks.delete(args)
+    live = [k for k in dict.fromkeys(args) if ks.exists(k)]
+    deleted = ks.delete(args)
+    for key in live:
+        notify(ctx.state, GENERIC, "del", key)
+    return deleted
 
 
 def _exists(ctx: Context, args: Sequence[bytes]) -> Reply:
@@ -91,6 +99,8 @@ def _expire_generic(
     # A deadline of 0 or less is long past (the key goes); clamped to 1 ms because 0
     # means "no deadline" to the keyspace.
     ks.set_deadline(key, max(when, 1))
+    # A deadline already past deletes the key: Redis announces that as a del.
+    notify(ctx.state, GENERIC, "expire" if when > ks.clock() else "del", key)
     return 1
 
 
@@ -138,7 +148,10 @@ def _pexpiretime(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 
 def _persist(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return int(ctx.state.keyspace.persist(args[0]))
+    persisted = ctx.state.keyspace.persist(args[0])
+    if persisted:
+        notify(ctx.state, GENERIC, "persist", args[0])
+    return int(persisted)
 
 
 def _type(ctx: Context, args: Sequence[bytes]) -> Reply:
@@ -184,7 +197,7 @@ def _keys(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
     if names is None or len(names) <= BIG_REPLY:
         out: list[Reply] = list(ks.keys(args[0]))
         return reply(out, ctx.client.proto)
-    return Steps(_keys_in_steps(names, args[0], ctx.client.proto))
+    return Steps(_keys_in_steps(names, args[0], ctx.client.proto), taken=True)
 
 
 def _keys_in_steps(
@@ -212,7 +225,7 @@ def _flush(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
     old = ctx.state.keyspace.flush()
     if len(old) <= BIG_REPLY:
         return Simple("OK")
-    return work_steps(_free(old))
+    return work_steps(_free(old), taken=True)
 
 
 def _free(old: dict[bytes, Entry]) -> Generator[None, None, Reply]:

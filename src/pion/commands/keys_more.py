@@ -16,14 +16,17 @@ stores every value one way and the encoding is only a report.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 from pion.commands.state import Command, Context
 from pion.errors import PionError
+from pion.keyspace.entries import Value
 from pion.keyspace.hashes import compact as compact_hash
 from pion.keyspace.numbers import parse_int64
-from pion.keyspace.sortedset import SortedSet
+from pion.keyspace.sets import encoding as set_encoding
 from pion.keyspace.zsets_more import compact as compact_zset
+from pion.notify import GENERIC, notify
 from pion.resp.reply import Reply, Simple
 
 __all__ = ["COMMANDS", "encoding_of"]
@@ -54,7 +57,11 @@ _OBJECT_HELP = [
 ]
 
 
-def encoding_of(value: bytes | dict[bytes, bytes] | SortedSet) -> str:
+def encoding_of(value: Value) -> str:
+    if isinstance(value, deque):
+        return "quicklist"  # Redis 7.0's only list encoding
+    if isinstance(value, set):
+        return set_encoding(value)
     if isinstance(value, bytes):
         if len(value) <= 20 and parse_int64(value) is not None:
             return "int"
@@ -67,7 +74,14 @@ def encoding_of(value: bytes | dict[bytes, bytes] | SortedSet) -> str:
 def _rename(ctx: Context, args: Sequence[bytes]) -> Reply:
     if not ctx.state.keyspace.rename(args[0], args[1]):
         raise PionError("no such key")
+    _renamed(ctx, args[0], args[1])
     return Simple("OK")
+
+
+def _renamed(ctx: Context, source: bytes, destination: bytes) -> None:
+    if source != destination:  # Redis: renaming a key to itself notifies nothing
+        notify(ctx.state, GENERIC, "rename_from", source)
+        notify(ctx.state, GENERIC, "rename_to", destination)
 
 
 def _renamenx(ctx: Context, args: Sequence[bytes]) -> Reply:
@@ -77,6 +91,7 @@ def _renamenx(ctx: Context, args: Sequence[bytes]) -> Reply:
     if args[0] == args[1] or ks.exists(args[1]):
         return 0
     ks.rename(args[0], args[1])
+    _renamed(ctx, args[0], args[1])
     return 1
 
 
@@ -103,7 +118,10 @@ def _copy(ctx: Context, args: Sequence[bytes]) -> Reply:
         i += 1
     if args[0] == args[1]:
         raise PionError("source and destination objects are the same")
-    return int(ctx.state.keyspace.copy(args[0], args[1], replace))
+    copied = ctx.state.keyspace.copy(args[0], args[1], replace)
+    if copied:
+        notify(ctx.state, GENERIC, "copy_to", args[1])
+    return int(copied)
 
 
 def _randomkey(ctx: Context, args: Sequence[bytes]) -> Reply:

@@ -90,7 +90,7 @@ def _register(ctx: Context, args: Sequence[bytes]) -> Reply:
         else:
             raise PionError(f"{cmd}: unknown option '{opt or '?'}'")
     if ctx.state.tier is not None:  # keep the layout another node registered
-        ctx.state.tier.ensure_local(namespace_sids(ns), required=False)
+        ctx.state.tier.ensure_local(namespace_sids(ns), required=False, may_wait=ctx.may_wait)
     ctx.state.registry.register(ns, kv_dim, vquant, blocks, prefill_ms)
     return Simple("OK")
 
@@ -120,7 +120,7 @@ def _lookup(ctx: Context, args: Sequence[bytes]) -> Reply:
             else:
                 raise PionError(f"{cmd}: unknown option '{opt or '?'}'")
     if ctx.state.tier is not None:
-        ctx.state.tier.before_lookup(ns)
+        ctx.state.tier.before_lookup(ns, may_wait=ctx.may_wait)
     return _HIT if ctx.state.registry.lookup(ns, tokens, prefill_ms) else _MISS
 
 
@@ -131,7 +131,8 @@ def _drop(ctx: Context, args: Sequence[bytes]) -> Reply:
     redirect_namespaces(ctx, namespaces, cmd)
     tier = ctx.state.tier
     return sum(
-        (tier is not None and tier.before_drop(ns)) | ctx.state.registry.drop(ns)
+        (tier is not None and tier.before_drop(ns, may_wait=ctx.may_wait))
+        | ctx.state.registry.drop(ns)
         for ns in dict.fromkeys(namespaces)
     )
 
@@ -145,7 +146,7 @@ def _blocks(ctx: Context, args: Sequence[bytes]) -> Reply:
     ns = Args(args, "KV.PREFIX.BLOCKS").namespace()
     redirect_namespace(ctx, ns, "KV.PREFIX.BLOCKS")
     if ctx.state.tier is not None:
-        ctx.state.tier.ensure_local(namespace_sids(ns)[:1], required=True)
+        ctx.state.tier.ensure_local(namespace_sids(ns)[:1], required=True, may_wait=ctx.may_wait)
     table = ctx.state.registry.block_table(ns)
     if table is None:
         return _UNKNOWN
@@ -161,7 +162,7 @@ def _membership(ctx: Context, args: Sequence[bytes]) -> Reply:
     probes = _hash_blob(cur, cmd, f"hash_count out of range (0..{MAX_HASH_COUNT})")
     redirect_namespace(ctx, ns, cmd)
     if ctx.state.tier is not None:
-        ctx.state.tier.ensure_local(namespace_sids(ns)[:1], required=True)
+        ctx.state.tier.ensure_local(namespace_sids(ns)[:1], required=True, may_wait=ctx.may_wait)
     table = ctx.state.registry.block_table(ns)
     if table is None:
         return _UNKNOWN

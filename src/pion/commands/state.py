@@ -28,12 +28,14 @@ from pion.export.cache import ExportCache
 from pion.keyspace import Keyspace
 from pion.prefix.receipt import Receipt
 from pion.prefix.registry import PrefixRegistry
+from pion.pubsub import PubSub
 from pion.resp.reply import Reply
 from pion.ssm import SsmStore
 from pion.vstore import VStore
 from pion.watch import WatchToken
 
 if TYPE_CHECKING:  # imported only where --tier is given (it pulls in redis-py)
+    from pion.scripting.runtime import Scripts
     from pion.tier import Tier
 
 __all__ = [
@@ -143,8 +145,16 @@ class ServerState:
     exports: ExportCache | None = None
     # The shared second tier (--tier), started after recovery; None without one.
     tier: Tier | None = None
+    # Lua scripting's cache and state (pion.scripting), built by the first script.
+    scripts: Scripts | None = None
+    # True while EXEC or a script writes its log records as one unit.
+    in_unit: bool = False
     # The plain keyspace (strings, hashes, sorted sets), beside the V-store.
     keyspace: Keyspace = field(default_factory=Keyspace)
+    # Pub/sub's subscriptions and output limits (pion.pubsub), and the enabled
+    # keyspace notifications (pion.notify: notify-keyspace-events).
+    pubsub: PubSub = field(default_factory=PubSub)
+    notify_flags: int = 0
     # Built from vstore and receipt: the KV.PREFIX registry over them.
     registry: PrefixRegistry = field(init=False)
     # Built from config: the attention tier's slot tables and the SSM state blobs.
@@ -194,6 +204,10 @@ class ClientState:
     watch: WatchToken | None = None
     # CLIENT REPLY: "on", "off", or "skip" (the next command's reply is dropped).
     reply_mode: str = "on"
+    # Installed by the connection: append bytes to this client's output at once (a
+    # pub/sub message or keyspace notification; pion.pubsub). None where there is no
+    # RESP connection to push to.
+    push: Callable[[bytes], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -227,11 +241,14 @@ CommandTable = Mapping[str, Command]
 @dataclass
 class Context:
     """What a handler sees: the server's shared state, the calling client and the
-    command table it was dispatched from."""
+    command table it was dispatched from. ``may_wait``: the command may wait for data
+    on its way (:class:`~pion.errors.NotYet`) instead of blocking the loop for it:
+    True on a live connection, False where nothing may run in between (EXEC)."""
 
     state: ServerState
     client: ClientState
     table: CommandTable
+    may_wait: bool = False
 
 
 Handler = Callable[[Context, Sequence[bytes]], Reply | Deferred]

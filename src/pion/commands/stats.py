@@ -4,7 +4,8 @@ and what SLOWLOG GET|LEN|RESET serve.
 The dispatcher calls :meth:`CommandStats.record` once per command it ran, with the time
 its handler took, and :meth:`CommandStats.rejected` / :meth:`CommandStats.unknown` for
 commands refused before running (Redis's ``rejected_calls``: arity, authentication,
-loading, MISCONF). An error reply from a handler counts as a ``failed_call``. Every
+loading, MISCONF). An error reply from a handler counts as a ``failed_call``, and
+so does one found after the handler returned (:meth:`CommandStats.failed_later`). Every
 error reply counts in ``errorstats`` under its code (the first word: ``ERR``,
 ``WRONGTYPE``, ``OOM``...), as in Redis 7.
 
@@ -117,6 +118,12 @@ class CommandStats:
         self._row(name)[2] += 1
         self._error(reply)
         return reply
+
+    def failed_later(self, name: str, reply: ErrorReply) -> None:
+        """A command that ran failed after its handler returned (an offloaded finish,
+        a step, encoding its reply): its call is recorded already, its failure now."""
+        self._row(name)[3] += 1
+        self._error(reply)
 
     def record(
         self, name: str, argv: Sequence[bytes], reply: object, started_ns: int, client: Client

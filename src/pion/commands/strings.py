@@ -36,6 +36,7 @@ from pion.keyspace.strings import (
     set_value,
     setrange,
 )
+from pion.notify import GENERIC, NEW, STRING, notify
 from pion.resp.reply import Reply, Simple
 
 __all__ = ["COMMANDS"]
@@ -80,11 +81,17 @@ def _parse_set(cur: Args) -> SetOptions:
 def _set(ctx: Context, args: Sequence[bytes]) -> Reply:
     if len(args) == 2:  # the common case (LMCache, redis-benchmark): no options
         ctx.state.keyspace.set_string(args[0], args[1])
+        if ctx.state.notify_flags:
+            notify(ctx.state, STRING, "set", args[0])
         return _OK
     cur = Args(args, "SET")
     key, value = cur.arg("key"), cur.arg("value")
     opts = _parse_set(cur)
     stored, old = set_value(ctx.state.keyspace, key, value, opts)
+    if stored:
+        notify(ctx.state, STRING, "set", key)
+        if opts.expire_unit is not None:
+            notify(ctx.state, GENERIC, "expire", key)
     if opts.get:
         return old
     return _OK if stored else None
@@ -96,31 +103,61 @@ def _mget(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 
 def _mset(ctx: Context, args: Sequence[bytes]) -> Reply:
-    mset(ctx.state.keyspace, _pairs("mset", args))
+    pairs = _pairs("mset", args)
+    fresh = _fresh(ctx, pairs)
+    mset(ctx.state.keyspace, pairs)
+    _announce_sets(ctx, pairs, fresh)
     return _OK
 
 
+def _fresh(ctx: Context, pairs: list[tuple[bytes, bytes]]) -> set[bytes]:
+    """The keys of an MSET that it creates (only asked while ``new`` notifies)."""
+    if not ctx.state.notify_flags & NEW:
+        return set()
+    ks = ctx.state.keyspace
+    return {key for key, _ in pairs if not ks.exists(key)}
+
+
+def _announce_sets(ctx: Context, pairs: list[tuple[bytes, bytes]], fresh: set[bytes]) -> None:
+    """MSET's events as Redis orders them: per key, ``new`` (when created) and then
+    ``set``. (The keyspace announces ``new`` itself for every other write.)"""
+    for key, _ in pairs:
+        if key in fresh:
+            fresh.discard(key)
+            notify(ctx.state, NEW, "new", key)
+        notify(ctx.state, STRING, "set", key)
+
+
 def _incr(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return incr_by(ctx.state.keyspace, args[0], 1)
+    return _counted(ctx, args[0], 1)
 
 
 def _decr(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return incr_by(ctx.state.keyspace, args[0], -1)
+    return _counted(ctx, args[0], -1)
 
 
 def _incrby(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return incr_by(ctx.state.keyspace, args[0], as_int(args[1]))
+    return _counted(ctx, args[0], as_int(args[1]))
 
 
 def _decrby(ctx: Context, args: Sequence[bytes]) -> Reply:
     delta = as_int(args[1])
     if delta == INT64_MIN:
         raise PionError("decrement would overflow")
-    return incr_by(ctx.state.keyspace, args[0], -delta)
+    return _counted(ctx, args[0], -delta)
+
+
+def _counted(ctx: Context, key: bytes, delta: int) -> Reply:
+    """INCR, DECR, INCRBY, DECRBY: Redis names every one's event ``incrby``."""
+    reply = incr_by(ctx.state.keyspace, key, delta)
+    notify(ctx.state, STRING, "incrby", key)
+    return reply
 
 
 def _incrbyfloat(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return incr_by_float(ctx.state.keyspace, args[0], args[1])
+    reply = incr_by_float(ctx.state.keyspace, args[0], args[1])
+    notify(ctx.state, STRING, "incrbyfloat", args[0])
+    return reply
 
 
 def _pairs(name: str, args: Sequence[bytes]) -> list[tuple[bytes, bytes]]:
@@ -130,11 +167,18 @@ def _pairs(name: str, args: Sequence[bytes]) -> list[tuple[bytes, bytes]]:
 
 
 def _msetnx(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return int(msetnx(ctx.state.keyspace, _pairs("msetnx", args)))
+    pairs = _pairs("msetnx", args)
+    fresh = _fresh(ctx, pairs)
+    stored = msetnx(ctx.state.keyspace, pairs)
+    if stored:
+        _announce_sets(ctx, pairs, fresh)
+    return int(stored)
 
 
 def _setnx(ctx: Context, args: Sequence[bytes]) -> Reply:
     stored, _ = set_value(ctx.state.keyspace, args[0], args[1], SetOptions(condition="NX"))
+    if stored:
+        notify(ctx.state, STRING, "set", args[0])
     return int(stored)
 
 
@@ -142,6 +186,8 @@ def _setex_generic(ctx: Context, args: Sequence[bytes], name: str, unit: ExpireU
     ks = ctx.state.keyspace
     deadline = set_deadline_of(name, unit, args[1], ks.clock())
     ks.set_string(args[0], args[2], deadline)
+    notify(ctx.state, STRING, "set", args[0])
+    notify(ctx.state, GENERIC, "expire", args[0])
     return _OK
 
 
@@ -154,11 +200,16 @@ def _psetex(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 
 def _getset(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return getset(ctx.state.keyspace, args[0], args[1])
+    reply = getset(ctx.state.keyspace, args[0], args[1])
+    notify(ctx.state, STRING, "set", args[0])
+    return reply
 
 
 def _getdel(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return getdel(ctx.state.keyspace, args[0])
+    reply = getdel(ctx.state.keyspace, args[0])
+    if reply is not None:
+        notify(ctx.state, GENERIC, "del", args[0])
+    return reply
 
 
 def _parse_getex(cur: Args) -> GetExOptions:
@@ -183,7 +234,16 @@ def _parse_getex(cur: Args) -> GetExOptions:
 def _getex(ctx: Context, args: Sequence[bytes]) -> Reply:
     cur = Args(args, "GETEX")
     key = cur.arg("key")
-    return getex(ctx.state.keyspace, key, _parse_getex(cur))
+    opts = _parse_getex(cur)
+    ks = ctx.state.keyspace
+    had_deadline = bool(ks.deadline(key)) if opts.persist else False
+    value = getex(ks, key, opts)
+    if value is not None and opts.expire_unit is not None:
+        # A time already past deletes the key: Redis announces a del.
+        notify(ctx.state, GENERIC, "expire" if ks.exists(key) else "del", key)
+    elif value is not None and had_deadline:
+        notify(ctx.state, GENERIC, "persist", key)
+    return value
 
 
 def _strlen(ctx: Context, args: Sequence[bytes]) -> Reply:
@@ -192,7 +252,9 @@ def _strlen(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 
 def _append(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return append(ctx.state.keyspace, args[0], args[1])
+    reply = append(ctx.state.keyspace, args[0], args[1])
+    notify(ctx.state, STRING, "append", args[0])
+    return reply
 
 
 def _getrange(ctx: Context, args: Sequence[bytes]) -> Reply:
@@ -201,7 +263,10 @@ def _getrange(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 
 def _setrange(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return setrange(ctx.state.keyspace, args[0], as_int(args[1]), args[2])
+    reply = setrange(ctx.state.keyspace, args[0], as_int(args[1]), args[2])
+    if args[2]:  # Redis: an empty write changes nothing and notifies nothing
+        notify(ctx.state, STRING, "setrange", args[0])
+    return reply
 
 
 _READ = frozenset({"readonly", "fast"})

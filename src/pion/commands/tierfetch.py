@@ -32,7 +32,7 @@ def fill_source(ctx: Context, sid: bytes) -> InFlightFill | None:
     """The fill a fetch of ``sid`` streams from, or None to answer from the V-store
     (having filled it first when needed; raises as a required fill does)."""
     tier = ctx.state.tier
-    return None if tier is None else tier.streaming_fill(sid)
+    return None if tier is None else tier.streaming_fill(sid, may_wait=ctx.may_wait)
 
 
 def batch_reply(
@@ -75,7 +75,7 @@ def _stream(
     array: bool,
 ) -> Stream:
     bulks = fill.reply(sid, layers, start, end, native)
-    fill.wait_first(sid, layers, start)
+    fill.wait_first(sid, layers, start, may_wait=ctx.may_wait)
     ctx.state.receipt.credit_bytes(sum(b[0] for b in bulks if b is not None))
     ctx.state.vstore.total_fetches += len(layers)
     # Each piece goes to a worker only once its layer has landed (no worker waits).

@@ -15,13 +15,18 @@ act on the log the transaction is being written to. Those answer
 ``-ERR Command not allowed inside a transaction`` and fail the transaction.
 
 EXEC runs the queued commands one after the other on the event loop thread, with no
-other client's command in between (the loop does not yield inside a handler), so
-nobody sees the transaction half-applied. A command whose conversion is normally
-offloaded runs inline. A runtime error fails that command only: its reply is the error
-and the others run. Their log records become one unit (``begin_unit``/``end_unit`` of
-the persistence layer; ``pion.persistence.txn_format``): a crash leaves all of an
-EXEC's writes in the log or none, and under ``appendfsync always`` the EXEC reply waits
-for the fsync of that one record like any write's reply.
+other client's command in between (the loop does not yield inside a handler), so nobody
+sees the transaction half-applied. Each runs through the one error boundary
+(``pion.commands.execution``); a command whose work is normally deferred (offloaded, in
+steps, streamed) runs inline, and one that would wait answers as if its time had run
+out, as a blocking command does inside Redis's MULTI. Steps that only encode what their
+command took (a large KEYS, a large reply) are kept, and EXEC's reply is sent in steps
+(``chunked.encoded_array``), so a large transaction's reply does not hold the loop. A
+runtime error fails that command only: its reply is the error and the others run. Their
+log records become one unit (``begin_unit``/``end_unit`` of the persistence layer;
+``pion.persistence.txn_format``): a crash leaves all of an EXEC's writes in the log or
+none, and under ``appendfsync always`` the EXEC reply waits for the fsync of that one
+record like any write's reply.
 
 Refused before anything runs, the transaction discarded: a log that is failing while
 the transaction holds a write command (``-EXECABORT Transaction discarded because of:
@@ -39,16 +44,16 @@ before EXEC. EXEC, DISCARD, UNWATCH and disconnecting forget the client's watche
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
-from time import perf_counter_ns
 
-from pion.commands.chunked import run_now
-from pion.commands.deferred import Deferred, LazyBulk, Offload, Steps, Stream
+from pion.commands.chunked import encoded_array
+from pion.commands.deferred import Steps
+from pion.commands.execution import DEFERRED, call, encode, settle
 from pion.commands.state import ClientState, Command, Context, ServerState
 from pion.commands.workers import redirect_namespace, redirect_session
 from pion.errors import ExecAbortError, MisconfError, PionError
-from pion.resp.reply import Encoded, ErrorReply, NullArray, Reply, Simple
+from pion.resp.encoder import Chunks
+from pion.resp.reply import ErrorReply, NullArray, Reply, Simple
 from pion.watch import WatchToken
 from pion.wire import namespace_sids
 
@@ -59,10 +64,7 @@ __all__ = [
     "forget_client",
     "queue_command",
     "refused_in_multi",
-    "settle",
 ]
-
-log = logging.getLogger("pion.server")
 
 # Run at once inside MULTI (Redis: exec, discard, multi, watch, quit, reset).
 IMMEDIATE = frozenset({"MULTI", "EXEC", "DISCARD", "WATCH", "QUIT"})
@@ -219,7 +221,7 @@ def _changed(state: ServerState, token: WatchToken | None) -> bool:
     return any(not was and keyspace.past_deadline(k) for k, was in token.keys.items())
 
 
-def _exec(ctx: Context, args: Sequence[bytes]) -> Reply:
+def _exec(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
     client, state = ctx.client, ctx.state
     queued = client.queued
     if queued is None:
@@ -245,61 +247,52 @@ def _exec(ctx: Context, args: Sequence[bytes]) -> Reply:
     if persistence is None:
         return _run_queued(ctx, queued)
     persistence.begin_unit()
+    state.in_unit = True
     try:
         replies = _run_queued(ctx, queued)
     finally:
+        state.in_unit = False
         persistence.end_unit()
     return replies
 
 
-def _run_queued(ctx: Context, queued: Sequence[tuple[Command, Sequence[bytes]]]) -> list[Reply]:
-    """Run the queued commands in order; each one's errors become its reply."""
-    client, counters, stats = ctx.client, ctx.state.counters, ctx.state.stats
-    replies: list[Reply] = []
-    for cmd, argv in queued:
-        counters.total_commands_processed += 1
-        client.last_command = cmd.name
-        # Timed and counted as the dispatcher does (INFO commandstats, SLOWLOG).
-        started = perf_counter_ns()
-        reply: Reply
-        try:
-            result = cmd.handler(ctx, argv[1:])
-            reply = settle(result, client.proto) if isinstance(result, _DEFERRED) else result
-        except PionError as exc:
-            reply = ErrorReply(exc.resp_line())
-        except Exception:
-            counters.internal_errors += 1
-            log.exception("internal error in %s inside EXEC", cmd.name)
-            reply = ErrorReply("ERR internal error")
-        stats.record(cmd.name, argv, reply, started, client)
-        replies.append(reply)
-    return replies
+def _run_queued(ctx: Context, queued: Sequence[tuple[Command, Sequence[bytes]]]) -> Reply | Steps:
+    """Run the queued commands in order, each through the one boundary, its reply
+    encoded into EXEC's there too (a reply that cannot be encoded is that command's
+    error, not EXEC's). A deferred part runs here (``execution.settle``), except steps
+    that only encode what their command took (``Steps.taken``), which become steps of
+    EXEC's own reply."""
+    counters = ctx.state.counters
+    parts: list[Chunks | Steps] = []
+    out: Chunks = []
+    may_wait, ctx.may_wait = ctx.may_wait, False  # nothing runs in between: no waits
+    # A pub/sub message for this client from one of its own commands (a PUBLISH, a
+    # keyspace notification) lands inside EXEC's array, before that command's reply,
+    # where Redis writes it.
+    client = ctx.client
+    push = client.push
 
+    def into_exec(data: bytes) -> None:
+        out.append(data)  # the list of the moment (a Steps part starts a new one)
 
-# What a handler returns when part of its work is left to the caller (``settle``).
-_DEFERRED = (Steps, Offload, Stream)
-
-
-def settle(reply: Reply | Deferred, proto: int) -> Reply:
-    """A handler's reply, its deferred part run here, on the calling thread (inside
-    EXEC, or for a client whose replies are switched off); the steps of a long reply
-    are run to the end and their bytes kept as they are (``proto``: the client's)."""
-    if isinstance(reply, Steps):
-        return Encoded(b"".join(run_now(reply, proto)))
-    if isinstance(reply, Offload):
-        try:
-            result: object = reply.work()
-        except Exception as exc:
-            result = exc
-        return reply.finish(result)
-    if isinstance(reply, Stream):
-        items: list[Reply] = [None if b is None else _join(b) for b in reply.items]
-        return items if reply.array else items[0]
-    return reply
-
-
-def _join(bulk: LazyBulk) -> bytes:
-    return b"".join(memoryview(piece()).cast("B").tobytes() for piece in bulk.pieces)
+    if push is not None:
+        client.push = into_exec
+    try:
+        for cmd, argv in queued:
+            counters.total_commands_processed += 1
+            result = call(ctx, cmd, argv)
+            if isinstance(result, DEFERRED):
+                if isinstance(result, Steps) and result.taken:
+                    parts += [out, result]
+                    out = []
+                    continue
+                result = settle(ctx, argv, result)
+            encode(ctx, argv, result, out)
+    finally:
+        ctx.may_wait = may_wait
+        client.push = push
+    parts.append(out)
+    return encoded_array(len(queued), [p for p in parts if p], ctx.client.proto)
 
 
 COMMANDS = (

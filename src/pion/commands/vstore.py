@@ -41,6 +41,7 @@ Where Pion is silent or lax, we choose (and the tests pin):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -124,11 +125,13 @@ def format_name(raw: bytes, names: tuple[str, ...] = FORMAT_NAMES) -> str | None
     return name if name in names else None
 
 
-def _from_tier(ctx: Context, sid: bytes, *, required: bool) -> None:
+def _from_tier(ctx: Context, sid: bytes, *, required: bool, may_wait: bool = True) -> None:
     """With ``--tier``: a session this worker does not hold is filled from the tier
-    first. ``required``: the command cannot answer without it (see pion.tier)."""
+    first. ``required``: the command cannot answer without it (see pion.tier);
+    ``may_wait`` False: the fill is read here even on a live connection."""
     if ctx.state.tier is not None:
-        ctx.state.tier.ensure_local((sid,), required=required)
+        wait = may_wait and ctx.may_wait
+        ctx.state.tier.ensure_local((sid,), required=required, may_wait=wait)
 
 
 def _bulk(ctx: Context, array: npt.NDArray[np.generic]) -> memoryview:
@@ -262,16 +265,29 @@ def _parse_spec(index: int, raw: bytes, default_dim: int, max_dim: int) -> tuple
 # -- V.STOREBATCH --------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class StoreRequest:
+    """A V.STOREBATCH's arguments, parsed once: used on the loop and off it."""
+
+    sid: bytes
+    layer: int
+    start: int
+    count: int
+    blob: bytes
+    f16: bool
+
+
 def v_storebatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
     """``V.STOREBATCH sid layer start count blob [FMT F16]`` -> ``+OK``"""
-    sid, layer, start, rows, codec = _storebatch_args(ctx, argv)
+    req = _parse_storebatch(argv)
+    rows, codec = _storebatch_rows(ctx, req)
     verbatim = rows.dtype == np.dtype("<f2") and codec.name == "fp16"
     if rows.nbytes >= OFFLOAD_MIN_BYTES and not verbatim:
         return Offload(
-            work=_encode_work(codec, rows, layer, start),
-            finish=partial(_storebatch_finish, ctx, argv),
+            work=_encode_work(codec, rows, req.layer, req.start),
+            finish=partial(_storebatch_finish, ctx, req, codec),
         )
-    ctx.state.vstore.store(sid, layer, start, rows)
+    ctx.state.vstore.store(req.sid, req.layer, req.start, rows)
     return Simple("OK")
 
 
@@ -296,20 +312,22 @@ def _tagged(codec: Codec, out: npt.NDArray[np.uint8]) -> Encoded:
 
 
 def _storebatch_finish(
-    ctx: Context, argv: Sequence[bytes], encoded: Encoded | BaseException
+    ctx: Context, req: StoreRequest, codec: Codec, encoded: Encoded | BaseException
 ) -> Reply:
-    """On the loop, after the rows were quantized off it: check everything again
-    (other clients ran meanwhile) and store; the hint is used if still valid."""
-    sid, layer, start, rows, _ = _storebatch_args(ctx, argv)
+    """On the loop, after the rows were quantized off it: check the state again (other
+    clients ran meanwhile) and store. The rows quantized off the loop are used if the
+    layer's codec is still theirs; so is an error found there (a non-finite value),
+    returned as found. Under another codec the store is worked out anew."""
+    rows, now = _storebatch_rows(ctx, req, may_wait=False)  # an offload's finish never waits
+    if isinstance(encoded, PionError) and now is codec:
+        raise encoded
     hint = None if isinstance(encoded, BaseException) else encoded
-    ctx.state.vstore.store(sid, layer, start, rows, encoded=hint)
+    ctx.state.vstore.store(req.sid, req.layer, req.start, rows, encoded=hint)
     return Simple("OK")
 
 
-def _storebatch_args(
-    ctx: Context, argv: Sequence[bytes]
-) -> tuple[bytes, int, int, npt.NDArray[np.float32] | npt.NDArray[np.float16], Codec]:
-    max_rows = ctx.state.config.vstore.max_rows
+def _parse_storebatch(argv: Sequence[bytes]) -> StoreRequest:
+    """The arguments alone (no state read)."""
     a = Args(argv, "V.STOREBATCH")
     sid = a.arg("session_id")
     layer = a.integer("layer_id")
@@ -325,23 +343,31 @@ def _storebatch_args(
         if width not in (b"F16", b"F32"):
             raise PionError("V.STOREBATCH: unknown option (expected FMT F16)")
         f16 = width == b"F16"
-    vs = ctx.state.vstore
+    return StoreRequest(sid, layer, start, count, blob, f16)
+
+
+def _storebatch_rows(
+    ctx: Context, req: StoreRequest, *, may_wait: bool = True
+) -> tuple[npt.NDArray[np.float32] | npt.NDArray[np.float16], Codec]:
+    """``req`` checked against the state now: its rows and the layer's codec."""
+    sid, start, count = req.sid, req.start, req.count
+    max_rows = ctx.state.config.vstore.max_rows
     redirect_session(ctx, sid, "V.STOREBATCH")
-    _from_tier(ctx, sid, required=True)
-    dim, codec = vs.layer_layout(sid, layer)  # session not found / layer out of range
+    _from_tier(ctx, sid, required=True, may_wait=may_wait)
+    dim, codec = ctx.state.vstore.layer_layout(sid, req.layer)  # not found / out of range
     if start < 0 or count < 1:
         raise PionError("V.STOREBATCH: invalid start/count (start >= 0, count >= 1)")
     if start + count > max_rows:
         raise PionError(f"V.STOREBATCH: rows out of range (start+count must be <= {max_rows})")
-    elem = 2 if f16 else 4
+    elem = 2 if req.f16 else 4
     expected = count * dim * elem
-    if len(blob) != expected:
+    if len(req.blob) != expected:
         raise PionError(
-            f"V.STOREBATCH: blob size {len(blob)} != expected {expected} "
+            f"V.STOREBATCH: blob size {len(req.blob)} != expected {expected} "
             f"(count={count} x dim={dim} x {elem} bytes)"
         )
-    rows = np.frombuffer(blob, dtype="<f2" if f16 else "<f4").reshape(count, dim)
-    return sid, layer, start, rows, codec
+    rows = np.frombuffer(req.blob, dtype="<f2" if req.f16 else "<f4").reshape(count, dim)
+    return rows, codec
 
 
 # -- V.FETCH -------------------------------------------------------------------------

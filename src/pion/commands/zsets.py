@@ -32,6 +32,7 @@ from pion.keyspace.zsets import (
     zrange_by_rank,
     zrange_by_score,
 )
+from pion.notify import GENERIC, ZSET, notify
 from pion.resp.reply import Reply
 
 __all__ = ["COMMANDS", "keyword", "long_arg", "with_scores"]
@@ -80,10 +81,12 @@ def _zadd(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
         if score is None:
             raise PionError(_NOT_A_FLOAT)
         pairs.append((score, rest[j + 1]))
-    return _zadd_reply(zadd(ctx.state.keyspace, key, pairs, flags), flags)
+    return _zadd_reply(ctx, key, zadd(ctx.state.keyspace, key, pairs, flags), flags)
 
 
-def _zadd_reply(res: ZAddResult, flags: ZAddFlags) -> Reply:
+def _zadd_reply(ctx: Context, key: bytes, res: ZAddResult, flags: ZAddFlags) -> Reply:
+    if res.added or res.updated:
+        notify(ctx.state, ZSET, "zincr" if flags.incr else "zadd", key)
     if flags.incr:
         return res.last_score if res.processed else None
     return res.added + res.updated if flags.ch else res.added
@@ -108,7 +111,7 @@ def _zadd_in_steps(
             pairs.append((score, rest[j + 1]))
         yield
     if flags.xx or ks.zset(key, read=False) is not None:
-        return _zadd_reply(zadd(ks, key, pairs, flags), flags)
+        return _zadd_reply(ctx, key, zadd(ks, key, pairs, flags), flags)
     plan = ZAddPlan(flags)
     for start in range(0, len(pairs), STEP_ITEMS):
         plan.step(pairs[start : start + STEP_ITEMS], _absent)
@@ -138,9 +141,9 @@ def _zadd_in_steps(
                 merged.append(into)
         runs = merged
     if ks.zset(key, read=False) is not None:  # created meanwhile
-        return _zadd_reply(zadd(ks, key, pairs, flags), flags)
+        return _zadd_reply(ctx, key, zadd(ks, key, pairs, flags), flags)
     ks.zset_create(SortedSet.adopt(plan.final, runs[0]), key, size)
-    return _zadd_reply(plan.result(), flags)
+    return _zadd_reply(ctx, key, plan.result(), flags)
 
 
 def _absent(member: bytes) -> float | None:
@@ -246,7 +249,13 @@ def _zrevrangebylex(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
 
 
 def _zrem(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return ctx.state.keyspace.zset_delete(args[0], args[1:])
+    ks = ctx.state.keyspace
+    removed = ks.zset_delete(args[0], args[1:])
+    if removed:
+        notify(ctx.state, ZSET, "zrem", args[0])
+        if not ks.exists(args[0]):  # the last member went: the key with it
+            notify(ctx.state, GENERIC, "del", args[0])
+    return removed
 
 
 def _zscore(ctx: Context, args: Sequence[bytes]) -> Reply:

@@ -26,6 +26,7 @@ from pion.keyspace.zsets_more import (
     zremrange_by_score,
     zscan,
 )
+from pion.notify import GENERIC, ZSET, notify
 from pion.resp.reply import NullArray, Reply
 
 __all__ = ["COMMANDS"]
@@ -50,6 +51,7 @@ def _zincrby(ctx: Context, args: Sequence[bytes]) -> Reply:
     if delta is None:
         raise PionError("value is not a valid float")
     res = zadd(ctx.state.keyspace, args[0], [(delta, args[2])], ZAddFlags(incr=True))
+    notify(ctx.state, ZSET, "zincr", args[0])
     return res.last_score
 
 
@@ -111,6 +113,7 @@ def _zpop(ctx: Context, args: Sequence[bytes], highest: bool) -> Reply:
     if ks.zset(args[0]) is None:
         return []
     popped = zpop(ks, args[0], count, highest)
+    _removed(ctx, args[0], len(popped), "zpopmax" if highest else "zpopmin")
     if len(args) == 2 and ctx.client.proto == 3:
         return [[member, score] for score, member in popped]
     out: list[Reply] = []
@@ -153,23 +156,40 @@ def _zmpop(ctx: Context, args: Sequence[bytes]) -> Reply:
     for key in args[1 : n + 1]:
         if ks.zset(key) is not None:
             popped = zpop(ks, key, max(count, 1), where == "MAX")
+            _removed(ctx, key, len(popped), "zpopmax" if where == "MAX" else "zpopmin")
             return [key, [[member, score] for score, member in popped]]
     return NullArray()
 
 
 def _zremrangebyrank(ctx: Context, args: Sequence[bytes]) -> Reply:
     start, stop = long_arg(args[1]), long_arg(args[2])
-    return zremrange_by_rank(ctx.state.keyspace, args[0], start, stop)
+    return _removed(
+        ctx, args[0], zremrange_by_rank(ctx.state.keyspace, args[0], start, stop), "zremrangebyrank"
+    )
 
 
 def _zremrangebyscore(ctx: Context, args: Sequence[bytes]) -> Reply:
     rng = _score_range(args[1], args[2])
-    return zremrange_by_score(ctx.state.keyspace, args[0], rng)
+    return _removed(
+        ctx, args[0], zremrange_by_score(ctx.state.keyspace, args[0], rng), "zremrangebyscore"
+    )
 
 
 def _zremrangebylex(ctx: Context, args: Sequence[bytes]) -> Reply:
     low, high = _lex_range(args[1], args[2])
-    return zremrange_by_lex(ctx.state.keyspace, args[0], low, high)
+    return _removed(
+        ctx, args[0], zremrange_by_lex(ctx.state.keyspace, args[0], low, high), "zremrangebylex"
+    )
+
+
+def _removed(ctx: Context, key: bytes, count: int, event: str) -> int:
+    """Announce ``count`` members removed from ``key`` (and the key's own removal
+    when it went with them); returns ``count``."""
+    if count:
+        notify(ctx.state, ZSET, event, key)
+        if not ctx.state.keyspace.exists(key):
+            notify(ctx.state, GENERIC, "del", key)
+    return count
 
 
 def _zrandmember(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:

@@ -1,16 +1,20 @@
-"""The plain keyspace: strings, hashes and sorted sets with expiry, for Pion's
+"""The plain keyspace: strings, hashes, sorted sets, lists and sets with expiry, for Pion's
 PrefixStore (its lineage index) and LMCache (its K/V chunks), beside the V-store and
 independent of it (DBSIZE, DEL, SCAN, KEYS, FLUSHDB act on the keyspace only).
 
-Reading order: ``store.py`` (the :class:`Keyspace`: values, writes, expiry, snapshot
-and replay), ``mutations.py`` (the records every change is made of), ``entries.py``
-(what a key is and costs), ``expiry.py`` (deadlines and the active sweep),
-``strings.py``, ``hashes.py`` and ``zsets.py`` (the semantics of the commands that
-have some), ``sortedset.py``, ``scan.py`` (SCAN cursors),
-``glob.py`` (KEYS/SCAN patterns), ``numbers.py`` (Redis's integer and float parsing).
+Reading order: ``store.py`` (the :class:`Keyspace`: reads, writes, expiry, snapshot),
+``primitives.py`` (the keys' table and the primitives every change goes through, which
+replay a record and tell WATCH) with ``listset.py`` (those of lists and sets),
+``mutations.py`` (the records every change is made
+of), ``entries.py`` (what a key is and costs), ``expiry.py`` (deadlines and the active
+sweep), ``strings.py``, ``hashes.py``, ``zsets.py`` with ``zsets_more.py`` and
+``zsets_algebra.py``, ``bits.py``, ``lists.py`` and ``sets.py`` (the semantics of the
+commands that have some), ``sortedset.py``, ``scan.py`` (SCAN cursors), ``glob.py``
+(KEYS/SCAN patterns), ``numbers.py`` (Redis's integer and float parsing).
 
-Synchronous and pure: imports only ``errors``. Persistence is ``pion.persistence``'s
-(``keyspace_durable.py``), the commands are ``pion.commands``'s.
+Synchronous and pure: imports only ``errors`` and ``watch`` (WATCH's bookkeeping).
+Persistence is ``pion.persistence``'s (``keyspace_durable.py``), the commands are
+``pion.commands``'s.
 """
 
 from __future__ import annotations
@@ -24,12 +28,23 @@ from pion.keyspace.mutations import (
     DeleteMembers,
     Flush,
     KeyMutation,
+    ListInsert,
+    ListMove,
+    ListPop,
+    ListPush,
+    ListRemove,
+    ListSet,
+    ListTrim,
     NewKey,
     RenameKey,
     ReplaceScores,
+    SetAdd,
     SetDeadline,
     SetFields,
+    SetMove,
     SetRange,
+    SetRemove,
+    SetReplace,
     SetScores,
     SetString,
     SetStrings,
@@ -50,12 +65,23 @@ __all__ = [
     "KeyMutation",
     "Keyspace",
     "Kind",
+    "ListInsert",
+    "ListMove",
+    "ListPop",
+    "ListPush",
+    "ListRemove",
+    "ListSet",
+    "ListTrim",
     "NewKey",
     "RenameKey",
     "ReplaceScores",
+    "SetAdd",
     "SetDeadline",
     "SetFields",
+    "SetMove",
     "SetRange",
+    "SetRemove",
+    "SetReplace",
     "SetScores",
     "SetString",
     "SetStrings",

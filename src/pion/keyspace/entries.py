@@ -10,6 +10,7 @@ within a fraction of a percent of the memory really held.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Literal, TypeAlias, TypeVar
 
@@ -20,7 +21,9 @@ __all__ = [
     "DUMP_CHUNK",
     "FIELD_OVERHEAD",
     "KEY_OVERHEAD",
+    "LIST_ITEM_OVERHEAD",
     "MEMBER_OVERHEAD",
+    "SET_MEMBER_OVERHEAD",
     "Entry",
     "Kind",
     "Value",
@@ -33,8 +36,8 @@ __all__ = [
 
 _T = TypeVar("_T")
 
-Value: TypeAlias = bytes | dict[bytes, bytes] | SortedSet
-Kind = Literal["string", "hash", "zset"]
+Value: TypeAlias = bytes | dict[bytes, bytes] | SortedSet | deque[bytes] | set[bytes]
+Kind = Literal["string", "hash", "zset", "list", "set"]
 
 # One key beyond its own and its value's bytes: the dict slot and index (~50), the
 # key's bytes header (33), the Entry object (80), the SCAN slot (8) and an expiry heap
@@ -45,6 +48,11 @@ FIELD_OVERHEAD = 120
 # A sorted-set member: its dict slot, bytes header, float object (24), order tuple
 # (56) and list slot (8).
 MEMBER_OVERHEAD = 180
+# A list element: its bytes header (33) and deque slot (8, and a share of its block).
+LIST_ITEM_OVERHEAD = 48
+# A set member: its bytes header (33) and hash-table slot (16 at a load of 2/5 or
+# more: ~40).
+SET_MEMBER_OVERHEAD = 80
 
 
 class Entry:
@@ -64,7 +72,11 @@ class Entry:
 def kind_of(value: Value) -> Kind:
     if isinstance(value, bytes):
         return "string"
-    return "hash" if isinstance(value, dict) else "zset"
+    if isinstance(value, dict):
+        return "hash"
+    if isinstance(value, deque):
+        return "list"
+    return "set" if isinstance(value, set) else "zset"
 
 
 def copy_value(value: Value) -> Value:
@@ -73,6 +85,8 @@ def copy_value(value: Value) -> Value:
         return value
     if isinstance(value, dict):
         return dict(value)
+    if isinstance(value, deque):
+        return deque(value)
     return value.copy()
 
 
@@ -83,10 +97,14 @@ def value_size(key: bytes, value: Value) -> int:
         return size + len(value)
     if isinstance(value, dict):
         return size + sum(len(f) + len(v) + FIELD_OVERHEAD for f, v in value.items())
+    if isinstance(value, deque):
+        return size + sum(len(v) for v in value) + len(value) * LIST_ITEM_OVERHEAD
+    if isinstance(value, set):
+        return size + sum(len(m) for m in value) + len(value) * SET_MEMBER_OVERHEAD
     return size + sum(len(m) + MEMBER_OVERHEAD for m in value.scores)
 
 
-# A hash or sorted set is written to a snapshot in records of about this many bytes.
+# A hash, sorted set, list or set is written to a snapshot in records of about this many bytes.
 DUMP_CHUNK = 16 << 20
 
 

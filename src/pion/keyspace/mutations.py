@@ -38,8 +38,26 @@ record               meaning
 ``SetRange``         SETRANGE/APPEND: bytes written at an offset of a string (a
                      missing key starts empty; zero bytes pad a gap; the deadline
                      stays)
-``NewKey``           snapshots only: an empty hash or sorted set with a deadline,
-                     filled by the SetFields/SetScores records after it
+``NewKey``           snapshots only: an empty hash, sorted set, list or set with a
+                     deadline, filled by the SetFields/SetScores/ListPush/SetAdd
+                     records after it
+``ListPush``         LPUSH/RPUSH: elements pushed at the head (``left``, each in
+                     turn, so the last ends first) or the tail (created if absent)
+``ListPop``          LPOP/RPOP/LMPOP: ``count`` elements removed from one end (a list
+                     left empty disappears)
+``ListSet``          LSET: the element at an index (0-based from the head) replaced
+``ListInsert``       LINSERT: an element inserted before the index it will hold
+``ListTrim``         LTRIM: only the elements ``start..stop`` (inclusive, within the
+                     list, ``start <= stop``) stay
+``ListRemove``       LREM: as Redis's LREM, the first ``count`` (from the tail when
+                     negative, all when 0) elements equal to ``element`` removed
+``ListMove``         LMOVE/RPOPLPUSH: one element popped from ``source``'s end and
+                     pushed at ``destination``'s (created if absent)
+``SetAdd``           SADD: members added to a set (created if absent)
+``SetRemove``        SREM/SPOP: members removed (a set left empty disappears)
+``SetReplace``       SINTERSTORE and friends: a key becomes a set of exactly these
+                     members (whatever it held goes, its deadline too)
+``SetMove``          SMOVE: a member moves from one set to another (created if absent)
 ===================  ===========================================================
 """
 
@@ -56,13 +74,24 @@ __all__ = [
     "DeleteReason",
     "Flush",
     "KeyMutation",
+    "ListInsert",
+    "ListMove",
+    "ListPop",
+    "ListPush",
+    "ListRemove",
+    "ListSet",
+    "ListTrim",
     "NewKey",
     "Payload",
     "RenameKey",
     "ReplaceScores",
+    "SetAdd",
     "SetDeadline",
     "SetFields",
+    "SetMove",
     "SetRange",
+    "SetRemove",
+    "SetReplace",
     "SetScores",
     "SetString",
     "SetStrings",
@@ -154,8 +183,83 @@ class SetRange:
 @dataclass(frozen=True, slots=True)
 class NewKey:
     key: bytes
-    kind: Literal["hash", "zset"]
+    kind: Literal["hash", "zset", "list", "set"]
     deadline: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ListPush:
+    key: bytes
+    left: bool
+    items: tuple[Payload, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ListPop:
+    key: bytes
+    left: bool
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ListSet:
+    key: bytes
+    index: int
+    value: Payload
+
+
+@dataclass(frozen=True, slots=True)
+class ListInsert:
+    key: bytes
+    index: int
+    value: Payload
+
+
+@dataclass(frozen=True, slots=True)
+class ListTrim:
+    key: bytes
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True, slots=True)
+class ListRemove:
+    key: bytes
+    count: int
+    element: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ListMove:
+    source: bytes
+    destination: bytes
+    from_left: bool
+    to_left: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SetAdd:
+    key: bytes
+    members: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SetRemove:
+    key: bytes
+    members: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SetReplace:
+    key: bytes
+    members: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SetMove:
+    source: bytes
+    destination: bytes
+    member: bytes
 
 
 KeyMutation: TypeAlias = (
@@ -173,4 +277,15 @@ KeyMutation: TypeAlias = (
     | CopyKey
     | SetRange
     | ReplaceScores
+    | ListPush
+    | ListPop
+    | ListSet
+    | ListInsert
+    | ListTrim
+    | ListRemove
+    | ListMove
+    | SetAdd
+    | SetRemove
+    | SetReplace
+    | SetMove
 )

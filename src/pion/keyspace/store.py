@@ -1,12 +1,14 @@
-"""The keyspace: plain Redis keys (strings, hashes, sorted sets) with expiry, beside the
-V-store and independent of it.
+"""The keyspace: plain Redis keys (strings, hashes, sorted sets, lists, sets) with
+expiry, beside the V-store and independent of it.
 
 A synchronous, single-owner structure like the V-store: the event loop calls it
 between awaits, nobody sees it half-updated, and it imports nothing of the server.
 
 Values: a string is the ``bytes`` the request carried (never copied), a hash a
-``dict[bytes, bytes]``, a sorted set a :class:`~pion.keyspace.sortedset.SortedSet`.
-Empty hashes and sorted sets never exist: removing the last field removes the key.
+``dict[bytes, bytes]``, a sorted set a :class:`~pion.keyspace.sortedset.SortedSet`, a
+list a ``deque[bytes]``, a set a ``set[bytes]`` (their writes are ``lists.py``'s and
+``sets.py``'s). Empty hashes, sorted sets, lists and sets never exist: removing the
+last element removes the key.
 
 Writes follow the V-store's order: validate everything, then ask the memory budget for
 the bytes the write adds (``budget``, which may evict V-store sessions or raise
@@ -26,16 +28,15 @@ Each key remembers when a command last looked it up (``Entry.touched``, in secon
 ``lru_clock``, which :meth:`Keyspace.sweep` advances: Redis's LRU clock has the same
 one-second resolution), for OBJECT IDLETIME.
 
-WATCH: every change of a key reaches one of the internal primitives at the bottom
-(``_put``, ``_drop``, ``_set_deadline``, the field and member primitives, ``_clear``),
-and each tells ``watchers`` (:mod:`pion.watch`) which key changed. A command built on
-the store's writes is watched without doing anything; replay changes keys through the
-same primitives while nobody watches.
+Every change of a key reaches one of the primitives of its base classes,
+:class:`~pion.keyspace.primitives.KeyTable` (``primitives.py``) and
+:class:`~pion.keyspace.listset.ListSetTable` (``listset.py``), which also tell WATCH.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from random import Random
 from typing import Protocol, TypeAlias, cast
@@ -49,13 +50,12 @@ from pion.keyspace.entries import (
     Kind,
     Value,
     chunks,
-    copy_value,
     kind_of,
-    own,
     value_size,
 )
-from pion.keyspace.expiry import Deadlines, now_ms
+from pion.keyspace.expiry import now_ms
 from pion.keyspace.glob import matches_all, stringmatch
+from pion.keyspace.listset import ListSetTable
 from pion.keyspace.mutations import (
     CopyKey,
     DeleteFields,
@@ -63,9 +63,11 @@ from pion.keyspace.mutations import (
     DeleteMembers,
     Flush,
     KeyMutation,
+    ListPush,
     NewKey,
     RenameKey,
     ReplaceScores,
+    SetAdd,
     SetDeadline,
     SetFields,
     SetRange,
@@ -73,9 +75,7 @@ from pion.keyspace.mutations import (
     SetString,
     SetStrings,
 )
-from pion.keyspace.scan import SlotTable
 from pion.keyspace.sortedset import SortedSet
-from pion.watch import Watchers
 
 __all__ = ["Budget", "KeyJournal", "Keyspace"]
 
@@ -95,24 +95,20 @@ they cannot be had: the server sets it to ``pion.vstore.VStore.make_room``, whic
 evicts V-store namespaces (``pion.commands.state.ServerState``)."""
 
 
-class Keyspace:
+class Keyspace(ListSetTable):
     """Plain keys; see the module docstring."""
 
     def __init__(self, clock: Callable[[], int] = now_ms) -> None:
-        self.clock = clock
+        super().__init__(clock)
         # Attached after recovery (replay goes through apply, which never journals).
         self.journal: KeyJournal | None = None
         self.budget: Budget | None = None
-        self._data: dict[bytes, Entry] = {}
-        self._slots = SlotTable(self._relocate)
-        self.deadlines = Deadlines()
-        self.used_bytes = 0
-        # Seconds; a shared int, so every entry touched in one second holds one object.
-        self.lru_clock = clock() // 1000
+        # Keyspace notifications this store raises itself, called (event, key) with
+        # ``new`` or ``expired``; installed only while notify-keyspace-events enables
+        # some (``pion.notify.configure``), so a write otherwise pays one test.
+        self.events: Callable[[str, bytes], None] | None = None
         # HRANDFIELD, ZRANDMEMBER, RANDOMKEY (tests may seed it).
         self.rng = Random()
-        # Clients watching keys (WATCH); told of every change by the primitives below.
-        self.watchers = Watchers()
         # INFO Stats counters, from process start.
         self.expired_keys = 0
         self.hits = 0
@@ -187,6 +183,18 @@ class Keyspace:
             return value
         raise WrongTypeError()
 
+    def list_at(self, key: bytes, *, read: bool = True) -> deque[bytes] | None:
+        value = self.lookup(key, read=read)
+        if value is None or isinstance(value, deque):
+            return value
+        raise WrongTypeError()
+
+    def set_at(self, key: bytes, *, read: bool = True) -> set[bytes] | None:
+        value = self.lookup(key, read=read)
+        if value is None or isinstance(value, set):
+            return value
+        raise WrongTypeError()
+
     def kind(self, key: bytes) -> Kind | None:
         e = self._entry(key)
         return None if e is None else kind_of(e.value)
@@ -246,6 +254,23 @@ class Keyspace:
     def _journal(self, m: KeyMutation) -> None:
         if self.journal is not None:
             self.journal.append(m)
+        if self.events is not None:
+            self._announce_new(m)
+
+    def _announce_new(self, m: KeyMutation) -> None:
+        """Keyspace notifications' ``new``: a write is about to create these keys
+        (journaled: it will apply), before the command announces its own event."""
+        events = self.events
+        assert events is not None
+        # (MSET's SetStrings: the command announces each key's new before its set.)
+        if isinstance(m, (RenameKey, CopyKey)):
+            # Redis deletes a destination that exists and adds it again: always new.
+            events("new", m.destination)
+        elif (
+            isinstance(m, (SetString, SetRange, SetFields, SetScores, NewKey, ReplaceScores))
+            and m.key not in self._data
+        ):
+            events("new", m.key)
 
     def _reserve(self, grow: int) -> None:
         if grow > 0 and self.budget is not None:
@@ -444,6 +469,9 @@ class Keyspace:
         for k in keys:
             self._drop(k, expiring=True)
         self.expired_keys += len(keys)
+        if self.events is not None:
+            for k in keys:
+                self.events("expired", k)
 
     def sweep(self, max_keys: int) -> int:
         """Remove up to ``max_keys`` keys whose deadline has passed, earliest first;
@@ -479,194 +507,15 @@ class Keyspace:
                 yield NewKey(key, "hash", e.deadline)
                 for fields in chunks(v.items(), lambda i: len(i[0]) + len(i[1])):
                     yield SetFields(key, fields)
+            elif isinstance(v, deque):
+                yield NewKey(key, "list", e.deadline)
+                for items in chunks(v, lambda i: len(i) + 4):
+                    yield ListPush(key, False, items)
+            elif isinstance(v, set):
+                yield NewKey(key, "set", e.deadline)
+                for batch in chunks(v, lambda i: len(i) + 4):
+                    yield SetAdd(key, batch)
             else:
                 yield NewKey(key, "zset", e.deadline)
                 for members in chunks(iter(v), lambda i: len(i[1]) + 8):
                     yield SetScores(key, members)
-
-    def apply(self, m: KeyMutation) -> None:
-        """Apply a journaled record (replay, snapshot load) without journaling it or
-        asking the budget; raises PionError for a record that contradicts the state
-        (a hash record on a string key: the log and snapshot do not belong together)."""
-        if isinstance(m, SetString):
-            self._put(m.key, own(m.value), m.deadline)
-        elif isinstance(m, SetStrings):
-            for key, value in m.items:
-                self._put(key, own(value), 0)
-        elif isinstance(m, DeleteKeys):
-            for key in m.keys:
-                if key in self._data:
-                    self._drop(key)
-        elif isinstance(m, SetDeadline):
-            e = self._data.get(m.key)
-            if e is not None:
-                self._set_deadline(m.key, e, m.deadline)
-        elif isinstance(m, SetFields):
-            self._typed(m.key, dict)
-            self._apply_fields(m.key, ((f, own(v)) for f, v in m.items))
-        elif isinstance(m, DeleteFields):
-            if self._typed(m.key, dict):
-                self._apply_delete_fields(m.key, m.fields)
-        elif isinstance(m, SetScores):
-            self._typed(m.key, SortedSet)
-            self._apply_scores(m.key, m.items)
-        elif isinstance(m, DeleteMembers):
-            if self._typed(m.key, SortedSet):
-                self._apply_delete_members(m.key, m.members)
-        elif isinstance(m, Flush):
-            self._clear()
-        elif isinstance(m, RenameKey):
-            if m.source in self._data and m.source != m.destination:
-                self._apply_rename(m.source, m.destination)
-        elif isinstance(m, CopyKey):
-            if m.source in self._data and m.source != m.destination:
-                self._apply_copy(m.source, m.destination)
-        elif isinstance(m, ReplaceScores):
-            self._apply_replace(m.key, m.items)
-        elif isinstance(m, SetRange):
-            self._typed(m.key, bytes)
-            self._apply_range(m.key, m.offset, own(m.data))
-        else:
-            self._put(m.key, {} if m.kind == "hash" else SortedSet(), m.deadline)
-
-    def _typed(self, key: bytes, kind: type) -> bool:
-        e = self._data.get(key)
-        if e is not None and not isinstance(e.value, kind):
-            raise PionError(f"a {kind_of(e.value)} record is applied to a key of another type")
-        return e is not None
-
-    # -- internals -------------------------------------------------------------------
-
-    def _relocate(self, key: bytes, slot: int) -> None:
-        self._data[key].slot = slot
-
-    def _put(self, key: bytes, value: Value, deadline: int, size: int = -1) -> None:
-        if self.watchers.names:
-            self.watchers.touch(key)
-        e = self._data.get(key)
-        if size < 0:
-            size = value_size(key, value)
-        if e is None:
-            e = self._data[key] = Entry(value, self._slots.add(key), 0, size, self.lru_clock)
-            self.used_bytes += size
-        else:
-            self.used_bytes += size - e.size
-            e.value, e.size = value, size
-        self._set_deadline(key, e, deadline)
-
-    def _set_deadline(self, key: bytes, e: Entry, deadline: int) -> None:
-        if not deadline and not e.deadline:
-            return
-        if self.watchers.names:
-            self.watchers.touch(key)
-        if e.deadline:
-            self.deadlines.discard(e.deadline)
-        e.deadline = deadline
-        if deadline:
-            self.deadlines.add(key, deadline)
-
-    def _drop(self, key: bytes, *, expiring: bool = False) -> None:
-        if self.watchers.names:
-            self.watchers.touch(key, expiring=expiring)
-        e = self._data.pop(key)
-        self.used_bytes -= e.size
-        if e.deadline:
-            self.deadlines.discard(e.deadline)
-        self._slots.remove(e.slot)
-        self._slots.maybe_compact()
-
-    def _apply_rename(self, source: bytes, destination: bytes) -> None:
-        e = self._data[source]
-        value, deadline = e.value, e.deadline
-        size = e.size + len(destination) - len(source)
-        self._drop(source)
-        self._put(destination, value, deadline, size)
-
-    def _apply_range(self, key: bytes, offset: int, data: bytes) -> None:
-        e = self._data.get(key)
-        old = cast(bytes, e.value) if e is not None else b""
-        if offset == len(old):
-            new = old + data  # APPEND
-        else:
-            if len(old) < offset:
-                old += bytes(offset - len(old))
-            new = old[:offset] + data + old[offset + len(data) :]
-        self._put(key, new, e.deadline if e is not None else 0)
-
-    def _apply_replace(self, key: bytes, items: Iterable[tuple[float, bytes]]) -> None:
-        if key in self._data:
-            self._drop(key)
-        self._apply_scores(key, items)
-
-    def _apply_copy(self, source: bytes, destination: bytes) -> None:
-        e = self._data[source]
-        size = e.size + len(destination) - len(source)
-        self._put(destination, copy_value(e.value), e.deadline, size)
-
-    def _clear(self) -> dict[bytes, Entry]:
-        if self.watchers.names:
-            self.watchers.touch_held(self._data)
-        old, self._data = self._data, {}
-        self._slots.clear()
-        self.deadlines.clear()
-        self.used_bytes = 0
-        return old
-
-    def _container(self, key: bytes, kind: type) -> Entry:
-        e = self._data.get(key)
-        if e is None:
-            self._put(key, {} if kind is dict else SortedSet(), 0)
-            e = self._data[key]
-        return e
-
-    def _apply_fields(self, key: bytes, items: Iterable[tuple[bytes, bytes]]) -> None:
-        if self.watchers.names:
-            self.watchers.touch(key)
-        e = self._container(key, dict)
-        h = cast(dict[bytes, bytes], e.value)  # the caller checked the type
-        grow = 0
-        for f, v in items:
-            old = h.get(f)
-            grow += len(v) - len(old) if old is not None else len(f) + len(v) + FIELD_OVERHEAD
-            h[f] = v
-        e.size += grow
-        self.used_bytes += grow
-
-    def _apply_delete_fields(self, key: bytes, fields: Iterable[bytes]) -> None:
-        if self.watchers.names:
-            self.watchers.touch(key)
-        e = self._data[key]
-        h = cast(dict[bytes, bytes], e.value)
-        shrink = 0
-        for f in fields:
-            old = h.pop(f, None)
-            if old is not None:
-                shrink += len(f) + len(old) + FIELD_OVERHEAD
-        e.size -= shrink
-        self.used_bytes -= shrink
-        if not h:
-            self._drop(key)
-
-    def _apply_scores(self, key: bytes, items: Iterable[tuple[float, bytes]]) -> None:
-        if self.watchers.names:
-            self.watchers.touch(key)
-        e = self._container(key, SortedSet)
-        z = cast(SortedSet, e.value)
-        new = z.add_many([(score, own(m)) for score, m in items])
-        grow = sum(len(m) for m in new) + len(new) * MEMBER_OVERHEAD
-        e.size += grow
-        self.used_bytes += grow
-
-    def _apply_delete_members(self, key: bytes, members: Iterable[bytes]) -> None:
-        if self.watchers.names:
-            self.watchers.touch(key)
-        e = self._data[key]
-        z = cast(SortedSet, e.value)
-        shrink = 0
-        for m in members:
-            if z.remove(m):
-                shrink += len(m) + MEMBER_OVERHEAD
-        e.size -= shrink
-        self.used_bytes -= shrink
-        if not len(z):
-            self._drop(key)

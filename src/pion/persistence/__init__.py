@@ -1,16 +1,20 @@
 """Durability of the worker's stores: write-ahead log, atomic snapshots, crash recovery.
 
 Reading order: ``stores.py`` (what a durable store provides: the V-store, the
-keyspace), ``format.py`` (the byte-level specification of both files),
+keyspace), ``format.py`` (the byte-level specification of both files, with each
+store's records in ``vstore_format.py``, ``keyspace_format.py`` and ``txn_format.py``:
+an EXEC's writes as one record),
 ``reader.py`` (reading records back; torn tail versus corruption), ``wal.py``
 (appending and fsync policies), ``snapshot.py`` (atomic snapshots), ``recovery.py``
 (start-up), ``durability.py`` (the :class:`Persistence` the server holds: failures,
-MISCONF and the way back), ``cli.py`` (``pion check-wal``). ``files.py`` and
+MISCONF and the way back), ``check.py`` and ``cli.py`` (``pion check-wal``). ``files.py`` and
 ``faults.py`` are the checked file operations and the test-only fault hook;
-``registry.py`` lists every store's op codes; ``vstore_durable.py`` adapts the V-store
-to the durable-store protocol.
+``registry.py`` lists every store's op codes; ``vstore_durable.py``,
+``keyspace_durable.py`` and ``ssm_durable.py`` adapt the stores to the durable-store
+protocol.
 
-Depends on ``vstore`` and ``codecs`` (and on the stores it keeps), never on the server.
+Depends on ``vstore``, ``keyspace`` and ``ssm`` (the stores it keeps), ``codecs``,
+``config`` and ``errors`` only: it never imports ``pion.server``.
 """
 
 from __future__ import annotations

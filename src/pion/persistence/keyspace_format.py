@@ -20,7 +20,8 @@ Op codes and payloads::
     22 ZADD      blob key, u32 count >= 1, count x (score, blob member)
     23 ZREM      blob key, u32 count >= 1, count x blob member
     24 FLUSH     (empty)
-    25 KEY       blob key, u8 kind (1 hash, 2 sorted set), deadline; snapshot only
+    25 KEY       blob key, u8 kind (1 hash, 2 sorted set, 3 list, 4 set), deadline;
+                 snapshot only
     26 RENAME    blob source, blob destination: the source's value and deadline move
                  to the destination, replacing what it held
     27 COPY      blob source, blob destination: a copy of the source's value and
@@ -30,9 +31,26 @@ Op codes and payloads::
                  pad a gap, the deadline stays)
     29 ZSTORE    as ZADD, but the key is first emptied of whatever it held (and its
                  deadline): ZUNIONSTORE, ZINTERSTORE, ZDIFFSTORE
-    30..31       reserved for the keyspace
+    30 LIST      blob key, u8 change, then by change:
+                   1 LPUSH / 2 RPUSH   u32 count >= 1, count x blob element (the list
+                                       is created if absent)
+                   3 LPOP / 4 RPOP     u32 count >= 1 (elements removed from that end)
+                   5 LSET              u64 index, blob element
+                   6 LINSERT           u64 index (the new element's), blob element
+                   7 LTRIM             u64 start, u64 stop (kept, inclusive)
+                   8 LREM              i64 count, blob element (Redis's LREM)
+                   9..12 LMOVE         blob destination: one element from the key's
+                                       head (9, 10) or tail (11, 12) to the
+                                       destination's head (9, 11) or tail (10, 12)
+    31 SET       blob key, u8 change, then by change:
+                   1 SADD / 2 SREM     u32 count >= 1, count x blob member
+                   3 SSTORE            as SADD, but the key is first emptied of
+                                       whatever it held (and its deadline)
+                   4 SMOVE             blob destination, blob member
 
-Ops 26 to 29 came with RENAME, COPY, SETRANGE and APPEND, and the *STORE commands of
+Ops 30 and 31 came with lists and sets; each op's first byte after the key names
+the change, so the keyspace's last two op codes hold both families. Ops 26 to 29
+came with RENAME, COPY, SETRANGE and APPEND, and the *STORE commands of
 sorted sets (op 29 makes their replace-the-destination one record). 26 to 28 carry the key names and
 the bytes written, not whole values, so appending to a large string costs the log what
 was appended. As ``format.py`` rules, ops are only added, so the format stays version
@@ -43,7 +61,7 @@ EXPIREAT or a DEL).
 
 Each record is one command's whole effect (an MSET, a DEL of many keys, an HSET of
 many fields), so a command is atomic across a crash. A snapshot holds, per live key,
-one SET (a string) or one KEY followed by HSET/ZADD records of at most ~16 MB each (a
+one SET (a string) or one KEY followed by HSET/ZADD/RPUSH/SADD records of at most ~16 MB each (a
 hash, a sorted set); its END record counts the SET and KEY records (the keys).
 
 Counts are checked against the bytes left before anything is allocated (an item is at
@@ -63,12 +81,23 @@ from pion.keyspace import (
     DeleteMembers,
     Flush,
     KeyMutation,
+    ListInsert,
+    ListMove,
+    ListPop,
+    ListPush,
+    ListRemove,
+    ListSet,
+    ListTrim,
     NewKey,
     RenameKey,
     ReplaceScores,
+    SetAdd,
     SetDeadline,
     SetFields,
+    SetMove,
     SetRange,
+    SetRemove,
+    SetReplace,
     SetScores,
     SetString,
     SetStrings,
@@ -92,6 +121,8 @@ OP_RENAME: Final = 26
 OP_COPY: Final = 27
 OP_SETRANGE: Final = 28
 OP_ZSTORE: Final = 29
+OP_LIST: Final = 30
+OP_SET_OF: Final = 31
 
 OPS: Final = {
     OP_SET: "SET",
@@ -108,6 +139,8 @@ OPS: Final = {
     OP_COPY: "COPY",
     OP_SETRANGE: "SETRANGE",
     OP_ZSTORE: "ZSTORE",
+    OP_LIST: "LIST",
+    OP_SET_OF: "SET_OF",
 }
 UNIT_OPS: Final = frozenset({OP_SET, OP_KEY})
 
@@ -120,8 +153,8 @@ _MAX_OFFSET: Final = 512 * 1024 * 1024
 _F64: Final = struct.Struct("<d")
 _REASONS: Final = {"del": 1, "expire": 2}
 _REASON_NAMES: Final = {1: "del", 2: "expire"}
-_KINDS: Final = {"hash": 1, "zset": 2}
-_KIND_NAMES: Final = {1: "hash", 2: "zset"}
+_KINDS: Final = {"hash": 1, "zset": 2, "list": 3, "set": 4}
+_KIND_NAMES: Final = {1: "hash", 2: "zset", 3: "list", 4: "set"}
 # Buffers at least this big travel as their own writev part instead of being joined.
 _BIG: Final = 64 << 10
 
@@ -213,6 +246,8 @@ def encode(m: KeyMutation) -> tuple[int, list[Buffer]]:
         p.blob(m.key)
         p.raw(_U64.pack(m.offset))
         p.tail(m.data, memoryview(m.data).nbytes)
+    else:
+        encode_collection(m, p)
     return op_of(m), p.done()
 
 
@@ -317,11 +352,13 @@ def decode(op: int, payload: Buffer) -> KeyMutation:
         kind = int(r.unpack(_U8))
         if kind not in _KIND_NAMES:
             raise FormatError(f"unknown key kind {kind}")
-        m = NewKey(key, "hash" if kind == 1 else "zset", r.deadline())
+        m = NewKey(key, _KIND_NAMES[kind], r.deadline())  # type: ignore[arg-type]
     elif op in (OP_RENAME, OP_COPY):
         source = r.key()
         destination = r.key()
         m = RenameKey(source, destination) if op == OP_RENAME else CopyKey(source, destination)
+    elif op in (OP_LIST, OP_SET_OF):
+        m = decode_collection(op, r)
     elif op == OP_SETRANGE:
         key = r.key()
         offset = int(r.unpack(_U64))
@@ -363,4 +400,90 @@ _OP_BY_TYPE: Final[dict[type, int]] = {
     CopyKey: OP_COPY,
     SetRange: OP_SETRANGE,
     ReplaceScores: OP_ZSTORE,
+    ListPush: OP_LIST,
+    ListPop: OP_LIST,
+    ListSet: OP_LIST,
+    ListInsert: OP_LIST,
+    ListTrim: OP_LIST,
+    ListRemove: OP_LIST,
+    ListMove: OP_LIST,
+    SetAdd: OP_SET_OF,
+    SetRemove: OP_SET_OF,
+    SetReplace: OP_SET_OF,
+    SetMove: OP_SET_OF,
 }
+_SET_CHANGES: Final = {SetAdd: 1, SetRemove: 2, SetReplace: 3}
+
+
+def encode_collection(m: KeyMutation, p: _Parts) -> None:
+    """Ops 30 (LIST) and 31 (SET_OF): the key, the change, its fields."""
+    if isinstance(m, ListMove):
+        p.blob(m.source)
+        p.raw(_U8.pack(9 + (0 if m.from_left else 2) + (0 if m.to_left else 1)))
+        p.blob(m.destination)
+    elif isinstance(m, SetMove):
+        p.blob(m.source)
+        p.raw(_U8.pack(4))
+        p.blob(m.destination)
+        p.blob(m.member)
+    elif isinstance(m, (ListPush, SetAdd, SetRemove, SetReplace)):
+        p.blob(m.key)
+        names: tuple[Payload, ...]
+        if isinstance(m, ListPush):
+            p.raw(_U8.pack(1 if m.left else 2))
+            names = m.items
+        else:
+            p.raw(_U8.pack(_SET_CHANGES[type(m)]))
+            names = m.members
+        p.raw(_U32.pack(len(names)))
+        for name in names:
+            p.blob(name)
+    elif isinstance(m, ListPop):
+        p.blob(m.key)
+        p.raw(_U8.pack(3 if m.left else 4) + _U32.pack(m.count))
+    elif isinstance(m, (ListSet, ListInsert)):
+        p.blob(m.key)
+        p.raw(_U8.pack(5 if isinstance(m, ListSet) else 6) + _U64.pack(m.index))
+        p.blob(m.value)
+    elif isinstance(m, ListTrim):
+        p.blob(m.key)
+        p.raw(_U8.pack(7) + _U64.pack(m.start) + _U64.pack(m.stop))
+    elif isinstance(m, ListRemove):
+        p.blob(m.key)
+        p.raw(_U8.pack(8) + _I64.pack(m.count))
+        p.blob(m.element)
+
+
+def decode_collection(op: int, r: _Reader) -> KeyMutation:
+    """The record of op 30 or 31 (see the module docstring)."""
+    key = r.key()
+    change = int(r.unpack(_U8))
+    if op == OP_SET_OF:
+        if change == 1:
+            return SetAdd(key, _names(r))
+        if change == 2:
+            return SetRemove(key, _names(r))
+        if change == 3:
+            return SetReplace(key, _names(r))
+        if change == 4:
+            destination = r.key()
+            return SetMove(key, destination, r.key())
+        raise FormatError(f"unknown SET_OF change {change}")
+    if change in (1, 2):
+        return ListPush(key, change == 1, tuple(r.blob() for _ in range(r.count(4))))
+    if change in (3, 4):
+        return ListPop(key, change == 3, r.u32())
+    if change in (5, 6):
+        index = int(r.unpack(_U64))
+        value = r.blob()
+        return ListSet(key, index, value) if change == 5 else ListInsert(key, index, value)
+    if change == 7:
+        start = int(r.unpack(_U64))
+        return ListTrim(key, start, int(r.unpack(_U64)))
+    if change == 8:
+        count = int(r.unpack(_I64))
+        return ListRemove(key, count, r.key())
+    if 9 <= change <= 12:
+        k = change - 9
+        return ListMove(key, r.key(), k < 2, k % 2 == 0)
+    raise FormatError(f"unknown LIST change {change}")

@@ -10,7 +10,16 @@ from __future__ import annotations
 import math
 from typing import TypeAlias
 
-from pion.resp.reply import Encoded, ErrorReply, NoReply, NullArray, Reply, Simple, Verbatim
+from pion.resp.reply import (
+    Encoded,
+    ErrorReply,
+    NoReply,
+    NullArray,
+    Reply,
+    SetReply,
+    Simple,
+    Verbatim,
+)
 
 __all__ = ["NULL_BULK", "SMALL_BULK", "Chunks", "encode_error", "encode_reply", "encode_simple"]
 
@@ -104,7 +113,8 @@ def encode_reply(value: Reply, proto: int, out: Chunks) -> None:
             out.append(text)
             out.append(_CRLF)
     elif isinstance(value, (list, tuple)):
-        out.append(b"*%d\r\n" % len(value))
+        mark = b"~" if proto == 3 and type(value) is SetReply else b"*"
+        out.append(b"%b%d\r\n" % (mark, len(value)))
         for item in value:
             encode_reply(item, proto, out)
     elif isinstance(value, dict):

@@ -13,6 +13,7 @@ Python value                RESP2                   RESP3
 ``None``                    ``$-1``                 ``_``
 ``NullArray()``             ``*-1``                 ``_``
 ``list`` / ``tuple``        array                   array
+``SetReply([...])``         array                   set ``~n``
 ``dict``                    flat array k1 v1 ...    map ``%n``
 ``Verbatim("txt")``         bulk string             ``=n txt:...``
 ``Encoded(b"...")``         as it is                as it is
@@ -33,6 +34,7 @@ __all__ = [
     "NoReply",
     "NullArray",
     "Reply",
+    "SetReply",
     "Simple",
     "Verbatim",
 ]
@@ -61,6 +63,12 @@ class Encoded(bytes):
     """A reply already encoded, for the protocol of the client it goes to: what the
     steps of a long reply sent (``pion.commands.deferred.Steps``), collected when the
     command ran inside EXEC or with replies switched off."""
+
+    __slots__ = ()
+
+
+class SetReply(list):  # type: ignore[type-arg]
+    """A set of replies (SMEMBERS, SINTER...): an array in RESP2, a ``~`` set in RESP3."""
 
     __slots__ = ()
 

@@ -16,7 +16,9 @@ lane's own code:
   too) first passes the dispatcher's :func:`admit` (authentication, loading, ...):
   one implementation of each rule for both lanes.
   The query runs the same code as ``ATTEND.PREFIX.QUERY_FUSED``
-  (:func:`pion.attend.queries.query_fused`); errors come back as ERROR frames whose
+  (:func:`pion.attend.queries.query_fused`) inside the same error boundary
+  (:func:`pion.commands.execution.timed`): timed and counted as that command (INFO
+  commandstats and errorstats, SLOWLOG); errors come back as ERROR frames whose
   body is the RESP error line, ``-COLDMISS`` as status COLDMISS.
 - Before AUTH (with ``--requirepass``), frames are held to Redis's pre-auth bulk
   limit of 16 KB, as RESP bulks are.
@@ -25,7 +27,8 @@ lane's own code:
   the connection is closed (:class:`~pion.errors.FrameError`). An unknown opcode or a
   body that does not hold its declared fields is answered MISS and the connection
   goes on (:class:`~pion.errors.BodyError`).
-- Frames are served in slices of the loop (``slices.py``); replies are gathered and
+- Frames are served in slices of the loop (``slices.py``, the RESP lane's
+  :class:`~pion.server.slices.Share`); replies are gathered and
   coalesced into one write per slice; when the peer stops reading we stop reading
   (the RESP connection's high-water mark).
 """
@@ -40,6 +43,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, cast
 
 from pion.attend import queries
+from pion.attend.queries import FusedQuery
+from pion.commands.execution import timed
 from pion.commands.state import ClientState, Context, ServerState
 from pion.errors import BodyError, ColdMissError, FrameError, PionError
 from pion.resp.encoder import Chunks
@@ -59,10 +64,10 @@ from pion.server.binary_wire import (
     encode_frame,
     parse_query_fused,
 )
-from pion.server.clients import admit_connection, peer_addresses
+from pion.server.clients import io_error, join, leave
 from pion.server.dispatch import admit, dispatch
 from pion.server.replies import coalesce
-from pion.server.slices import CHECK_EVERY, SLICE_S
+from pion.server.slices import Share
 from pion.server.tls import HANDSHAKE_TIMEOUT_S, server_context
 from pion.wire import bytes_of
 
@@ -96,9 +101,7 @@ class BinaryConnection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._writing_paused = False
         self._reading_paused = False
-        self._yielded = False
-        self._slice_turn = -1
-        self._slice_left = 0.0
+        self._share = Share(server.turns)  # its slice of the loop, as a RESP client's
         self._closed = False
         self._registered = False
 
@@ -107,20 +110,14 @@ class BinaryConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)
         self._transport = transport
-        if not admit_connection(self._state, transport, _MAX_CLIENTS_FRAME):
-            self._closed = True
-            return
-        peer_addresses(transport, self.client)
-        transport.set_write_buffer_limits(high=self._state.config.protocol.reply_high_water)
-        self._state.counters.total_connections_received += 1
-        self._state.clients[self.client.id] = self.client
-        self._server.connections[self.client.id] = self
-        self._registered = True
+        self._registered = join(
+            self._state, self._server.connections, self, transport, _MAX_CLIENTS_FRAME
+        )
+        self._closed = not self._registered
 
     def connection_lost(self, exc: Exception | None) -> None:
         if exc is not None and not self._closed:
-            self._state.counters.io_errors += 1
-            log.info("binary lane client id=%d: the connection failed: %r", self.client.id, exc)
+            io_error(self._state, self.client, "binary lane: the connection failed", exc)
         self._closed = True
         self._unregister()
 
@@ -128,8 +125,7 @@ class BinaryConnection(asyncio.Protocol):
         if self._registered:
             self._registered = False
             self._server.client_memory.forget(self)
-            self._state.clients.pop(self.client.id, None)
-            self._server.connections.pop(self.client.id, None)
+            leave(self._state, self._server.connections, self.client)
 
     def data_received(self, data: bytes) -> None:
         if self._closed:
@@ -179,21 +175,17 @@ class BinaryConnection(asyncio.Protocol):
 
     def _process(self) -> None:
         transport = self._transport
-        if transport is None or self._yielded:
+        share = self._share
+        if transport is None or share.yielded:
             return
-        clock = time.perf_counter
-        started = clock()
-        turn = self._server.turns.current()
-        if turn != self._slice_turn:
-            self._slice_turn, self._slice_left = turn, SLICE_S
-        deadline = started + self._slice_left
+        share.begin()
         out: Chunks = []
         ran = 0
         while not (self._closed or self._writing_paused):
-            if ran % CHECK_EVERY == 0 and clock() >= deadline:
-                self._yielded = True  # the slice is used: the rest waits a turn
+            if self._parser.buffered and share.spent(ran):
+                # The slice is used: the rest waits a turn.
                 self._state.counters.slices_yielded += 1
-                asyncio.get_running_loop().call_soon(self._next_slice)
+                share.pause(self._next_slice)
                 break
             try:
                 frame = self._parser.next()
@@ -206,13 +198,12 @@ class BinaryConnection(asyncio.Protocol):
             self._state.counters.total_commands_processed += 1
             status, body = self._answer(frame)
             out += encode_frame(status, body)
-        self._slice_left -= clock() - started
+        share.end()
         self._write(out)
         self._update_reading()
         self._report()
 
     def _next_slice(self) -> None:
-        self._yielded = False
         if not self._closed:
             self._process()
 
@@ -220,7 +211,7 @@ class BinaryConnection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing() or self._closed:
             return
-        stop = self._writing_paused or self._yielded
+        stop = self._writing_paused or self._share.yielded
         if stop and not self._reading_paused:
             self._reading_paused = True
             transport.pause_reading()
@@ -264,22 +255,33 @@ class BinaryConnection(asyncio.Protocol):
             admit(self._ctx, self._server.table[_COMMAND], None)  # NOAUTH, LOADING, ...
             if frame.opcode != OP_QUERY_FUSED:
                 return STATUS_MISS, f"ERR unknown opcode 0x{frame.opcode:02X}".encode()
-            self.client.last_command = _COMMAND
             try:
                 req = parse_query_fused(frame.body)
             except BodyError as exc:
                 return STATUS_MISS, exc.resp_line().encode()
-            state = self._state
-            out = queries.query_fused(state.attention, _COMMAND, req, state.config.fa_window)
-            return STATUS_OK, bytes_of(out)
-        except ColdMissError as exc:
-            return STATUS_COLDMISS, exc.resp_line().encode()
+            return self._query(req)
         except PionError as exc:
             return STATUS_ERROR, exc.resp_line().encode()
         except Exception:
             self._state.counters.internal_errors += 1
             log.exception("internal error on the binary lane (opcode 0x%02X)", frame.opcode)
             return STATUS_ERROR, b"ERR internal error"
+
+    def _query(self, req: FusedQuery) -> tuple[int, bytes | memoryview]:
+        """The query, timed and counted as the RESP command (commandstats, errorstats,
+        SLOWLOG) through the one boundary of ``pion.commands.execution``."""
+        state = self._state
+        argv = (_COMMAND.encode(), req.sid, b"<binary lane>")
+        out = timed(
+            self._ctx,
+            _COMMAND,
+            argv,
+            lambda: queries.query_fused(state.attention, _COMMAND, req, state.config.fa_window),
+        )
+        if isinstance(out, ErrorReply):
+            code = STATUS_COLDMISS if out.startswith(ColdMissError.code + " ") else STATUS_ERROR
+            return code, str(out).encode()
+        return STATUS_OK, bytes_of(out)
 
     def _run(self, *argv: bytes) -> tuple[int, bytes]:
         """A frame run as the RESP command ``argv`` through the dispatcher."""

@@ -18,7 +18,15 @@ from typing import Protocol
 
 from pion.commands.state import ClientState, ServerState
 
-__all__ = ["MAX_CLIENTS_REPLY", "ClientConnection", "admit_connection", "peer_addresses"]
+__all__ = [
+    "MAX_CLIENTS_REPLY",
+    "ClientConnection",
+    "admit_connection",
+    "io_error",
+    "join",
+    "leave",
+    "peer_addresses",
+]
 
 log = logging.getLogger("pion.server")
 
@@ -64,6 +72,46 @@ def admit_connection(state: ServerState, transport: asyncio.Transport, refusal: 
     transport.write(refusal)
     transport.close()
     return False
+
+
+def join(
+    state: ServerState,
+    registry: dict[int, ClientConnection],
+    conn: ClientConnection,
+    transport: asyncio.Transport,
+    refusal: bytes,
+) -> bool:
+    """A new connection of either lane: admitted (else refused with ``refusal`` and
+    False), its addresses read, its write buffer bounded, and registered."""
+    if not admit_connection(state, transport, refusal):
+        return False
+    peer_addresses(transport, conn.client)
+    transport.set_write_buffer_limits(high=state.config.protocol.reply_high_water)
+    state.counters.total_connections_received += 1
+    state.clients[conn.client.id] = conn.client
+    registry[conn.client.id] = conn
+    return True
+
+
+def leave(state: ServerState, registry: dict[int, ClientConnection], client: ClientState) -> None:
+    """The connection is gone (or evicted): out of the server's tables."""
+    state.clients.pop(client.id, None)
+    registry.pop(client.id, None)
+
+
+def io_error(state: ServerState, client: ClientState, what: str, exc: BaseException) -> None:
+    """A socket failed under a connection (a read or a write): counted, never silent;
+    a peer that hung up is routine (INFO), anything else a warning."""
+    state.counters.io_errors += 1
+    peer_gone = isinstance(exc, (ConnectionResetError, BrokenPipeError))
+    log.log(
+        logging.INFO if peer_gone else logging.WARNING,
+        "client id=%d addr=%s: %s: %r",
+        client.id,
+        client.addr,
+        what,
+        exc,
+    )
 
 
 def peer_addresses(transport: asyncio.Transport, client: ClientState) -> None:

@@ -12,6 +12,12 @@ used it, its socket is paused and the next turn goes on where it stopped. A long
 command (:class:`~pion.commands.deferred.Steps`) runs in steps of the same size
 (``steps.py``), its client's later commands waiting as behind any deferred command.
 
+Its states, named in :class:`Phase`: ``READY`` (reading and running commands),
+``YIELDED`` (its slice of this turn is used), ``BUSY`` (a deferred command is
+running: ``running.py``), ``HELD`` (its unsent replies are over the high-water mark:
+nothing more runs until they drain) and ``CLOSED``. Only ``READY`` runs commands;
+the socket is read in ``READY``, and in ``BUSY`` until one next command is parsed.
+
 Bytes arrive through ``asyncio.BufferedProtocol``: a read goes into a scratch buffer
 the server shares between its connections (the decoder copies it out at once), or,
 while a large bulk is being received, straight into the argument it becomes.
@@ -23,7 +29,9 @@ and its replies leave in order. While it runs on a worker thread the socket is s
 read, up to one complete next command (receiving layer i+1 while layer i is being
 quantized); a streamed reply is sent piece by piece while the next piece is decoded,
 and its next piece waits while the client is behind on reading (the high-water mark
-below). Without a worker pool (``offload=None``) deferred commands run inline.
+below). Without a worker pool (``offload=None``) deferred commands run inline, as
+inside EXEC (``pion.commands.execution.settle``), except steps and waits, which need
+the loop. A silenced client's (``CLIENT REPLY OFF``) run the same way.
 
 What a connection may make the server hold is bounded, and checked after every
 command, not once per read:
@@ -39,6 +47,12 @@ command, not once per read:
 - before it authenticates to a server with a password, the decoder's unauthenticated
   limits apply (10 arguments, 16 KB bulks);
 - all connections together report to :class:`ClientMemory` (``maxmemory-clients``);
+- a pub/sub message for it (``client.push``, installed here) is appended to its output
+  at once: into the replies being built while its own commands run (so a message it
+  published to itself precedes that command's reply, as in Redis), after a deferred
+  command's reply while one runs, else at the end of the loop's iteration, in one
+  write with any others (a burst of publishes costs one write per subscriber). Past
+  ``client-output-buffer-limit pubsub`` it is disconnected (``pion.pubsub``);
 - past ``maxclients`` (RESP and binary-lane clients together, ``clients.py``) a new
   connection is answered ``-ERR max number of clients reached`` and closed.
 
@@ -50,35 +64,28 @@ client-memory accounting.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
-import math
 import time
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
-from pion.commands.chunked import run_now
-from pion.commands.deferred import Deferred, Offload, Steps
+from pion.commands.deferred import Deferred, Steps, Wait
+from pion.commands.execution import encode, settle
 from pion.commands.state import ClientState, CommandTable, Context, ServerState
 from pion.commands.transactions import forget_client
-from pion.errors import PionError, ProtocolError
+from pion.errors import ProtocolError
 from pion.resp.decoder import SCRATCH_BYTES, RequestDecoder
-from pion.resp.encoder import Chunks, encode_error, encode_reply
-from pion.resp.reply import Reply
+from pion.resp.encoder import Chunks, encode_error
 from pion.server.clientmem import ClientMemory
-from pion.server.clients import (
-    MAX_CLIENTS_REPLY,
-    ClientConnection,
-    admit_connection,
-    peer_addresses,
-)
-from pion.server.dispatch import complete, error_reply, execute
-from pion.server.offload import Offloader, piece_bytes, stream_parts
+from pion.server.clients import MAX_CLIENTS_REPLY, ClientConnection, io_error, join, leave
+from pion.server.dispatch import Silenced, execute
+from pion.server.offload import Offloader
 from pion.server.replies import ReplySink, coalesce
-from pion.server.slices import CHECK_EVERY, SLICE_S, Turns
-from pion.server.steps import StepRunner
-from pion.server.streaming import StreamSender
+from pion.server.running import Running
+from pion.server.slices import CHECK_EVERY, Share, Turns
 
-__all__ = ["Connection"]
+__all__ = ["Connection", "Phase"]
 
 log = logging.getLogger("pion.server")
 
@@ -92,6 +99,16 @@ READ_BYTES = 64 * 1024
 # What a reply piece held for the client costs beyond its payload (a bytes object's
 # header and its slot in a list), counted in its unsent reply bytes.
 PIECE_OVERHEAD = 64
+
+
+class Phase(enum.Enum):
+    """A connection's state (module docstring)."""
+
+    READY = "ready"
+    YIELDED = "yielded"
+    BUSY = "busy"
+    HELD = "held"
+    CLOSED = "closed"
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -130,28 +147,52 @@ class Connection(asyncio.BufferedProtocol):
         self._registered = False
         # Reply bytes handed to the sink and not yet written to the transport.
         self._held = 0
-        # The deferred command in progress (module docstring), its arguments and their
-        # size; then the next command, parsed ahead while it runs (or the protocol
+        # The next command, parsed ahead while a deferred one runs (or the protocol
         # error in its place), and that command's size.
-        self._busy: Deferred | None = None
-        self._busy_argv: Sequence[bytes] = ()
-        self._busy_bytes = 0
         self._next: list[bytes] | None = None
         self._next_error: ProtocolError | None = None
         self._next_bytes = 0
-        # The streamed reply being sent, while one is.
-        self._streamer: StreamSender | StepRunner | None = None
-        # This connection's share of the loop (pion.server.slices): the turn it last
-        # ran in, the seconds of its slice left in that turn, and whether it stopped
-        # for the turn (a callback of the next turn goes on). Without ``turns`` (a
-        # connection driven alone, in unit tests) there is nobody to share with: no
-        # slices.
-        self._turns = turns
-        self._slice_turn = -1
-        self._slice_left = 0.0
-        self._yielded = False
+        # This connection's share of the loop (pion.server.slices).
+        self._share = Share(turns)
+        self._share_turns = turns is not None
+        self._steps_async = turns is not None
         self.client = ClientState(id=client_id, created=time.time())
-        self._ctx = Context(state=state, client=self.client, table=table)
+        # Pub/sub pushes (``_push``): the batch of replies being built while commands
+        # run (a push to this client lands in it, in order), the bytes pushed into it,
+        # pushes parked until the end of this loop iteration (one write for all a
+        # burst of publishes sends it) or of a deferred command, and since when the
+        # client has been over the pubsub soft output limit.
+        self.client.push = self._push
+        self._out: Chunks | None = None
+        self._pushed = 0
+        self._parked: Chunks = []
+        self._parked_bytes = 0
+        self._flush_due = False
+        self._soft_since: float | None = None
+        self._ctx = Context(state=state, client=self.client, table=table, may_wait=True)
+        # The deferred command in progress (module docstring).
+        self._running = Running(
+            self._ctx,
+            offload,
+            send=self._send,
+            behind=self._behind,
+            alive=lambda: not self._closed,
+            finished=self._done,
+            broken=self.abort,
+        )
+
+    @property
+    def phase(self) -> Phase:
+        """The connection's state (module docstring), from the conditions behind it."""
+        if self._closed:
+            return Phase.CLOSED
+        if self._writing_paused or self._backlogged:
+            return Phase.HELD
+        if self._running.busy:
+            return Phase.BUSY
+        if self._share.yielded:
+            return Phase.YIELDED
+        return Phase.READY
 
     # -- asyncio callbacks ------------------------------------------------------
 
@@ -159,15 +200,8 @@ class Connection(asyncio.BufferedProtocol):
         # uvloop's transports implement asyncio.Transport without subclassing it.
         transport = cast(asyncio.Transport, transport)
         self._transport = transport
-        if not admit_connection(self._state, transport, MAX_CLIENTS_REPLY):
-            self._closed = True
-            return
-        peer_addresses(transport, self.client)
-        transport.set_write_buffer_limits(high=self._high_water)
-        self._state.counters.total_connections_received += 1
-        self._state.clients[self.client.id] = self.client
-        self._registry[self.client.id] = self
-        self._registered = True
+        self._registered = join(self._state, self._registry, self, transport, MAX_CLIENTS_REPLY)
+        self._closed = not self._registered
 
     def connection_lost(self, exc: Exception | None) -> None:
         if exc is not None and not self._closed:
@@ -177,6 +211,7 @@ class Connection(asyncio.BufferedProtocol):
         self._decoder.clear()
         self._next = None
         self._next_error = None
+        self._running.drop()
         self._unregister()
 
     def _unregister(self) -> None:
@@ -185,21 +220,12 @@ class Connection(asyncio.BufferedProtocol):
         if self._registered:
             self._registered = False
             self._memory.forget(self)
+            self._state.pubsub.forget(self.client.id)  # its subscriptions
             forget_client(self._state, self.client)  # its transaction and WATCHes
-            self._state.clients.pop(self.client.id, None)
-            self._registry.pop(self.client.id, None)
+            leave(self._state, self._registry, self.client)
 
     def _io_error(self, what: str, exc: BaseException) -> None:
-        self._state.counters.io_errors += 1
-        peer_gone = isinstance(exc, (ConnectionResetError, BrokenPipeError))
-        log.log(
-            logging.INFO if peer_gone else logging.WARNING,
-            "client id=%d addr=%s: %s: %r",
-            self.client.id,
-            self.client.addr,
-            what,
-            exc,
-        )
+        io_error(self._state, self.client, what, exc)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._decoder.get_buffer(self._read_view)
@@ -228,7 +254,7 @@ class Connection(asyncio.BufferedProtocol):
     # -- processing -------------------------------------------------------------
 
     def _received(self) -> None:
-        if self._busy is None:
+        if not self._running.busy:
             self._process()
             return
         self._parse_ahead()
@@ -246,79 +272,68 @@ class Connection(asyncio.BufferedProtocol):
             if self._next is not None:
                 self._next_bytes = sum(len(arg) for arg in self._next)
 
+    def _take(self) -> list[bytes] | None:
+        """The next command: parsed ahead, or the decoder's (None: none yet)."""
+        if self._next_error is not None:
+            exc, self._next_error = self._next_error, None
+            raise exc
+        argv = self._next
+        if argv is not None:
+            self._next, self._next_bytes = None, 0
+            return argv
+        return self._decoder.get()
+
     def _process(self) -> None:
+        """Run the commands at hand while the connection is READY, a slice's worth."""
         transport = self._transport
-        if transport is None or self._yielded:
+        if transport is None or self._share.yielded:
             return  # (yielded: the next turn's callback goes on)
-        # The clock is first read when a second command is at hand, so a request of
-        # one command pays nothing for the slices (the first command of a call is not
-        # charged: a slice overshoots by at most one command, plus CHECK_EVERY).
-        clock = time.perf_counter
-        sliced = self._turns is not None
-        if self._turns is not None:
-            turn = self._turns.current()
-            if turn != self._slice_turn:
-                self._slice_turn = turn
-                self._slice_left = SLICE_S
-        started = 0.0
-        deadline = math.inf
-        ran = 0
-        yielded = False
+        share = self._share
+        share.begin()
+        sliced = self._share_turns
         decoder = self._decoder
+        running = self._running
         client = self.client
+        ran = 0
+        yielded = close_after = False
         out: Chunks = []
+        self._out = out
         out_bytes = 0
-        close_after = False
         proto_error: ProtocolError | None = None
         # Unsent bytes change only when this loop sends: read once, and after a send.
         unsent = self._unsent()
-        while not (
-            self._closed or self._writing_paused or self._backlogged or self._busy is not None
-        ):
+        # READY (``phase``), tested inline: this loop runs once per command.
+        while not (self._closed or self._writing_paused or self._backlogged or running.busy):
             if transport.is_closing():
                 # The peer hung up (a write failed) or we are closing: whatever it
                 # still had pipelined would build replies nobody reads.
-                out = []
+                out = self._out = []
+                self._pushed = 0
                 break
-            if self._next_error is not None:
-                proto_error, self._next_error = self._next_error, None
-                break
-            argv = self._next
-            if argv is not None:
-                self._next, self._next_bytes = None, 0
-            else:
-                try:
+            try:
+                if self._next is None and self._next_error is None:
                     argv = decoder.get()
-                except ProtocolError as exc:
-                    proto_error = exc
-                    break
-                if argv is None:
-                    break
-            if sliced:
-                if ran == 0:
-                    yielded = self._slice_left <= 0
-                elif ran == 1 or ran % CHECK_EVERY == 0:
-                    now = clock()
-                    if not started:
-                        started, deadline = now, now + self._slice_left
-                    yielded = now >= deadline
-                if yielded:
-                    # This turn's slice is used: the command waits for the next one.
-                    self._next, self._next_bytes = argv, sum(len(a) for a in argv)
-                    break
+                else:
+                    argv = self._take()
+            except ProtocolError as exc:
+                proto_error = exc
+                break
+            if argv is None:
+                break
+            # The clock is read only every CHECK_EVERY commands (Share.spent).
+            if sliced and (ran < 2 or not ran % CHECK_EVERY) and share.spent(ran):
+                # This turn's slice is used: the command waits for the next one.
+                self._next, self._next_bytes = argv, sum(len(a) for a in argv)
+                yielded = True
+                break
             ran += 1
             result = execute(self._ctx, argv, out)
             if not isinstance(result, int):
-                if self._offload is not None or (
-                    isinstance(result, Steps) and self._turns is not None
-                ):
-                    # Replies before it leave first; it runs off the loop.
-                    if out:
-                        self._send(out, out_bytes)
-                        out, out_bytes = [], 0
-                    self._start(argv, result)
-                    break
-                result = self._run_inline(argv, result, out)
+                result = self._deferred(argv, result, out, out_bytes)
+                if result < 0:
+                    out, out_bytes = [], 0
+                    self._out = out
+                    break  # it runs off the loop; the replies before it went out first
             out_bytes += result
             if not decoder.authenticated and client.authenticated:
                 decoder.authenticated = True  # AUTH/HELLO succeeded: full limits
@@ -332,10 +347,20 @@ class Connection(asyncio.BufferedProtocol):
             ):
                 self._send(out, out_bytes)
                 out, out_bytes = [], 0
-                unsent = self._unsent()
-                if unsent > self._high_water and not self._writing_paused:
-                    # The sink holds them (group commit): wait for it to write them.
-                    self._backlogged = True
+                self._out = out
+                unsent = self._check_backlog()
+        self._after_run(out, out_bytes, proto_error, close_after, yielded)
+
+    def _after_run(
+        self,
+        out: Chunks,
+        out_bytes: int,
+        proto_error: ProtocolError | None,
+        close_after: bool,
+        yielded: bool,
+    ) -> None:
+        client = self.client
+        self._out = None
         if proto_error is not None:
             self._state.counters.protocol_errors += 1
             log.info("protocol error from %s: %s", client.addr, proto_error.message)
@@ -347,67 +372,40 @@ class Connection(asyncio.BufferedProtocol):
             self._send(out, out_bytes)
         if close_after:
             self._sink.close_after_send(self)
-        if self._busy is not None:
+        if self._running.busy:
             self._parse_ahead()
-        if started:
-            self._slice_left -= clock() - started
+        self._share.end()
         if yielded and not close_after:
-            self._yielded = True
             self._state.counters.slices_yielded += 1
-            asyncio.get_running_loop().call_soon(self._next_slice)
+            self._share.pause(self._resume)  # the next turn goes on where it stopped
         self._update_reading()
         self._report()
 
-    def _next_slice(self) -> None:
-        """A turn after this connection used its slice: go on where it stopped."""
-        self._yielded = False
-        if not self._closed:
-            self._process()
+    def _check_backlog(self) -> int:
+        unsent = self._unsent()
+        if unsent > self._high_water and not self._writing_paused:
+            # The sink holds them (group commit): wait for it to write them.
+            self._backlogged = True
+        return unsent
 
     # -- deferred commands (module docstring) -------------------------------------
 
-    def _start(self, argv: Sequence[bytes], deferred: Deferred) -> None:
-        self._busy = deferred
-        self._busy_argv = argv
-        self._busy_bytes = sum(len(arg) for arg in argv)
-        if isinstance(deferred, Steps):
-            self._streamer = StepRunner(
-                deferred,
-                send=self._send,
-                encode=self._encode,
-                fail=lambda exc: error_reply(self._ctx, argv, exc),
-                behind=self._behind,
-                alive=lambda: not self._closed,
-                done=self._streamed,
-            )
-            self._streamer.pump()
-            return
-        offload = self._offload
-        if offload is None:  # pragma: no cover - _process runs them inline then
-            return
-        self._state.counters.offloaded_commands += 1
-        if isinstance(deferred, Offload):
-            offload.submit(deferred.work, lambda result: self._finished(deferred, result))
-            return
-        self._streamer = StreamSender(
-            deferred,
-            self.client.proto,
-            offload,
-            send=self._send,
-            behind=self._behind,
-            alive=lambda: not self._closed,
-            done=self._streamed,
-        )
-        self._streamer.pump()
-
-    def _finished(self, offload: Offload[Any], result: object) -> None:
-        """An offloaded command's work is done: finish it (its state change happens
-        now, whether or not its client is still there) and send the reply."""
-        out: Chunks = []
-        nbytes = complete(self._ctx, self._busy_argv, offload, result, out)
-        if not self._closed:
-            self._send(out, nbytes)
-        self._done()
+    def _deferred(
+        self, argv: Sequence[bytes], result: Deferred | Silenced, out: Chunks, out_bytes: int
+    ) -> int:
+        """A command's deferred result: settled here and appended to ``out`` (its size
+        returned) where nothing may run off the loop; else started (-1), after the
+        replies in ``out`` are sent."""
+        silent = isinstance(result, Silenced)
+        deferred = result.deferred if isinstance(result, Silenced) else result
+        inline = self._offload is None and not isinstance(deferred, Wait)
+        if inline and not (isinstance(deferred, Steps) and self._steps_async):
+            reply = settle(self._ctx, argv, deferred)
+            return 0 if silent else encode(self._ctx, argv, reply, out)
+        if out:
+            self._send(out, out_bytes)
+        self._running.start(argv, deferred, silent=silent)
+        return -1
 
     def _behind(self) -> bool:
         """The client is behind on reading: no further piece of a stream starts."""
@@ -418,67 +416,33 @@ class Connection(asyncio.BufferedProtocol):
             return True
         return False
 
-    def _streamed(self, error: str | None, exc: BaseException | None) -> None:
-        """The streamed reply is sent, or its client gone, or (``error``) it broke
-        after its framing went out: then the reply cannot be completed, so the
-        connection is dropped. A :class:`PionError` (the cluster tier failing under a
-        streamed fill) is the command's own failure, logged as such; anything else is a
-        Pion bug, logged once with its traceback and counted."""
-        if error is not None:
-            name = self._busy_argv[0].decode("utf-8", "replace")[:64] if self._busy_argv else "?"
-            if isinstance(exc, PionError):
-                log.warning("%s failed after its reply began (%s): connection closed", name, error)
-            else:
-                self._state.counters.internal_errors += 1
-                log.error("internal error streaming the reply of %s: %s", name, error, exc_info=exc)
-            self.abort()
-        self._streamer = None
-        self._done()
-
     def _done(self) -> None:
         """The deferred command's reply has been handed on: the next one may start."""
-        self._busy = None
-        self._busy_argv = ()
-        self._busy_bytes = 0
         client = self.client
         if not self._decoder.authenticated and client.authenticated:
             self._decoder.authenticated = True
+        if self._parked:
+            self._send([], 0)  # pushes parked while it ran (_send puts them first)
         if client.closing:
             self._sink.close_after_send(self)
             return
-        self._process()
-
-    def _encode(self, value: Reply) -> Chunks:
-        out: Chunks = []
-        encode_reply(value, self.client.proto, out)
-        return out
-
-    def _run_inline(self, argv: Sequence[bytes], deferred: Deferred, out: Chunks) -> int:
-        """A deferred command without a worker pool: run it here, append its reply."""
-        mark = len(out)
-        if isinstance(deferred, Steps):
-            try:
-                out += run_now(deferred, self.client.proto)
-            except Exception as exc:  # the command's error boundary
-                out += self._encode(error_reply(self._ctx, argv, exc))
-            return sum(c.nbytes if isinstance(c, memoryview) else len(c) for c in out[mark:])
-        if isinstance(deferred, Offload):
-            try:
-                result: object = deferred.work()
-            except Exception as exc:
-                result = exc
-            return complete(self._ctx, argv, deferred, result, out)
-        for part in stream_parts(deferred, self.client.proto):
-            out.append(part if isinstance(part, bytes) else piece_bytes(part[1]))
-        return sum(c.nbytes if isinstance(c, memoryview) else len(c) for c in out[mark:])
+        if not self._closed:
+            self._process()
 
     # -- sending and flow control ---------------------------------------------------
 
     def _send(self, out: Chunks, nbytes: int) -> None:
         # Coalesced here, once: the sink may hold them (group commit), and the
         # transport must never be handed more pieces than it takes (replies.py).
+        if self._parked and not self._running.busy:
+            # Parked pushes came first: they leave ahead (never inside a stream).
+            out = self._parked + out
+            nbytes += self._parked_bytes
+            self._parked, self._parked_bytes = [], 0
         out = coalesce(out)
-        nbytes += len(out) * PIECE_OVERHEAD
+        # Pushes that landed in this batch (``_push``) count with its replies.
+        nbytes += len(out) * PIECE_OVERHEAD + self._pushed
+        self._pushed = 0
         self._held += nbytes
         self._sink.send(self, out, nbytes)
 
@@ -493,10 +457,8 @@ class Connection(asyncio.BufferedProtocol):
         transport = self._transport
         if transport is None or transport.is_closing() or self._closed:
             return
-        waiting = self._busy is not None and (
-            self._next is not None or self._next_error is not None
-        )
-        stop = self._writing_paused or self._backlogged or waiting or self._yielded
+        waiting = self._running.busy and (self._next is not None or self._next_error is not None)
+        stop = self._writing_paused or self._backlogged or waiting or self._share.yielded
         if stop and not self._reading_paused:
             self._reading_paused = True
             transport.pause_reading()
@@ -510,11 +472,9 @@ class Connection(asyncio.BufferedProtocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        if self._streamer is not None:
+        if self._running.busy:
             self._update_reading()
-            self._streamer.pump()
-        elif self._busy is not None:
-            self._update_reading()
+            self._running.pump()
         else:
             self._process()
 
@@ -525,7 +485,7 @@ class Connection(asyncio.BufferedProtocol):
             self._memory.update(self, self._query_bytes() + self._unsent())
 
     def _query_bytes(self) -> int:
-        return self._decoder.held + self._next_bytes + self._busy_bytes
+        return self._decoder.held + self._next_bytes + self._running.nbytes
 
     # -- used by the sink, the accounting and the server ---------------------------
 
@@ -548,6 +508,44 @@ class Connection(asyncio.BufferedProtocol):
             if not self._writing_paused:
                 asyncio.get_running_loop().call_soon(self._resume)
         self._report()
+
+    def _push(self, data: bytes) -> None:
+        """A pub/sub message for this client: appended to its output now, behind the
+        replies before it, never waiting for the client to read."""
+        if self._closed:
+            return
+        if self._out is not None:
+            self._out.append(data)  # its commands are running: into their batch
+            self._pushed += len(data)
+        else:
+            # Sent at the end of this iteration of the loop, or after the deferred
+            # command's reply (_done), or ahead of the next replies (_send).
+            self._parked.append(data)
+            self._parked_bytes += len(data)
+            if not self._flush_due and not self._running.busy:
+                self._flush_due = True
+                asyncio.get_running_loop().call_soon(self._flush_pushes)
+        if self._over_output_limit():
+            self._state.pubsub.limit_disconnects += 1
+            log.warning(
+                "client %d (%s) closed for overcoming of output buffer limits (pubsub)",
+                self.client.id,
+                self.client.addr,
+            )
+            self.evict()
+
+    def _flush_pushes(self) -> None:
+        self._flush_due = False
+        if self._parked and not self._closed and not self._running.busy:
+            self._send([], 0)  # the parked pushes (_send puts them first)
+            self._report()
+
+    def _over_output_limit(self) -> bool:
+        """``client-output-buffer-limit pubsub`` (``pion.pubsub.OutputLimit``)."""
+        used = self._unsent() + self._pushed + self._parked_bytes
+        limit = self._state.pubsub.limits["pubsub"]
+        over, self._soft_since = limit.exceeded(used, self._soft_since, time.monotonic)
+        return over
 
     def buffer_usage(self) -> tuple[int, int]:
         return self._query_bytes(), self._unsent()

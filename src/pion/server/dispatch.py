@@ -1,56 +1,48 @@
-"""The RESP lane's boundary: where a request becomes reply bytes and exceptions RESP errors.
+"""The RESP lane's front door: where a request's arguments find their command, pass
+the checks every command passes, and become reply bytes.
 
 Checks run in Redis's order: unknown command, authentication, arity, loading, then
 whether persistence still accepts writes (the commands that only free space always
-pass: ``pion.persistence.stores.FREEING_COMMANDS``). A :class:`PionError` from a handler is the
-client's error, answered with its own RESP code. Any other exception, raised by the
-handler *or by encoding what it returned*, is a Pion bug: logged once with its
-traceback, counted in ``internal_errors`` and answered ``-ERR internal error``, so the
-connection, the replies before it in the pipeline and its neighbours live on.
+pass: ``pion.persistence.stores.FREEING_COMMANDS``), then, for a RESP2 client in
+subscribed mode, whether the command is one it may send (``pion.commands.pubsub``);
+one refused is counted as rejected. The handler then runs inside the one error boundary,
+:func:`pion.commands.execution.call` (timed, counted, exceptions as replies), and its
+reply is encoded inside it too (:func:`pion.commands.execution.encode`).
 
-Each command that runs is timed and counted (``pion.commands.stats``: INFO
-commandstats and errorstats, SLOWLOG); one refused before running is counted as
-rejected.
+A handler may return a :data:`~pion.commands.deferred.Deferred` (work off the loop,
+in steps, streamed, or a wait): :func:`execute` hands it back to the connection,
+which runs it (``pion.server.running``).
 
-A handler may return a :data:`~pion.commands.deferred.Deferred` (its number
-conversion runs off the event loop); :func:`execute` hands that back to the
-connection, and the ``finish`` of an :class:`~pion.commands.deferred.Offload` runs
-through :func:`complete`, inside this same boundary.
-
+While a script runs off the loop, another client's command first passes its gate
+(``pion.commands.scriptbusy``: it waits for the script, or is answered -BUSY).
 Inside MULTI a command that passed those checks is queued instead of run
 (``pion.commands.transactions``); one refused by them fails the transaction. While
-``CLIENT REPLY OFF|SKIP`` silences a client, :func:`execute` runs its commands to the
-end here (deferred parts too) and appends nothing (``pion.commands.clientctl``).
+``CLIENT REPLY OFF|SKIP`` silences a client, :func:`execute` runs its commands as any
+client's and appends nothing (``pion.commands.clientctl``); a deferred one comes back
+:class:`Silenced`.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
-from time import perf_counter_ns
-from typing import Any
+from dataclasses import dataclass
+from functools import partial
 
+from pion.commands.blocking import serve
 from pion.commands.clientctl import begin_silent, silenced
-from pion.commands.deferred import Deferred, Offload, Steps, Stream
+from pion.commands.deferred import Deferred
+from pion.commands.execution import DEFERRED, call, encode
+from pion.commands.pubsub import refuse_subscribed
+from pion.commands.scriptbusy import gate
 from pion.commands.state import Command, Context
-from pion.commands.transactions import IMMEDIATE, queue_command, refused_in_multi, settle
+from pion.commands.transactions import IMMEDIATE, queue_command, refused_in_multi
 from pion.errors import LoadingError, MisconfError, NoAuthError, PionError
 from pion.persistence.stores import FREEING_COMMANDS
-from pion.resp.encoder import (
-    NULL_BULK,
-    SMALL_BULK,
-    Chunks,
-    encode_error,
-    encode_reply,
-    encode_simple,
-)
+from pion.resp.encoder import NULL_BULK, SMALL_BULK, Chunks, encode_simple
 from pion.resp.reply import ErrorReply, Reply, Simple
 
-__all__ = ["admit", "complete", "dispatch", "error_reply", "execute"]
+__all__ = ["Silenced", "admit", "dispatch", "execute"]
 
-log = logging.getLogger("pion.server")
-
-_INTERNAL_ERROR = "ERR internal error"
 
 # Command names as sent (any case) -> upper-case. Bounded, so a client sending random
 # names cannot grow it without limit; past the bound names are just decoded each time.
@@ -70,12 +62,6 @@ def _unknown(ctx: Context, argv: Sequence[bytes]) -> ErrorReply:
             break
         shown += f"'{arg[: 128 - len(shown)].decode('utf-8', 'replace')}' "
     return ErrorReply(f"ERR unknown command '{name}', with args beginning with: {shown}")
-
-
-def _internal_error(ctx: Context, name: str, what: str) -> ErrorReply:
-    ctx.state.counters.internal_errors += 1
-    log.exception("internal error %s %s", what, name)
-    return ErrorReply(_INTERNAL_ERROR)
 
 
 def admit(ctx: Context, cmd: Command, nargs: int | None) -> None:
@@ -122,36 +108,40 @@ def _run(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply | Deferred:
     """A known command: its checks, then queued (inside MULTI) or run, timed."""
     state = ctx.state
     client = ctx.client
+    if state.scripts is not None and state.scripts.busy is not None:
+        held = gate(ctx, cmd, argv, partial(_run, ctx, cmd, argv))
+        if held is not None:
+            return held
     client.last_command = cmd.name
     try:
         admit(ctx, cmd, len(argv) - 1)
+        if client.proto == 2 and ctx.state.pubsub.clients:  # (cheap: usually empty)
+            refuse_subscribed(ctx, cmd, argv)
         if client.queued is not None and cmd.name not in IMMEDIATE:
             return queue_command(ctx, cmd, argv)
     except PionError as exc:
         if client.queued is not None:
             return state.stats.rejected(cmd.name, refused_in_multi(ctx, cmd.name, exc))
         return state.stats.rejected(cmd.name, ErrorReply(exc.resp_line()))
-    # INFO commandstats and SLOWLOG (pion.commands.stats) time the handler alone.
-    started = perf_counter_ns()
-    reply: Reply | Deferred
-    try:
-        reply = cmd.handler(ctx, argv[1:])
-    except PionError as exc:
-        reply = ErrorReply(exc.resp_line())
-    except Exception:
-        reply = _internal_error(ctx, cmd.name, "in")
-    state.stats.record(cmd.name, argv, reply, started, client)
-    return reply
+    return call(ctx, cmd, argv)
 
 
-def execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int | Deferred:
+def execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int | Deferred | Silenced:
     """Dispatch one command, append its encoded reply to ``out`` and return the
     reply's size in bytes (what the connection weighs against its high-water mark);
-    a :data:`Deferred` is returned as it is, nothing appended.
+    a :data:`Deferred` is returned as it is, nothing appended, for the connection to
+    run (``pion.server.running``), wrapped in :class:`Silenced` when its reply is
+    to be dropped. Encoding is inside the boundary (:func:`execution.encode`).
 
-    Encoding is inside the boundary too: if the reply cannot be encoded, whatever it
-    had appended is taken back and ``-ERR internal error`` goes out in its place, so
-    the replies before it in ``out`` are kept and the framing stays intact."""
+    After the command (after a whole EXEC), clients blocked on keys it filled are
+    served (``pion.commands.blocking``), as Redis does after each command."""
+    result = _execute(ctx, argv, out)
+    if ctx.state.keyspace.ready:
+        serve(ctx.state.keyspace)
+    return result
+
+
+def _execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int | Deferred | Silenced:
     client = ctx.client
     if client.reply_mode != "on":
         return _silent(ctx, argv, out)
@@ -161,66 +151,30 @@ def execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int | Deferred:
         if taken != -1:
             return taken
     reply = dispatch(ctx, argv)
-    if isinstance(reply, Offload | Stream | Steps):
+    if isinstance(reply, DEFERRED):
         return reply
-    return _encode(ctx, argv, reply, out)
+    return encode(ctx, argv, reply, out)
 
 
-def _silent(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int:
-    """CLIENT REPLY OFF or SKIP: run the command (its deferred part too), send nothing,
-    unless the command switched replies back on."""
+@dataclass(frozen=True, slots=True)
+class Silenced:
+    """A silenced client's deferred command: run like any other, its reply dropped."""
+
+    deferred: Deferred
+
+
+def _silent(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int | Deferred | Silenced:
+    """CLIENT REPLY OFF or SKIP: run the command, send nothing, unless the command
+    switched replies back on. A deferred part runs as any client's does (off the loop,
+    in slices): a silenced client gets no more of the loop than another."""
     begin_silent(ctx.client)
     reply = dispatch(ctx, argv)
-    try:
-        value = settle(reply, ctx.client.proto)
-    except PionError:
+    quiet = silenced(ctx.client)
+    if isinstance(reply, DEFERRED):
+        return Silenced(reply) if quiet else reply
+    if quiet:
         return 0
-    except Exception:
-        _internal_error(ctx, argv[0].decode("utf-8", "replace")[:64], "finishing")
-        return 0
-    if silenced(ctx.client):
-        return 0
-    return _encode(ctx, argv, value, out)
-
-
-def complete(
-    ctx: Context, argv: Sequence[bytes], offload: Offload[Any], result: object, out: Chunks
-) -> int:
-    """Run an offloaded command's ``finish`` with its work's ``result`` (or the
-    exception the work raised) inside the boundary; append the encoded reply to
-    ``out`` and return its size."""
-    name = argv[0].decode("utf-8", "replace")[:64]
-    try:
-        reply = offload.finish(result)
-    except PionError as exc:
-        reply = ErrorReply(exc.resp_line())
-    except Exception:
-        reply = _internal_error(ctx, name, "finishing")
-    return _encode(ctx, argv, reply, out)
-
-
-def error_reply(ctx: Context, argv: Sequence[bytes], exc: BaseException) -> ErrorReply:
-    """The reply to an exception a command raised after its handler returned (a step
-    of a :class:`~pion.commands.deferred.Steps`): the same boundary as above."""
-    if isinstance(exc, PionError):
-        return ErrorReply(exc.resp_line())
-    name = argv[0].decode("utf-8", "replace")[:64] if argv else "?"
-    ctx.state.counters.internal_errors += 1
-    log.error("internal error in a step of %s", name, exc_info=exc)
-    return ErrorReply(_INTERNAL_ERROR)
-
-
-def _encode(ctx: Context, argv: Sequence[bytes], reply: Reply, out: Chunks) -> int:
-    mark = len(out)
-    try:
-        encode_reply(reply, ctx.client.proto, out)
-    except Exception:
-        del out[mark:]
-        name = argv[0].decode("utf-8", "replace")[:64]
-        out.append(encode_error(str(_internal_error(ctx, name, "encoding the reply of"))))
-    if len(out) == mark + 1 and type(out[mark]) is bytes:  # one small chunk, usually
-        return len(out[mark])
-    return sum(c.nbytes if isinstance(c, memoryview) else len(c) for c in out[mark:])
+    return encode(ctx, argv, reply, out)
 
 
 # -- the fast lane -----------------------------------------------------------------
@@ -254,9 +208,9 @@ def _fast_lane(ctx: Context, name: str, argv: Sequence[bytes], out: Chunks) -> i
         chunk = b"$%d\r\n%b\r\n" % (len(reply), reply)
     elif reply is None:
         chunk = NULL_BULK[client.proto]
-    elif isinstance(reply, Offload | Stream | Steps):  # none of the lane's handlers defers
+    elif isinstance(reply, DEFERRED):  # none of the lane's handlers defers
         return reply
     else:
-        return _encode(ctx, argv, reply, out)
+        return encode(ctx, argv, reply, out)
     out.append(chunk)
     return len(chunk)

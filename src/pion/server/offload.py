@@ -22,6 +22,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import TypeVar
 
 import numpy as np
@@ -85,20 +86,22 @@ class Offloader:
         done: Callable[[T | BaseException], None],
     ) -> None:
         # Counted on the loop thread (each part's outcome is relayed there), so no lock.
+        # The failure kept is the first part's in order (the lowest rows), whichever
+        # thread finished first: the error a store found is the one it would find inline.
         remaining = len(work.parts)
-        failure: BaseException | None = None
+        failure: tuple[int, BaseException] | None = None
 
-        def part_done(future: Future[object]) -> None:
+        def part_done(index: int, future: Future[object]) -> None:
             nonlocal remaining, failure
             remaining -= 1
             exc = future.exception()
-            if exc is not None and failure is None:
-                failure = exc
+            if exc is not None and (failure is None or index < failure[0]):
+                failure = (index, exc)
             if remaining:
                 return
             self._in_flight -= 1
             if failure is not None:
-                done(failure)
+                done(failure[1])
                 return
             try:
                 result = work.result()
@@ -107,14 +110,14 @@ class Offloader:
                 return
             done(result)
 
-        def relay(future: Future[object]) -> None:
+        def relay(index: int, future: Future[object]) -> None:
             try:
-                loop.call_soon_threadsafe(part_done, future)
+                loop.call_soon_threadsafe(part_done, index, future)
             except RuntimeError:
                 log.debug("offloaded work finished after the event loop closed")
 
-        for part in work.parts:
-            self._pool.submit(part).add_done_callback(relay)
+        for index, part in enumerate(work.parts):
+            self._pool.submit(part).add_done_callback(partial(relay, index))
 
     async def drain(self, timeout: float) -> None:
         """Wait until no work is in flight (graceful shutdown), at most ``timeout``."""

@@ -15,13 +15,16 @@ table, and RESP clients and scrapes were refused until they left. Here:
   use up descriptors the server keeps for its clients nor lock a real scrape out.
 
 Any GET (or HEAD) is answered with the metrics, as prometheus_client does; other
-methods get 405. Over TLS when the server has a certificate (client certificates
-required when it has a CA), as on the RESP port.
+methods get 405, a request that is not HTTP/1.x 400 and one whose head is too long 431.
+HTTP is h11's (the requests are parsed and the responses framed by it); each
+connection serves one request and is closed. Over TLS when the server has a
+certificate (client certificates required when it has a CA), as on the RESP port.
 """
 
 from __future__ import annotations
 
 import asyncio
+import http
 import logging
 import socket
 import ssl as ssl_module
@@ -29,6 +32,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import cast
 
+import h11
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import Metric
 
@@ -58,19 +62,17 @@ class _Families:
         return self._families
 
 
-def _response(status: str, body: bytes, content_type: str = "text/plain; charset=utf-8") -> bytes:
-    head = (
-        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode() + body
+_TEXT = "text/plain; charset=utf-8"
+_PHRASE = {s.value: s.phrase.encode() for s in http.HTTPStatus}
 
 
 class _Scrape(asyncio.Protocol):
+    """One connection: one request, one response, then closed."""
+
     def __init__(self, endpoint: MetricsEndpoint) -> None:
         self._endpoint = endpoint
         self._transport: asyncio.Transport | None = None
-        self._buf = bytearray()
+        self._http = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_BYTES)
         self._timer: asyncio.TimerHandle | None = None
         self.waiting = True  # no complete request yet
         self._task: asyncio.Task[None] | None = None
@@ -88,20 +90,21 @@ class _Scrape(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if not self.waiting:
             return
-        self._buf += data
-        end = self._buf.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self._buf) > MAX_REQUEST_BYTES:
-                self._reply(_response("431 Request Header Fields Too Large", b""))
+        self._http.receive_data(data)
+        try:
+            event = self._http.next_event()
+        except h11.RemoteProtocolError as exc:
+            self._reply(exc.error_status_hint, b"")
             return
+        if not isinstance(event, h11.Request):
+            return  # NEED_DATA: the head is not complete yet
         self.waiting = False
         if self._timer is not None:
             self._timer.cancel()
-        method = bytes(self._buf[: self._buf.find(b" ")])
-        if method not in (b"GET", b"HEAD"):
-            self._reply(_response("405 Method Not Allowed", b""))
+        if event.method not in (b"GET", b"HEAD"):
+            self._reply(405, b"")
             return
-        self._task = asyncio.ensure_future(self._serve(head=method == b"HEAD"))
+        self._task = asyncio.ensure_future(self._serve(head=event.method == b"HEAD"))
 
     async def _serve(self, *, head: bool) -> None:
         try:
@@ -109,17 +112,31 @@ class _Scrape(asyncio.Protocol):
             body = generate_latest(_Families(families))  # type: ignore[arg-type,unused-ignore]
         except Exception:
             log.exception("rendering the metrics failed")
-            self._reply(_response("500 Internal Server Error", b""))
+            self._reply(500, b"")
             return
-        reply = _response("200 OK", body, CONTENT_TYPE_LATEST)
-        self._reply(reply[: len(reply) - len(body)] if head else reply)
+        self._reply(200, body, CONTENT_TYPE_LATEST, head=head)
 
-    def _reply(self, data: bytes) -> None:
+    def _reply(
+        self, status: int, body: bytes, content_type: str = _TEXT, *, head: bool = False
+    ) -> None:
+        """The response (its head only for a HEAD request), then close."""
         self.waiting = False
         transport = self._transport
-        if transport is not None and not transport.is_closing():
-            transport.write(data)
-            transport.close()
+        if transport is None or transport.is_closing():
+            return
+        headers = [
+            ("Content-Type", content_type),
+            ("Content-Length", str(len(body))),
+            ("Connection", "close"),
+        ]
+        # After a request h11 could not parse, it still frames this (error) response.
+        response = h11.Response(status_code=status, headers=headers, reason=_PHRASE[status])
+        out = self._http.send(response) or b""
+        if body and not head:
+            out += self._http.send(h11.Data(data=body)) or b""
+        out += self._http.send(h11.EndOfMessage()) or b""
+        transport.write(out)
+        transport.close()
 
     def close(self) -> None:
         if self._transport is not None:

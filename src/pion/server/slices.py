@@ -17,6 +17,9 @@ something to do gets its own slice in between. A client whose replies are not be
 taken is not read at all (the high-water mark in ``connection.py``). Long commands
 are cut into steps of the same size (``pion.commands.deferred.Steps``).
 
+Both lanes (``connection.py``, ``binary.py``) keep their slice with one
+:class:`Share`.
+
 A "turn" is one pass of the loop over its ready callbacks and I/O; :class:`Turns`
 numbers them lazily, so a quiet server schedules nothing.
 """
@@ -24,8 +27,11 @@ numbers them lazily, so a quiet server schedules nothing.
 from __future__ import annotations
 
 import asyncio
+import math
+import time
+from collections.abc import Callable
 
-__all__ = ["CHECK_EVERY", "SLICE_S", "Turns"]
+__all__ = ["CHECK_EVERY", "SLICE_S", "Share", "Turns"]
 
 # The loop time one connection may use per turn. Small enough that a client waiting
 # behind a flood waits about this long per flooding client; large enough that the cost
@@ -53,3 +59,60 @@ class Turns:
     def _advance(self) -> None:
         self._pending = False
         self.number += 1
+
+
+class Share:
+    """One connection's slice of the loop: :meth:`begin` before a run of commands,
+    :meth:`spent` before each, :meth:`end` after; :meth:`pause` when it is used. The
+    clock is first read when a second command is at hand, so a request of one command
+    pays nothing for the slices (a slice overshoots by at most one command, plus
+    CHECK_EVERY). Without ``turns`` (a connection driven alone, in unit tests) there
+    is nobody to share with: no slices."""
+
+    __slots__ = ("_deadline", "_started", "_turn", "_turns", "left", "yielded")
+
+    def __init__(self, turns: Turns | None) -> None:
+        self._turns = turns
+        self._turn = -1
+        self.left = 0.0
+        self._started = 0.0
+        self._deadline = math.inf
+        self.yielded = False  # stopped for this turn: a callback of the next goes on
+
+    def begin(self) -> None:
+        turns = self._turns
+        if turns is not None:
+            turn = turns.current()
+            if turn != self._turn:
+                self._turn = turn
+                self.left = SLICE_S
+        self._started = 0.0
+        self._deadline = math.inf
+
+    def spent(self, ran: int) -> bool:
+        """Whether the slice is used, before the next command (``ran`` ran already in
+        this run)."""
+        if self._turns is None:
+            return False
+        if ran == 0:
+            return self.left <= 0
+        if ran == 1 or ran % CHECK_EVERY == 0:
+            now = time.perf_counter()
+            if not self._started:
+                self._started, self._deadline = now, now + self.left
+            return now >= self._deadline
+        return False
+
+    def end(self) -> None:
+        if self._started:
+            self.left -= time.perf_counter() - self._started
+            self._started = 0.0
+
+    def pause(self, go_on: Callable[[], None]) -> None:
+        """The slice is used: ``go_on()`` in the next turn."""
+        self.yielded = True
+        asyncio.get_running_loop().call_soon(self._next_turn, go_on)
+
+    def _next_turn(self, go_on: Callable[[], None]) -> None:
+        self.yielded = False
+        go_on()

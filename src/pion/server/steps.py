@@ -8,9 +8,10 @@ pumps again when it has caught up). The connection owns the socket and the
 accounting; this class only orders the work, as :class:`~pion.server.streaming.
 StreamSender` does for streamed replies.
 
-Errors: an exception before any chunk was sent is the command's reply (a
-``PionError`` its own error, anything else ``-ERR internal error``, through the
-dispatcher's boundary); after part of the reply went out the reply cannot be
+Errors: an exception before any chunk was sent, in a step or in encoding the last
+part of the reply, is the command's reply (``fail``: the boundary of
+``pion.commands.execution``, a ``PionError`` its own error, anything else
+``-ERR internal error``); after part of the reply went out the reply cannot be
 completed, and the connection is dropped (``done`` with an error).
 """
 
@@ -37,7 +38,7 @@ class StepRunner:
         *,
         send: Callable[[Chunks, int], None],
         encode: Callable[[Reply], Chunks],
-        fail: Callable[[BaseException], Reply],
+        fail: Callable[[BaseException], Chunks],
         behind: Callable[[], bool],
         alive: Callable[[], bool],
         done: Callable[[str | None, BaseException | None], None],
@@ -62,20 +63,23 @@ class StepRunner:
             return
         deadline = time.perf_counter() + SLICE_S
         while not self._behind():
+            last = False
             try:
-                chunks = next(self._run)
-            except StopIteration as stop:
-                self._emit(self._encode(stop.value))
-                self._finish(None)
-                return
-            except Exception as exc:  # the command's error boundary
+                try:
+                    chunks = next(self._run)
+                except StopIteration as stop:
+                    chunks, last = self._encode(stop.value), True
+            except Exception as exc:  # the command's error boundary, encoding included
                 if self._sent:
                     self._finish(repr(exc), exc)
                 else:
-                    self._emit(self._encode(self._fail(exc)))
+                    self._emit(self._fail(exc))
                     self._finish(None)
                 return
             self._emit(chunks)
+            if last:
+                self._finish(None)
+                return
             if time.perf_counter() >= deadline:
                 self._scheduled = True
                 asyncio.get_running_loop().call_soon(self._next_turn)

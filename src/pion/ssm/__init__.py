@@ -2,12 +2,12 @@
 models after a prefix (docs/attention.md, "Recurrent state").
 
 Not attention: a Mamba or RWKV layer has no per-token K/V to attend over, only one
-fixed-size state, so the server keeps the client's bytes and never parses them. One
-module, ``store.py`` (the blobs, their memory bound and their mutations for the
+fixed-size state, so the server keeps the client's bytes and never parses them.
+Reading order: one module, ``store.py`` (the blobs, their memory bound and their mutations for the
 write-ahead log). The commands are ``pion.commands.ssm``; durability is
 ``pion.persistence.ssm_durable``.
 
-Depends on ``errors`` only.
+Imports only ``errors``.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pion.codecs import Codec
-from pion.errors import PionError, TierError
+from pion.errors import NotYet, PionError, TierError
 from pion.tier.fill import Fill, LayerRows, batches, commit_fill, held_rows
 from pion.tier.journal import FillGate, TierJournal
 from pion.tier.keys import CHUNK_ROWS
@@ -109,6 +109,7 @@ class InFlightFill:
         self.max_rows = max_rows
         self.error: BaseException | None = None
         self.read = threading.Event()  # every chunk landed, or the read failed
+        self._read_waiters: list[Callable[[], None]] = []  # told once it is
         self.committed = False  # settled: committed, refused or failed (loop thread)
         self._lock = threading.Lock()
         self._layers: dict[tuple[bytes, int], _LayerState] = {}
@@ -139,8 +140,12 @@ class InFlightFill:
             else:
                 if any(state.left for state in self._layers.values()):
                     self._fail(TierError("the tier's reply lacks chunks"))
-            self.read.set()
+            with self._lock:
+                self.read.set()
+                waiters, self._read_waiters = self._read_waiters, []
             on_read(self)
+            for go in waiters:
+                go()
 
         threading.Thread(target=run, name="pion-tier-fill", daemon=True).start()
 
@@ -172,6 +177,15 @@ class InFlightFill:
                 waiters, state.waiters = state.waiters, []
             for go in waiters:
                 go()
+
+    def when_read(self, go: Callable[[], None]) -> None:
+        """``go()`` once every chunk has landed or the read failed (at once if so;
+        else on the reading thread, after the commit was handed to the loop)."""
+        with self._lock:
+            if not self.read.is_set():
+                self._read_waiters.append(go)
+                return
+        go()
 
     def _when_landed(self, state: _LayerState, go: Callable[[], None]) -> None:
         """``go()`` once the layer has landed or the read failed (at once if so)."""
@@ -226,14 +240,19 @@ class InFlightFill:
         check_reply_bytes(size, held, start, end)
         return out
 
-    def wait_first(self, sid: bytes, layers: Sequence[int], start: int) -> None:
+    def wait_first(
+        self, sid: bytes, layers: Sequence[int], start: int, *, may_wait: bool = False
+    ) -> None:
         """Wait for the first of ``layers`` a reply carries (raising the read's
         failure): a tier that fails before any payload goes out is an error reply, not
-        a cut connection."""
+        a cut connection. ``may_wait``: raise :class:`NotYet` rather than block."""
         tpl = self.layers_of(sid)
         for layer in layers:
             if tpl.get(layer, 0) > start:
-                self._built(self._layers[sid, layer])
+                state = self._layers[sid, layer]
+                if may_wait and not state.landed.is_set():
+                    raise NotYet(partial(self._when_landed, state))
+                self._built(state)
                 return
 
     def _built(self, state: _LayerState) -> Layer:

@@ -1,20 +1,20 @@
-"""Row chunks read from every node of the tier at once, straight into preallocated rows.
+"""Row chunks read from every node of the tier at once, into preallocated rows.
 
 A fill reads hundreds of 512 KiB chunks. redis-py's cluster pipeline asks the nodes one
-after another and hands each value over as a fresh ``bytes`` (hiredis copies it out of
-its own buffer first), which the fill then joined and copied again. Here each node's
-``GET``\\s go out as one pipelined write on a connection of redis-py's own pool (so
-authentication, TLS and the cluster's slot map are redis-py's), each node is read on a
-thread of its own, and every value's payload is received with ``recv_into`` directly
-into the caller's destination: one copy from the kernel, none in user space, the GIL
-released while the bytes arrive.
+after another, and hands the values over only once every node has answered. Here each
+node's ``GET``\\s go out as one pipelined write on a connection of that node's pool,
+each node is read on a thread of its own, and every value is copied into the caller's
+destination as soon as its reply has been read, so a waiting reader can use it before
+the rest arrive (``landed``).
 
-The replies are parsed here, strictly: a bulk string, a nil, or an error. ``MOVED``,
-``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN`` and ``LOADING`` become redis-py's
-``ClusterError`` (retryable: :class:`~pion.tier.client.TierClient` refreshes the
-topology and the fill is retried by the next request), any other error reply a
-``ResponseError``, anything else ``InvalidResponse``. A connection that saw an error is
-closed, never returned to the pool half-read.
+Only redis-py's public interface is used: the pool's ``get_connection()``,
+``pack_commands``, ``send_packed_command`` and ``read_response`` (its own parser, so
+authentication, TLS and the cluster's slot map are redis-py's). An error reply raises
+redis-py's exception for it; ``MOVED``, ``ASK``, ``TRYAGAIN`` and ``CLUSTERDOWN``
+become ``ClusterError`` (retryable: :class:`~pion.tier.client.TierClient` refreshes
+the topology and the fill is retried by the next request) whichever parser the
+connection has; a reply that is not a bulk string or a nil raises ``InvalidResponse``.
+A connection that saw an error is closed, never returned to the pool half-read.
 """
 
 from __future__ import annotations
@@ -32,8 +32,13 @@ __all__ = ["ABSENT", "Landed", "Want", "read_into"]
 Client = redis.Redis | RedisCluster
 
 ABSENT = -1  # what read_into reports for a key the tier does not hold
-_BUFFER = 64 << 10  # headers and small values go through this buffer
-_RETRYABLE = (b"MOVED", b"ASK", b"TRYAGAIN", b"CLUSTERDOWN", b"LOADING")
+# Cluster redirections (with or without the cluster parser's own exception classes).
+_REDIRECTED = (
+    redis.exceptions.AskError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+)
+_RETRYABLE = ("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,76 +49,22 @@ class Want:
     dest: memoryview
 
 
-class _Reader:
-    """RESP replies from one socket: lines through a small buffer, bulk payloads
-    received into their destination."""
+def _land(reply: object, dest: memoryview) -> int:
+    """A GET's reply into ``dest``: its length (a value longer than ``dest`` is not
+    stored; the caller refuses it), or ABSENT for a nil."""
+    if reply is None:
+        return ABSENT
+    if not isinstance(reply, bytes):
+        raise redis.exceptions.InvalidResponse(f"expected a bulk string, got {reply!r:.40}")
+    if len(reply) <= len(dest):
+        dest[: len(reply)] = reply
+    return len(reply)
 
-    def __init__(self, sock: Any) -> None:
-        self.sock = sock
-        self.buf = bytearray(_BUFFER)
-        self.view = memoryview(self.buf)
-        self.start = self.end = 0
 
-    def _more(self) -> None:
-        if self.start == self.end:
-            self.start = self.end = 0
-        elif self.end == len(self.buf):  # a line longer than what is left: compact
-            self.buf[: self.end - self.start] = self.buf[self.start : self.end]
-            self.end -= self.start
-            self.start = 0
-            if self.end == len(self.buf):
-                raise redis.exceptions.InvalidResponse("reply line longer than 64 KiB")
-        got = self.sock.recv_into(self.view[self.end :])
-        if not got:
-            raise redis.exceptions.ConnectionError("the tier closed the connection")
-        self.end += got
-
-    def _line(self) -> bytes:
-        while True:
-            at = self.buf.find(b"\r\n", self.start, self.end)
-            if at >= 0:
-                line = bytes(self.buf[self.start : at])
-                self.start = at + 2
-                return line
-            self._more()
-
-    def _exactly(self, dest: memoryview) -> None:
-        """Fill ``dest``: first from the buffer, then straight from the socket."""
-        have = min(self.end - self.start, len(dest))
-        dest[:have] = self.view[self.start : self.start + have]
-        self.start += have
-        done = have
-        while done < len(dest):
-            got = self.sock.recv_into(dest[done:])
-            if not got:
-                raise redis.exceptions.ConnectionError("the tier closed the connection")
-            done += got
-
-    def bulk_into(self, dest: memoryview) -> int:
-        """One reply: a bulk string's length (its bytes in ``dest`` when they fit, else
-        read and dropped), or ABSENT for a nil; error replies raise."""
-        line = self._line()
-        kind, rest = line[:1], line[1:]
-        if kind == b"-":
-            text = rest.decode("utf-8", "replace")
-            if rest.startswith(_RETRYABLE):
-                raise redis.exceptions.ClusterError(text)
-            raise redis.exceptions.ResponseError(text)
-        if kind == b"_" or line == b"$-1":
-            return ABSENT
-        if kind != b"$" or not rest.isdigit():
-            raise redis.exceptions.InvalidResponse(f"expected a bulk string, got {line[:40]!r}")
-        size = int(rest)
-        if size <= len(dest):
-            self._exactly(dest[:size])
-        else:  # too long for its rows: drain it; the caller refuses the value
-            left = size
-            while left:
-                step = min(left, _BUFFER)
-                self._exactly(memoryview(bytearray(step)))
-                left -= step
-        self._exactly(memoryview(bytearray(2)))  # the payload's CRLF
-        return size
+def _retryable(exc: redis.exceptions.ResponseError) -> redis.exceptions.RedisError:
+    if isinstance(exc, _REDIRECTED) or str(exc).startswith(_RETRYABLE):
+        return redis.exceptions.ClusterError(str(exc))
+    return exc
 
 
 def _node_pools(r: Client, names: Sequence[str]) -> dict[Any, list[int]]:
@@ -138,18 +89,15 @@ def _read_node(
 ) -> None:
     conn = pool.get_connection()
     try:
-        sock = conn._sock  # connected by get_connection
-        if sock is None:
-            conn.connect()
-            sock = conn._sock
         conn.send_packed_command(conn.pack_commands([("GET", wants[i].name) for i in idx]))
-        reader = _Reader(sock)
         for i in idx:
-            sizes[i] = reader.bulk_into(wants[i].dest)
+            try:
+                reply = conn.read_response()
+            except redis.exceptions.ResponseError as exc:
+                raise _retryable(exc) from exc
+            sizes[i] = _land(reply, wants[i].dest)
             if landed is not None:
                 landed(i, sizes[i])
-        if reader.start != reader.end:
-            raise redis.exceptions.InvalidResponse("the tier sent more replies than asked")
     except BaseException:
         conn.disconnect()
         pool.release(conn)

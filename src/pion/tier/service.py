@@ -25,7 +25,7 @@ import logging
 from collections.abc import Sequence
 
 from pion.config import TierConfig, VStoreLimits
-from pion.errors import PionError, TierError
+from pion.errors import NotYet, PionError, TierError
 from pion.tier.client import TierClient, TierIOError, TierRejected
 from pion.tier.fill import (
     Fill,
@@ -181,13 +181,26 @@ class Tier:
 
     # -- hooks -----------------------------------------------------------------------
 
-    def ensure_local(self, sids: Sequence[bytes], *, required: bool) -> None:
+    def ensure_local(
+        self, sids: Sequence[bytes], *, required: bool, may_wait: bool = False
+    ) -> None:
         """Fill ``sids`` (with their namespaces' other halves) from the tier when the
-        local V-store does not hold them; see the module docstring."""
-        self._settle(sids)
+        local V-store does not hold them; see the module docstring. ``may_wait``: the
+        rows are read on a thread of their own and :class:`NotYet` raised (the command
+        waits, the loop goes on) instead of reading them here."""
+        self._settle(sids, may_wait=may_wait)
         plans = self._plan(sids, required=required)
-        if plans:
-            self._fill_now(plans, required=required)
+        if not plans:
+            return
+        if may_wait and self._may_start(plans):
+            check_room(self.vstore, plans)
+            raise NotYet(self._start_fill(plans).when_read)
+        self._fill_now(plans, required=required)
+
+    def _may_start(self, plans: Sequence[Fill]) -> bool:
+        """A fill of ``plans`` may be read on its own thread: one read's worth, and
+        fewer than _MAX_IN_FLIGHT in flight."""
+        return len(set(self._inflight.values())) < _MAX_IN_FLIGHT and streamable(plans)
 
     def _fill_now(self, plans: Sequence[Fill], *, required: bool) -> None:
         """Read and store ``plans`` before the command answers."""
@@ -199,7 +212,7 @@ class Tier:
             return
         self._filled(plans, filled)
 
-    def streaming_fill(self, sid: bytes) -> InFlightFill | None:
+    def streaming_fill(self, sid: bytes, *, may_wait: bool = False) -> InFlightFill | None:
         """For a fetch of ``sid``: the fill it can stream its reply from (already in
         flight, or started now: ``inflight.py``), or None once ``sid`` is local or
         known absent (the fetch answers from the V-store). Raises as ``ensure_local``
@@ -208,17 +221,13 @@ class Tier:
         if fill is not None:
             return fill
         if sid in self.vstore or not 1 <= len(sid) <= MAX_SID_LEN:
-            self.ensure_local((sid,), required=True)  # its other half, if need be
+            self.ensure_local((sid,), required=True, may_wait=may_wait)  # its other half
             return None
-        self._settle((sid,))  # the other half's fill, if one is in flight
+        self._settle((sid,), may_wait=may_wait)  # the other half's fill, if in flight
         plans = self._plan((sid,), required=True)
         if not plans:
             return None
-        if (
-            sid not in {p.meta.sid for p in plans}
-            or len(set(self._inflight.values())) >= _MAX_IN_FLIGHT
-            or not streamable(plans)
-        ):
+        if sid not in {p.meta.sid for p in plans} or not self._may_start(plans):
             # Nothing of it to stream, too many reads in flight, or a copy larger
             # than one read: fill here, then answer from the V-store.
             self._fill_now(plans, required=True)
@@ -233,6 +242,12 @@ class Tier:
         except Exception as exc:
             self._failed(plans, exc, required=True)
             return None
+        self.streamed += 1
+        return self._start_fill(plans)
+
+    def _start_fill(self, plans: Sequence[Fill]) -> InFlightFill:
+        """Read ``plans``' rows on a thread of their own; committed on the loop once
+        they have all landed (``_commit``), or by the first command that needs them."""
         fill = InFlightFill(plans, self.vstore.limits.max_rows)
         for sid_ in fill.sids:
             self._inflight[sid_] = fill
@@ -245,7 +260,6 @@ class Tier:
                 log.debug("a tier fill finished after the event loop closed")
 
         fill.start(self.reader, on_read)
-        self.streamed += 1
         return fill
 
     def _plan(self, sids: Sequence[bytes], *, required: bool) -> list[Fill]:
@@ -333,13 +347,17 @@ class Tier:
         self.bytes_in += filled
         log.info("filled %d session(s), %d bytes, from the tier", len(plans), filled)
 
-    def _settle(self, sids: Sequence[bytes]) -> None:
-        """Finish the fills in flight of ``sids``' namespaces first: wait for their
-        rows and commit them, so the command sees the V-store a completed fill left."""
+    def _settle(self, sids: Sequence[bytes], *, may_wait: bool = False) -> None:
+        """Finish the fills in flight of ``sids``' namespaces first: commit them once
+        their rows are in, so the command sees the V-store a completed fill left. One
+        still reading: :class:`NotYet` with ``may_wait`` (the command waits, the loop
+        goes on), else waited for here."""
         for sid in sids:
             for s in namespace_of(sid) if 1 <= len(sid) <= MAX_SID_LEN else ():
                 fill = self._inflight.get(s)
                 if fill is not None:
+                    if may_wait and not fill.read.is_set():
+                        raise NotYet(fill.when_read)
                     fill.read.wait()  # each read of it is bounded by --tier-timeout
                     self._commit(fill)
 
@@ -367,11 +385,11 @@ class Tier:
             return
         self._filled(fill.plans, filled)
 
-    def before_lookup(self, ns: bytes) -> None:
+    def before_lookup(self, ns: bytes, *, may_wait: bool = False) -> None:
         sids = namespace_sids(ns)
-        self._settle(sids)
+        self._settle(sids, may_wait=may_wait)
         self._validate([s for s in sids if s in self.vstore])
-        self.ensure_local(sids, required=False)
+        self.ensure_local(sids, required=False, may_wait=may_wait)
 
     def _validate(self, local: Sequence[bytes]) -> None:
         """Retire local copies the tier says were dropped or replaced elsewhere."""
@@ -406,9 +424,9 @@ class Tier:
         self.invalidations += 1
         log.info("%r was dropped or replaced in the tier elsewhere: local copy retired", check[0])
 
-    def before_drop(self, ns: bytes) -> bool:
+    def before_drop(self, ns: bytes, *, may_wait: bool = False) -> bool:
         """Drop the halves of ``ns`` that only the tier holds; True when it held one."""
-        self._settle(namespace_sids(ns))
+        self._settle(namespace_sids(ns), may_wait=may_wait)
         remote_only = [s for s in namespace_sids(ns) if s not in self.vstore]
         if not remote_only:
             return False

@@ -2,9 +2,13 @@
 
 ``VStore`` is the store; ``mutations`` are the records every change is made of and
 ``Journal`` the hook through which they reach the WAL. Reading order: ``store.py``
-(the store and its definitions), ``layer.py`` (rows held as sparse runs), ``lru.py``
-(eviction order), ``session.py``, ``mutations.py``, ``journal.py``, ``views.py``.
-Synchronous and pure: it imports only ``codecs``, ``errors`` and ``config``.
+(the store and its definitions), ``table.py`` (the table of sessions every operation
+shares), ``session.py``, ``layer.py`` (rows held as sparse runs), ``reads.py``
+(``V.FETCH`` in its forms), ``views.py`` (copy-on-write views and the membership
+test), ``rollback.py`` (``V.SNAPSHOT``/``V.RESTORE``/``V.COMMIT``), ``lru.py``
+(eviction order) and ``eviction.py`` (making room), ``mutations.py``, ``journal.py``.
+Synchronous and pure: it imports only ``codecs``, ``errors``, ``config``, ``wire``
+(the namespace of a session) and ``watch`` (WATCH's bookkeeping).
 """
 
 from __future__ import annotations
