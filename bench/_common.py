@@ -29,7 +29,7 @@ import psutil
 # writes there, so a smoke run never overwrites the committed full-size results).
 RESULTS = Path(os.environ.get("PION_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
 # Development scaffolding (a real llama-server, tiny GGUF models) is not installed with
-# the package; it lives in scripts/pion_testing.
+# the package; it lives in scripts/pion_testing (with the sample requests).
 _SCRIPTS = str(Path(__file__).resolve().parents[1] / "scripts")
 if _SCRIPTS not in sys.path:
     sys.path.insert(0, _SCRIPTS)

@@ -154,7 +154,7 @@ def side(
                             # A restart comes later than the moment a session ends: the
                             # proxy's background saves (a learned prefix's own file after
                             # the hot session) are done by then.
-                            proxy.warmer.flush(SESSION_TIMEOUT_S)
+                            proxy.flush(SESSION_TIMEOUT_S)
                         server.restart()
                     work = root / "runs" / scenario
                     out[scenario] = session(

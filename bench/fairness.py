@@ -7,7 +7,9 @@ A probe client sends a PING every 2 ms (one at a time, on its own connection) wh
 (a) a client sends inline PINGs in 1 MB writes as fast as it can, reading its replies;
 (b) redis-py pipelines --sets SETs (300,000) in one go;
 (c) one ZADD of --zadd (score, member) pairs (100,000);
-(d) KEYS * runs over --keys keys (300,000; loaded before, not measured).
+(d) KEYS * runs over --keys keys (300,000; loaded before, not measured);
+(e) BITPOS (a set bit in the last byte), BITCOUNT and BITOP NOT over one string of
+    --bits MB (512; loaded before, not measured).
 
 For each: the probe's p50, p99 and worst round trip (ms), and the load's own duration.
 Target: p99 at most 5x redis-server's in the same test and never over 50 ms.
@@ -160,6 +162,24 @@ def _keys(r: redis.Redis, n: int) -> Callable[[], None]:
     return run
 
 
+def _bits(r: redis.Redis, mb: int) -> dict[str, Callable[[], None]]:
+    """BITPOS, BITCOUNT and BITOP NOT over a string of ``mb`` MB whose only set bit
+    is its last: each reads the whole string."""
+    size = mb * MiB
+    r.set("bits", bytes(size - 1) + b"\x01")
+
+    def bitpos() -> None:
+        assert r.bitpos("bits", 1) == size * 8 - 1
+
+    def bitcount() -> None:
+        assert r.bitcount("bits") == 1
+
+    def bitop_not() -> None:
+        assert r.bitop("NOT", "notbits", "bits") == size
+
+    return {"bitpos": bitpos, "bitcount": bitcount, "bitop_not": bitop_not}
+
+
 def latencies(proc: Process, args: argparse.Namespace) -> dict[str, Any]:
     r = redis.Redis(port=proc.port, socket_timeout=300)
     out = {"ping_flood": _during(proc.port, _ping_flood(proc.port, args.flood_seconds))}
@@ -167,6 +187,10 @@ def latencies(proc: Process, args: argparse.Namespace) -> dict[str, Any]:
     out["zadd"] = _during(proc.port, _zadd(r, args.zadd))
     r.flushall()
     out["keys"] = _during(proc.port, _keys(r, args.keys))
+    r.flushall()
+    for name, run in _bits(r, args.bits).items():
+        out[name] = _during(proc.port, run)
+    r.flushall()
     r.close()
     return out
 
@@ -222,12 +246,13 @@ def main() -> None:
     ap.add_argument("--sets", type=int, default=300_000)
     ap.add_argument("--zadd", type=int, default=100_000)
     ap.add_argument("--keys", type=int, default=300_000)
+    ap.add_argument("--bits", type=int, default=512, help="the bit string's MB")
     ap.add_argument("--flood-seconds", type=float, default=5.0)
     ap.add_argument("--bound", type=int, default=64, help="--maxmemory-clients, MiB")
     ap.add_argument("--hold", type=float, default=5.0)
     args = ap.parse_args()
     if args.quick:
-        args.sets, args.zadd, args.keys = 20_000, 10_000, 20_000
+        args.sets, args.zadd, args.keys, args.bits = 20_000, 10_000, 20_000, 16
         args.flood_seconds, args.hold, args.bound = 1.0, 2.0, 16
     load_before = os.getloadavg()
     results: dict[str, Any] = {}
@@ -243,7 +268,7 @@ def main() -> None:
     rss = memory(args.bound, args.hold)
     pion, red = results["pion-server"], results["redis-server"]
     rows = []
-    for load in ("ping_flood", "set_pipeline", "zadd", "keys"):
+    for load in ("ping_flood", "set_pipeline", "zadd", "keys", "bitpos", "bitcount", "bitop_not"):
         p, q = pion[load], red[load]
         ratio = p["p99_ms"] / q["p99_ms"] if q["p99_ms"] else 0.0
         pion[load]["p99_over_redis"] = ratio
@@ -275,6 +300,7 @@ def main() -> None:
                 "sets": args.sets,
                 "zadd": args.zadd,
                 "keys": args.keys,
+                "bits_mb": args.bits,
                 "flood_seconds": args.flood_seconds,
                 "quick": args.quick,
             },

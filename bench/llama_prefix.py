@@ -44,6 +44,7 @@ from typing import Any
 
 import httpx
 from pion_testing.launcher import LlamaServerProcess
+from pion_testing.llama_samples import pi_chat_body
 from pion_testing.paths import ensure_llama_server
 from pion_testing.smollm2 import gguf_path
 from pion_testing.testmodel import ModelSpec, make_model
@@ -54,7 +55,6 @@ from pion.llama.client import LlamaClient
 from pion.llama.config import WarmerConfig
 from pion.llama.paths import cache_dir
 from pion.llama.proxy import PrefixProxy, running_proxy
-from pion.llama.samples import pi_chat_body
 
 RESULTS = _common.RESULTS
 # Prefix sizes aimed at: ~8k on the generated model; ~7k on SmolLM2, whose training

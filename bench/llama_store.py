@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from pion_testing.launcher import LlamaServerProcess
+from pion_testing.llama_samples import pi_chat_body
 from pion_testing.paths import ensure_llama_server
 from pion_testing.testmodel import ModelSpec, make_model
 
@@ -53,7 +54,6 @@ from pion.llama.client import LlamaClient
 from pion.llama.config import WarmerConfig
 from pion.llama.paths import cache_dir
 from pion.llama.proxy import PrefixProxy, running_proxy
-from pion.llama.samples import pi_chat_body
 
 VARIANTS = ("compiler team", "storage team", "web team")
 
@@ -124,7 +124,7 @@ def part1(args: argparse.Namespace, binary: Path, model: Path, work: Path) -> di
         server.restart()
         with proxy_for(config(build_dir)) as (url, proxy):
             ttft(url, body(n_rules))
-            proxy.warmer.flush()
+            proxy.flush()
         pushes = proxy.warmer.store.counts["pushes"] if proxy.warmer.store else 0
         if pushes != 1:
             raise RuntimeError("the build was not pushed to the store")
@@ -145,7 +145,7 @@ def part1(args: argparse.Namespace, binary: Path, model: Path, work: Path) -> di
             server.restart()
             with proxy_for(config(fresh)) as (url, proxy):
                 record("c", ttft(url, body(n_rules)))
-                outcome = proxy.warmer.status()["outcomes"][-1]
+                outcome = proxy.status()["outcomes"][-1]
             if outcome.get("tier") != "store":
                 raise RuntimeError(f"(c) did not restore from the store: {outcome}")
             shutil.rmtree(fresh, ignore_errors=True)

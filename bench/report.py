@@ -91,7 +91,10 @@ SECTIONS: list[Entry] = [
     _entry("real.real_model", "real_model", "real_model_ttft"),
     _entry("features.llama", "llama_prefix"),
     _entry("real.llama_real", "llama_prefix_smollm2"),
+    _entry("llama_store.llama_store", "llama_store"),
     _entry("agents.agents", "agents"),
+    _entry("llama_sessions.llama_sessions", "llama_sessions"),
+    _entry("llama_status.llama_status", "llama_status"),
     _entry("features.export_fetch", "export_fetch"),
     _entry("features.attend", "attend"),
 ]

@@ -127,10 +127,6 @@ def llama(results: Mapping[str, Result]) -> Section:
             f"the first, cold session through the proxy costs {ratio(a1['ratio_to_cold'])} "
             "of a direct cold start (warm-up + save)"
         )
-    losses.append(
-        "*peers* (a session start on another machine, from slot files shared through a "
-        "pion-server) is not measured: this build of `pion llama` has no shared store yet"
-    )
     model = data.get("model", {})
     return Section(
         title="How fast does pion llama start a session: cold, hot, restored?",
@@ -146,7 +142,7 @@ def llama(results: Mapping[str, Result]) -> Section:
         ),
         headers=["scenario", "median ms", "min ms", "x cold", "cache_n"],
         rows=rows,
-        losses=_join(losses) + ".",
+        losses=(f"{_join(losses)}." if losses else ""),
         command="python bench/llama_prefix.py",
         figure=fig,
     )
