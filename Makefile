@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 1974
 DATA   ?= ./data
 
-.PHONY: serve test lint typecheck pytest compat bench bench-quick install dev clean llama-server system-deps agents
+.PHONY: serve test lint typecheck pytest compat lowest bench bench-quick install dev clean llama-server system-deps agents
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || { echo "run: sudo apt-get install -y python3-venv" >&2; exit 1; }
@@ -47,11 +47,16 @@ pytest: dev system-deps llama-server agents
 
 ## Install what the tests need (Debian packages, llama-server, pinned Python deps),
 ## then lint, type-check, run the whole test suite and the benchmarks at smoke sizes.
-test: lint typecheck pytest compat bench-quick
+test: lint typecheck pytest compat lowest bench-quick
 
 ## The server core's tests on the other Python versions pyproject.toml declares.
 compat: system-deps
 	scripts/test-other-pythons
+
+## The core tests once with the lowest version pyproject.toml allows of each runtime
+## dependency (in .venv-lowest).
+lowest: system-deps
+	PYTHON=$(PYTHON) scripts/test-lowest-deps
 
 ## Benchmarks: tables on stdout, JSON under bench/results/, then BENCHMARKS.md and its
 ## plots (docs/bench/) from those results.
@@ -82,4 +87,4 @@ agents: system-deps
 	scripts/install-agents >/dev/null
 
 clean:
-	rm -rf $(VENV) .venv-3.* .mypy_cache .ruff_cache .pytest_cache src/pion/resp/*.so src/pion/vstore/*.so src/pion/codecs/*.so
+	rm -rf $(VENV) .venv-3.* .venv-lowest .mypy_cache .ruff_cache .pytest_cache src/pion/resp/*.so src/pion/vstore/*.so src/pion/codecs/*.so

@@ -1,0 +1,7 @@
+"""Jobs for tests/integrations/test_rq.py: an RQ worker imports them by name."""
+
+from __future__ import annotations
+
+
+def add(a: int, b: int) -> int:
+    return a + b
