@@ -70,8 +70,6 @@ NOT_SERVED = frozenset(
         "LCS",
         "STRALGO",
         # Redis's own serialization, databases and servers
-        "DUMP",
-        "RESTORE",
         "MIGRATE",
         "MOVE",
         "SWAPDB",

@@ -18,8 +18,9 @@ Reading order:
    ``stats.py`` (commandstats, errorstats, SLOWLOG).
 3. The families: ``generic.py`` (connection and server commands) with ``clientctl.py``,
    ``config_cmd.py``, ``info.py`` and ``observe.py``; the plain keyspace's
-   ``strings.py``, ``keys.py``, ``keys_more.py``, ``hashes.py``, ``zsets.py``,
-   ``zsets_more.py``, ``zsets_algebra.py``, ``bits.py``, ``lists.py`` and ``sets.py``;
+   ``strings.py``, ``keys.py``, ``keys_more.py``, ``dump.py`` (DUMP/RESTORE),
+   ``hashes.py``, ``zsets.py``, ``zsets_more.py``, ``zsets_algebra.py``, ``bits.py``,
+   ``lists.py`` and ``sets.py``;
    ``blocking.py`` (BLPOP and the other blocking pops); ``transactions.py``
    (MULTI/EXEC/WATCH); ``pubsub.py`` (SUBSCRIBE, PUBLISH and the rest); ``scripting.py``
    (EVAL, SCRIPT: the runtime is ``pion.scripting``) with ``scriptbusy.py`` (a long
@@ -39,6 +40,7 @@ from pion.commands import (
     attend,
     bits,
     blocking,
+    dump,
     export,
     generic,
     hashes,
@@ -75,6 +77,7 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     ssm.COMMANDS,
     keys.COMMANDS,
     keys_more.COMMANDS,
+    dump.COMMANDS,
     observe.COMMANDS,
     strings.COMMANDS,
     hashes.COMMANDS,

@@ -10,9 +10,11 @@ of), ``entries.py`` (what a key is and costs), ``expiry.py`` (deadlines and the 
 sweep), ``strings.py``, ``hashes.py``, ``zsets.py`` with ``zsets_more.py`` and
 ``zsets_algebra.py``, ``bits.py``, ``lists.py`` and ``sets.py`` (the semantics of the
 commands that have some), ``sortedset.py``, ``scan.py`` (SCAN cursors), ``glob.py``
-(KEYS/SCAN patterns), ``numbers.py`` (Redis's integer and float parsing).
+(KEYS/SCAN patterns), ``numbers.py`` (Redis's integer and float parsing), ``rdb.py``
+with ``rdb_compact.py`` (Redis's DUMP payload, for DUMP and RESTORE).
 
-Synchronous and pure: imports only ``errors`` and ``watch`` (WATCH's bookkeeping).
+Synchronous and pure: imports only ``errors`` and ``watch`` (WATCH's bookkeeping) of
+Pion's packages.
 Persistence is ``pion.persistence``'s (``keyspace_durable.py``), the commands are
 ``pion.commands``'s.
 """

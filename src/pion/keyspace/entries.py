@@ -14,7 +14,16 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Literal, TypeAlias, TypeVar
 
-from pion.keyspace.mutations import Payload
+from pion.keyspace.mutations import (
+    KeyMutation,
+    ListPush,
+    NewKey,
+    Payload,
+    SetAdd,
+    SetFields,
+    SetScores,
+    SetString,
+)
 from pion.keyspace.sortedset import SortedSet
 
 __all__ = [
@@ -31,6 +40,7 @@ __all__ = [
     "copy_value",
     "kind_of",
     "own",
+    "records",
     "value_size",
 ]
 
@@ -125,3 +135,26 @@ def chunks(items: Iterable[_T], size_of: Callable[[_T], int]) -> Iterator[tuple[
             batch, held = [], 0
     if batch:
         yield tuple(batch)
+
+
+def records(key: bytes, v: Value, deadline: int) -> Iterator[KeyMutation]:
+    """The records that create ``key`` holding ``v`` from nothing: what a snapshot
+    writes per key and what RESTORE journals. A large container comes in chunks."""
+    if isinstance(v, bytes):
+        yield SetString(key, v, deadline)
+    elif isinstance(v, dict):
+        yield NewKey(key, "hash", deadline)
+        for fields in chunks(v.items(), lambda i: len(i[0]) + len(i[1])):
+            yield SetFields(key, fields)
+    elif isinstance(v, deque):
+        yield NewKey(key, "list", deadline)
+        for items in chunks(v, lambda i: len(i) + 4):
+            yield ListPush(key, False, items)
+    elif isinstance(v, set):
+        yield NewKey(key, "set", deadline)
+        for batch in chunks(v, lambda i: len(i) + 4):
+            yield SetAdd(key, batch)
+    else:
+        yield NewKey(key, "zset", deadline)
+        for members in chunks(iter(v), lambda i: len(i[1]) + 8):
+            yield SetScores(key, members)

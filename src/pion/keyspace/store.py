@@ -49,8 +49,8 @@ from pion.keyspace.entries import (
     Entry,
     Kind,
     Value,
-    chunks,
     kind_of,
+    records,
     value_size,
 )
 from pion.keyspace.expiry import now_ms
@@ -63,11 +63,9 @@ from pion.keyspace.mutations import (
     DeleteMembers,
     Flush,
     KeyMutation,
-    ListPush,
     NewKey,
     RenameKey,
     ReplaceScores,
-    SetAdd,
     SetDeadline,
     SetFields,
     SetRange,
@@ -443,6 +441,19 @@ class Keyspace(ListSetTable):
         self._apply_copy(source, destination)
         return True
 
+    def restore(self, key: bytes, value: Value, deadline: int) -> None:
+        """RESTORE: ``key`` holds ``value`` (new objects, parsed from a DUMP payload)
+        with ``deadline``, replacing whatever it held (the caller checked REPLACE)."""
+        e = self._data.get(key)
+        self._reserve(value_size(key, value) - (e.size if e is not None else 0))
+        batch = list(records(key, value, deadline))
+        if e is not None:
+            batch.insert(0, DeleteKeys((key,), "del"))
+        for m in batch:
+            self._journal(m)
+        for m in batch:
+            self.apply(m)
+
     def random_key(self) -> bytes | None:
         """RANDOMKEY: a live key chosen uniformly (expired ones met are removed)."""
         while self._data:
@@ -500,22 +511,4 @@ class Keyspace(ListSetTable):
         for key, e in self._data.items():
             if e.deadline and e.deadline < now:
                 continue
-            v = e.value
-            if isinstance(v, bytes):
-                yield SetString(key, v, e.deadline)
-            elif isinstance(v, dict):
-                yield NewKey(key, "hash", e.deadline)
-                for fields in chunks(v.items(), lambda i: len(i[0]) + len(i[1])):
-                    yield SetFields(key, fields)
-            elif isinstance(v, deque):
-                yield NewKey(key, "list", e.deadline)
-                for items in chunks(v, lambda i: len(i) + 4):
-                    yield ListPush(key, False, items)
-            elif isinstance(v, set):
-                yield NewKey(key, "set", e.deadline)
-                for batch in chunks(v, lambda i: len(i) + 4):
-                    yield SetAdd(key, batch)
-            else:
-                yield NewKey(key, "zset", e.deadline)
-                for members in chunks(iter(v), lambda i: len(i[1]) + 8):
-                    yield SetScores(key, members)
+            yield from records(key, e.value, e.deadline)
