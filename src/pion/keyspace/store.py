@@ -63,6 +63,7 @@ from pion.keyspace.mutations import (
     DeleteMembers,
     Flush,
     KeyMutation,
+    ListMove,
     ListPush,
     NewKey,
     RenameKey,
@@ -71,6 +72,7 @@ from pion.keyspace.mutations import (
     SetDeadline,
     SetFields,
     SetRange,
+    SetReplace,
     SetScores,
     SetString,
     SetStrings,
@@ -78,6 +80,19 @@ from pion.keyspace.mutations import (
 from pion.keyspace.sortedset import SortedSet
 
 __all__ = ["Budget", "KeyJournal", "Keyspace"]
+
+# The records that create their key when it is absent (keyspace notifications' new).
+_CREATING = (
+    SetString,
+    SetRange,
+    SetFields,
+    SetScores,
+    NewKey,
+    ReplaceScores,
+    ListPush,
+    SetAdd,
+    SetReplace,
+)
 
 log = logging.getLogger("pion.keyspace")
 
@@ -262,14 +277,14 @@ class Keyspace(ListSetTable):
         (journaled: it will apply), before the command announces its own event."""
         events = self.events
         assert events is not None
-        # (MSET's SetStrings: the command announces each key's new before its set.)
+        # (MSET's SetStrings: the command announces each key's new before its set;
+        # SMOVE's SetMove too, as Redis announces it after the source's srem.)
         if isinstance(m, (RenameKey, CopyKey)):
             # Redis deletes a destination that exists and adds it again: always new.
             events("new", m.destination)
-        elif (
-            isinstance(m, (SetString, SetRange, SetFields, SetScores, NewKey, ReplaceScores))
-            and m.key not in self._data
-        ):
+        elif isinstance(m, ListMove) and m.destination not in self._data:
+            events("new", m.destination)
+        elif isinstance(m, _CREATING) and m.key not in self._data:
             events("new", m.key)
 
     def _reserve(self, grow: int) -> None:
