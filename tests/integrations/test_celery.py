@@ -18,7 +18,6 @@ import celery.contrib.testing.tasks  # noqa: F401  (registers celery.ping, which
 import pytest
 from celery import Celery, chord, group
 from celery.contrib.testing.worker import start_worker
-from celery.exceptions import TimeoutError as CeleryTimeout
 from celery.result import AsyncResult
 
 from pion.config import ServerConfig
@@ -88,8 +87,11 @@ def test_a_group_and_a_chord(worker: Celery) -> None:
     assert chord((add.s(i, 1) for i in range(4)), total.s())().get(timeout=30) == 10
 
 
-def test_an_unknown_task_id_stays_pending(worker: Celery) -> None:
-    unknown = AsyncResult("no-such-task", app=worker)
-    assert unknown.state == "PENDING"
-    with pytest.raises(CeleryTimeout):
-        unknown.get(timeout=0.2)
+def test_a_forgotten_result_is_gone(worker: Celery) -> None:
+    result = add.delay(20, 22)
+    assert result.get(timeout=30) == 42
+    key = worker.backend.get_key_for_task(result.id)
+    assert worker.backend.client.ttl(key) > 0  # kept for result_expires
+    result.forget()
+    assert not worker.backend.client.exists(key)
+    assert AsyncResult(result.id, app=worker).state == "PENDING"
