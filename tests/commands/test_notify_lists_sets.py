@@ -86,6 +86,17 @@ LISTS = [
     ["BZPOPMAX", "bz", "0"],
     ["BZPOPMIN", "nol", "bz", "0"],
     ["DEL", "l", "two"],
+    # A transaction's and a script's commands announce as they run.
+    ["MULTI"],
+    ["RPUSH", "tx", "a"],
+    ["LMOVE", "tx", "tx2", "LEFT", "LEFT"],
+    ["EXEC"],
+    [
+        "EVAL",
+        "redis.call('rpush', KEYS[1], 'a', 'b'); return redis.call('lpop', KEYS[1])",
+        "1",
+        "ev",
+    ],
 ]
 
 SETS = [
@@ -130,6 +141,16 @@ SETS = [
     ["SINTERCARD", "1", "y"],
     ["SINTER", "y", "dst3"],
     ["DEL", "d", "dst3"],
+    ["MULTI"],
+    ["SADD", "tx", "a"],
+    ["SMOVE", "tx", "tx2", "a"],
+    ["EXEC"],
+    [
+        "EVAL",
+        "redis.call('sadd', KEYS[1], 'a'); return redis.call('srem', KEYS[1], 'a')",
+        "1",
+        "ev",
+    ],
 ]
 
 
