@@ -58,3 +58,31 @@ def test_a_scripts_messages_reach_subscribers(servers: tuple[int, int], proto: s
     assert expected[0] == b":1\r\n"
     assert len(expected) == 5  # one, set, del, two
     assert _transcript(pion, proto) == expected
+
+
+def _self_subscribed(port: int) -> list[bytes]:
+    c = RawClient(port)
+    try:
+        c.call("HELLO", "3")
+        c.call("CONFIG", "SET", "notify-keyspace-events", "KEl")
+        c.call("PSUBSCRIBE", "__key*__:*")
+        body = "redis.call('rpush', KEYS[1], 'a'); return redis.call('publish', 'mine', 'y')"
+        c.send("SUBSCRIBE", "mine")
+        c.send("EVAL", body, "1", "k")
+        c.send("PING", "end")
+        got = []
+        while (reply := read_reply(c.f)).value != b"end":
+            got.append(reply.raw)
+        c.call("CONFIG", "SET", "notify-keyspace-events", "")
+        return got
+    finally:
+        c.close()
+
+
+def test_a_resp3_client_gets_its_scripts_messages_before_the_reply(
+    servers: tuple[int, int],
+) -> None:
+    oracle, pion = servers
+    expected = _self_subscribed(oracle)
+    assert expected[-1] == b":1\r\n"  # SUBSCRIBE's push, three messages, then EVAL's reply
+    assert _self_subscribed(pion) == expected
