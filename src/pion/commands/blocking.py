@@ -247,7 +247,7 @@ def _zpop_first(ctx: Context, keys: Sequence[bytes], highest: bool, count: int |
             if ks.zset(key, read=False) is not None:
                 popped = zpop(ks, key, count or 1, highest)
                 notify(ctx.state, ZSET, "zpopmax" if highest else "zpopmin", key)
-                if not ks.exists(key):
+                if ctx.state.notify_flags & GENERIC and not ks.exists(key):
                     notify(ctx.state, GENERIC, "del", key)
                 if count is None:
                     score, member = popped[0]

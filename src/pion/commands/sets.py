@@ -68,9 +68,10 @@ def _array(members: list[bytes], proto: int) -> Reply | Steps:
 
 
 def _announce(state: ServerState, event: str, key: bytes) -> None:
-    """Announce a change that removed members, then ``del`` if it emptied the set."""
+    """Announce a change that removed members, then ``del`` if it emptied the set
+    (looked up only when ``g`` is on)."""
     notify(state, SET, event, key)
-    if not state.keyspace.exists(key):
+    if state.notify_flags & GENERIC and not state.keyspace.exists(key):
         notify(state, GENERIC, "del", key)
 
 
@@ -144,7 +145,7 @@ def _srandmember(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
 def _smove(ctx: Context, args: Sequence[bytes]) -> Reply:
     state, (source, destination, member) = ctx.state, args
     ks = state.keyspace
-    if source == destination:  # Redis's no-op: nothing announced
+    if source == destination or not state.notify_flags:  # nothing to announce
         return int(smove(ks, source, destination, member))
     # What the destination held before the move (looked up as Redis does, source
     # first; types are smove's to check): the keyspace leaves SMOVE's ``new`` to the
