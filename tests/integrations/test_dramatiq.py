@@ -109,3 +109,31 @@ def test_a_message_out_of_retries_is_dead_lettered(
     body = json.loads(client.hget(f"dramatiq:{actor.queue_name}.XQ.msgs", dead))
     assert body["message_id"] == message.message_id
     assert client.llen(f"dramatiq:{actor.queue_name}") == 0
+
+
+def test_a_dead_workers_message_is_requeued_by_maintenance(
+    server: ServerThread, broker: RedisBroker, run_worker: Callable[[], dramatiq.Worker]
+) -> None:
+    """Another broker (a worker that died) fetched a message and never acked it; once
+    its heartbeat is older than ``heartbeat_timeout``, the maintenance of a live
+    broker's next call puts the message back on the queue, and the live worker runs
+    it."""
+
+    def echo(x: int) -> int:
+        return x
+
+    broker.heartbeat_timeout = 50  # ms
+    actor = _actor(broker, echo)
+    dead = RedisBroker(host=server.host, port=server.port)
+    try:
+        dead.declare_queue(actor.queue_name)
+        message = dead.enqueue(actor.message(41))
+        taken = next(dead.consume(actor.queue_name, prefetch=1, timeout=1000))
+        assert taken is not None and taken.message_id == message.message_id
+        acks = broker.client.keys(f"dramatiq:__acks__.{dead.broker_id}.*")
+        assert len(acks) == 1  # held, unacknowledged, by the dead broker
+        run_worker()
+        assert message.get_result(block=True, timeout=WAIT_MS) == 41
+        assert broker.client.keys(f"dramatiq:__acks__.{dead.broker_id}.*") == []
+    finally:
+        dead.close()
