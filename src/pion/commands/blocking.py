@@ -19,6 +19,10 @@ waits: a command that finds nothing answers as if timed out at once. A client th
 disconnects while blocked is forgotten (the wait's ``cancel``). ``CLIENT UNBLOCK``
 (``clientctl.py``) ends a wait early, as a timeout or with ``-UNBLOCKED``.
 
+A pop announces what its non-blocking form does (keyspace notifications: ``lpop``,
+``rpop``, LMOVE's push and pop, ``zpopmin``/``zpopmax``, then ``del`` when the key
+went), when it is made: at once, or after the command that made the key ready.
+
 Under ``-w N`` each worker has its own keyspace (``docs/deployment.md``): a client
 blocks on, and is woken by pushes to, its worker's keys.
 """
@@ -32,13 +36,13 @@ from collections.abc import Callable, Sequence
 from typing import cast
 
 from pion.commands.deferred import Wait
-from pion.commands.lists import end_of, mpop_args, pop_reply
+from pion.commands.lists import end_of, move_announced, mpop_args, pop_announced, pop_reply
 from pion.commands.state import Command, Context
 from pion.errors import PionError, WrongTypeError
-from pion.keyspace.lists import lmove, pop
 from pion.keyspace.numbers import parse_long_double
 from pion.keyspace.store import Keyspace
 from pion.keyspace.zsets_more import zpop
+from pion.notify import GENERIC, ZSET, notify
 from pion.resp.reply import ErrorReply, NullArray, Reply
 
 __all__ = ["COMMANDS", "Waiter", "blocked_count", "parse_timeout", "serve", "unblock"]
@@ -178,11 +182,13 @@ def _block(
     return Wait(ready, then, expired, timeout, cancel)
 
 
-def _pop_first(ks: Keyspace, keys: Sequence[bytes], left: bool, count: int | None) -> Attempt:
+def _pop_first(ctx: Context, keys: Sequence[bytes], left: bool, count: int | None) -> Attempt:
+    state = ctx.state
+
     def attempt() -> Reply | None:
         for key in keys:
-            if ks.list_at(key, read=False) is not None:
-                got = pop(ks, key, left, count or 1) or []
+            if state.keyspace.list_at(key, read=False) is not None:
+                got = pop_announced(state, key, left, count or 1) or []
                 return [key, got[0]] if count is None else pop_reply(key, got)
         return None
 
@@ -192,8 +198,7 @@ def _pop_first(ks: Keyspace, keys: Sequence[bytes], left: bool, count: int | Non
 def _bpop(ctx: Context, args: Sequence[bytes], left: bool) -> Reply | Wait:
     timeout = parse_timeout(args[-1], ctx.state.keyspace.clock())
     keys = args[:-1]
-    ks = ctx.state.keyspace
-    return _block(ctx, keys, _pop_first(ks, keys, left, None), timeout, NullArray())
+    return _block(ctx, keys, _pop_first(ctx, keys, left, None), timeout, NullArray())
 
 
 def _blpop(ctx: Context, args: Sequence[bytes]) -> Reply | Wait:
@@ -213,7 +218,7 @@ def _move(
     def attempt() -> Reply | None:
         if ks.list_at(source, read=False) is None:
             return None
-        return lmove(ks, source, destination, *ends)
+        return move_announced(ctx.state, source, destination, *ends)
 
     return _block(ctx, (source,), attempt, timeout, None)
 
@@ -230,7 +235,7 @@ def _brpoplpush(ctx: Context, args: Sequence[bytes]) -> Reply | Wait:
 def _blmpop(ctx: Context, args: Sequence[bytes]) -> Reply | Wait:
     timeout = parse_timeout(args[0], ctx.state.keyspace.clock())
     keys, end, count = mpop_args(args[1:], ("LEFT", "RIGHT"))
-    attempt = _pop_first(ctx.state.keyspace, keys, end == "LEFT", count)
+    attempt = _pop_first(ctx, keys, end == "LEFT", count)
     return _block(ctx, keys, attempt, timeout, NullArray())
 
 
@@ -241,6 +246,9 @@ def _zpop_first(ctx: Context, keys: Sequence[bytes], highest: bool, count: int |
         for key in keys:
             if ks.zset(key, read=False) is not None:
                 popped = zpop(ks, key, count or 1, highest)
+                notify(ctx.state, ZSET, "zpopmax" if highest else "zpopmin", key)
+                if ctx.state.notify_flags & GENERIC and not ks.exists(key):
+                    notify(ctx.state, GENERIC, "del", key)
                 if count is None:
                     score, member = popped[0]
                     return [key, member, score]

@@ -6,6 +6,13 @@ semantics are ``pion.keyspace.lists``'s; the blocking forms are ``blocking.py``'
 
 An LRANGE of a long list takes the elements in one step (a C-speed slice of the
 deque) and encodes them in steps (``chunked.py``).
+
+Keyspace notifications are Redis 7.0's (``t_list.c``): one event per command that
+changed the list (``lpush``, ``rpop``, ``ltrim``...), then ``del`` when the change
+left it empty (the key goes with its last element). LMOVE announces the push on the
+destination, then the pop on the source (and its ``del``); the blocking forms
+announce the same through :func:`pop_announced` and :func:`move_announced`. ``new``
+comes from the keyspace, when a push creates the key.
 """
 
 from __future__ import annotations
@@ -14,14 +21,15 @@ from collections.abc import Sequence
 
 from pion.commands.chunked import reply
 from pion.commands.deferred import Steps
-from pion.commands.state import Command, Context
+from pion.commands.state import Command, Context, ServerState
 from pion.commands.zsets import keyword, long_arg
 from pion.errors import PionError
 from pion.keyspace.lists import lindex, linsert, lmove, lpos, lrange, lrem, lset, ltrim, pop, push
 from pion.keyspace.numbers import parse_int64
+from pion.notify import GENERIC, LIST, notify
 from pion.resp.reply import NullArray, Reply, Simple
 
-__all__ = ["COMMANDS", "end_of", "mpop_args", "pop_reply"]
+__all__ = ["COMMANDS", "end_of", "move_announced", "mpop_args", "pop_announced", "pop_reply"]
 
 _SYNTAX = "syntax error"
 
@@ -34,20 +42,57 @@ def end_of(raw: bytes) -> bool:
     return word == "LEFT"
 
 
+def _emptied(state: ServerState, key: bytes) -> None:
+    """Announce ``del`` when the change just announced took ``key``'s last element
+    (looked up only when ``g`` is on: with notifications off this costs one test)."""
+    if state.notify_flags & GENERIC and not state.keyspace.exists(key):
+        notify(state, GENERIC, "del", key)
+
+
+def pop_announced(state: ServerState, key: bytes, left: bool, count: int) -> list[bytes] | None:
+    """:func:`~pion.keyspace.lists.pop`, announced: ``lpop``/``rpop`` when something
+    was popped, then ``del`` when the list went (LPOP, LMPOP, BLPOP and friends)."""
+    got = pop(state.keyspace, key, left, count)
+    if got:
+        notify(state, LIST, "lpop" if left else "rpop", key)
+        _emptied(state, key)
+    return got
+
+
+def move_announced(
+    state: ServerState, source: bytes, destination: bytes, from_left: bool, to_left: bool
+) -> bytes | None:
+    """:func:`~pion.keyspace.lists.lmove`, announced in Redis's order: the push on
+    ``destination``, then the pop on ``source`` and its ``del`` (LMOVE, BLMOVE...)."""
+    value = lmove(state.keyspace, source, destination, from_left, to_left)
+    if value is not None:
+        notify(state, LIST, "lpush" if to_left else "rpush", destination)
+        notify(state, LIST, "lpop" if from_left else "rpop", source)
+        _emptied(state, source)
+    return value
+
+
+def _push(ctx: Context, args: Sequence[bytes], left: bool, only_existing: bool) -> Reply:
+    length = push(ctx.state.keyspace, args[0], list(args[1:]), left, only_existing=only_existing)
+    if length:
+        notify(ctx.state, LIST, "lpush" if left else "rpush", args[0])
+    return length
+
+
 def _lpush(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return push(ctx.state.keyspace, args[0], list(args[1:]), True, only_existing=False)
+    return _push(ctx, args, True, only_existing=False)
 
 
 def _rpush(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return push(ctx.state.keyspace, args[0], list(args[1:]), False, only_existing=False)
+    return _push(ctx, args, False, only_existing=False)
 
 
 def _lpushx(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return push(ctx.state.keyspace, args[0], list(args[1:]), True, only_existing=True)
+    return _push(ctx, args, True, only_existing=True)
 
 
 def _rpushx(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return push(ctx.state.keyspace, args[0], list(args[1:]), False, only_existing=True)
+    return _push(ctx, args, False, only_existing=True)
 
 
 def _positive(raw: bytes, message: str | None = None) -> int:
@@ -60,12 +105,11 @@ def _positive(raw: bytes, message: str | None = None) -> int:
 def _pop(ctx: Context, args: Sequence[bytes], left: bool, name: str) -> Reply | Steps:
     if len(args) > 2:
         raise PionError(f"wrong number of arguments for '{name}' command")
-    ks = ctx.state.keyspace
     if len(args) == 1:
-        got = pop(ks, args[0], left, 1)
+        got = pop_announced(ctx.state, args[0], left, 1)
         return got[0] if got else None
     count = _positive(args[1])
-    got = pop(ks, args[0], left, count)
+    got = pop_announced(ctx.state, args[0], left, count)
     if got is None:
         return NullArray()
     return reply(list(got), ctx.client.proto)
@@ -103,6 +147,7 @@ def _lset(ctx: Context, args: Sequence[bytes]) -> Reply:
     if ks.list_at(args[0], read=False) is None:
         raise PionError("no such key")
     lset(ks, args[0], long_arg(args[1]), args[2])
+    notify(ctx.state, LIST, "lset", args[0])
     return Simple("OK")
 
 
@@ -110,15 +155,29 @@ def _linsert(ctx: Context, args: Sequence[bytes]) -> Reply:
     where = keyword(args[1])
     if where not in ("BEFORE", "AFTER"):
         raise PionError(_SYNTAX)
-    return linsert(ctx.state.keyspace, args[0], where == "BEFORE", args[2], args[3])
+    length = linsert(ctx.state.keyspace, args[0], where == "BEFORE", args[2], args[3])
+    if length > 0:
+        notify(ctx.state, LIST, "linsert", args[0])
+    return length
 
 
 def _lrem(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return lrem(ctx.state.keyspace, args[0], long_arg(args[1]), args[2])
+    removed = lrem(ctx.state.keyspace, args[0], long_arg(args[1]), args[2])
+    if removed:
+        notify(ctx.state, LIST, "lrem", args[0])
+        _emptied(ctx.state, args[0])
+    return removed
 
 
 def _ltrim(ctx: Context, args: Sequence[bytes]) -> Reply:
-    ltrim(ctx.state.keyspace, args[0], long_arg(args[1]), long_arg(args[2]))
+    ks = ctx.state.keyspace
+    start, stop = long_arg(args[1]), long_arg(args[2])
+    # Redis announces ltrim whenever the list exists, even when nothing was trimmed.
+    existed = ks.list_at(args[0], read=False) is not None
+    ltrim(ks, args[0], start, stop)
+    if existed:
+        notify(ctx.state, LIST, "ltrim", args[0])
+        _emptied(ctx.state, args[0])
     return Simple("OK")
 
 
@@ -155,11 +214,11 @@ def _lpos(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 def _lmove(ctx: Context, args: Sequence[bytes]) -> Reply:
     from_left, to_left = end_of(args[2]), end_of(args[3])
-    return lmove(ctx.state.keyspace, args[0], args[1], from_left, to_left)
+    return move_announced(ctx.state, args[0], args[1], from_left, to_left)
 
 
 def _rpoplpush(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return lmove(ctx.state.keyspace, args[0], args[1], False, True)
+    return move_announced(ctx.state, args[0], args[1], False, True)
 
 
 def mpop_args(args: Sequence[bytes], ends: tuple[str, ...]) -> tuple[list[bytes], str, int]:
@@ -195,9 +254,8 @@ def pop_reply(key: bytes, items: list[bytes]) -> Reply:
 
 def _lmpop(ctx: Context, args: Sequence[bytes]) -> Reply:
     keys, end, count = mpop_args(args, ("LEFT", "RIGHT"))
-    ks = ctx.state.keyspace
     for key in keys:
-        got = pop(ks, key, end == "LEFT", count)
+        got = pop_announced(ctx.state, key, end == "LEFT", count)
         if got:
             return pop_reply(key, got)
     return NullArray()

@@ -7,6 +7,13 @@ are ``pion.keyspace.sets``'s.
 The members of a large reply are taken in one step and encoded in steps
 (``chunked.py``); an intersection or union of huge sets is computed in one step at
 C speed (Python's set operations), as Redis computes it in one call.
+
+Keyspace notifications are Redis 7.0's (``t_set.c``): ``sadd``, ``srem``, ``spop``
+and the STORE forms' ``sinterstore``/``sunionstore``/``sdiffstore`` once per command
+that changed the set, then ``del`` when it left the set empty (a STORE of nothing
+announces only the ``del`` of the key it removed). SMOVE announces ``srem`` on the
+source (and its ``del``), then ``new`` when it creates the destination, then ``sadd``
+there unless the member was there already. ``new`` otherwise comes from the keyspace.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from collections.abc import Generator, Sequence
 from pion.commands.chunked import BIG_REPLY, STEP_ITEMS, reply
 from pion.commands.deferred import Steps
 from pion.commands.scan_args import scan_cursor, scan_options
-from pion.commands.state import Command, Context
+from pion.commands.state import Command, Context, ServerState
 from pion.commands.zsets import keyword, long_arg
 from pion.errors import PionError
 from pion.keyspace.numbers import parse_int64
@@ -31,6 +38,7 @@ from pion.keyspace.sets import (
     sscan,
     store,
 )
+from pion.notify import GENERIC, NEW, SET, notify
 from pion.resp.encoder import Chunks, encode_reply
 from pion.resp.reply import NoReply, Reply, SetReply
 
@@ -59,12 +67,26 @@ def _array(members: list[bytes], proto: int) -> Reply | Steps:
     return reply(items, proto)
 
 
+def _announce(state: ServerState, event: str, key: bytes) -> None:
+    """Announce a change that removed members, then ``del`` if it emptied the set
+    (looked up only when ``g`` is on)."""
+    notify(state, SET, event, key)
+    if state.notify_flags & GENERIC and not state.keyspace.exists(key):
+        notify(state, GENERIC, "del", key)
+
+
 def _sadd(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return sadd(ctx.state.keyspace, args[0], list(args[1:]))
+    added = sadd(ctx.state.keyspace, args[0], list(args[1:]))
+    if added:
+        notify(ctx.state, SET, "sadd", args[0])
+    return added
 
 
 def _srem(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return srem(ctx.state.keyspace, args[0], args[1:])
+    removed = srem(ctx.state.keyspace, args[0], args[1:])
+    if removed:
+        _announce(ctx.state, "srem", args[0])
+    return removed
 
 
 def _smembers(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
@@ -93,11 +115,16 @@ def _spop(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
         raise PionError("syntax error")
     if len(args) == 1:
         got = spop(ks, args[0], None)
+        if got:
+            _announce(ctx.state, "spop", args[0])
         return got[0] if got else None
     count = parse_int64(args[1])
     if count is None or count < 0:
         raise PionError("value is out of range, must be positive")
-    return set_reply(ordered(spop(ks, args[0], count) or ()), ctx.client.proto)
+    got = spop(ks, args[0], count)
+    if got:
+        _announce(ctx.state, "spop", args[0])
+    return set_reply(ordered(got or ()), ctx.client.proto)
 
 
 def _srandmember(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
@@ -116,7 +143,24 @@ def _srandmember(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
 
 
 def _smove(ctx: Context, args: Sequence[bytes]) -> Reply:
-    return int(smove(ctx.state.keyspace, args[0], args[1], args[2]))
+    state, (source, destination, member) = ctx.state, args
+    ks = state.keyspace
+    if source == destination or not state.notify_flags:  # nothing to announce
+        return int(smove(ks, source, destination, member))
+    # What the destination held before the move (looked up as Redis does, source
+    # first; types are smove's to check): the keyspace leaves SMOVE's ``new`` to the
+    # command, as Redis announces it after the source's srem.
+    ks.peek(source)
+    before = ks.peek(destination)
+    had = before is not None and isinstance(before.value, set) and member in before.value
+    moved = smove(ks, source, destination, member)
+    if moved:
+        _announce(state, "srem", source)
+        if before is None:
+            notify(state, NEW, "new", destination)
+        if not had:
+            notify(state, SET, "sadd", destination)
+    return int(moved)
 
 
 def _sinter(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
@@ -133,7 +177,14 @@ def _sdiff(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
 
 def _store(ctx: Context, args: Sequence[bytes], op: str) -> Reply:
     ks = ctx.state.keyspace
-    return store(ks, args[0], algebra(ks, op, args[1:]))
+    members = algebra(ks, op, args[1:])
+    existed = ks.exists(args[0])
+    size = store(ks, args[0], members)
+    if size:
+        notify(ctx.state, SET, f"s{op}store", args[0])
+    elif existed:
+        notify(ctx.state, GENERIC, "del", args[0])
+    return size
 
 
 def _sinterstore(ctx: Context, args: Sequence[bytes]) -> Reply:

@@ -63,12 +63,16 @@ from pion.keyspace.mutations import (
     DeleteMembers,
     Flush,
     KeyMutation,
+    ListMove,
+    ListPush,
     NewKey,
     RenameKey,
     ReplaceScores,
+    SetAdd,
     SetDeadline,
     SetFields,
     SetRange,
+    SetReplace,
     SetScores,
     SetString,
     SetStrings,
@@ -76,6 +80,19 @@ from pion.keyspace.mutations import (
 from pion.keyspace.sortedset import SortedSet
 
 __all__ = ["Budget", "KeyJournal", "Keyspace"]
+
+# The records that create their key when it is absent (keyspace notifications' new).
+_CREATING = (
+    SetString,
+    SetRange,
+    SetFields,
+    SetScores,
+    NewKey,
+    ReplaceScores,
+    ListPush,
+    SetAdd,
+    SetReplace,
+)
 
 log = logging.getLogger("pion.keyspace")
 
@@ -260,14 +277,14 @@ class Keyspace(ListSetTable):
         (journaled: it will apply), before the command announces its own event."""
         events = self.events
         assert events is not None
-        # (MSET's SetStrings: the command announces each key's new before its set.)
+        # (MSET's SetStrings: the command announces each key's new before its set;
+        # SMOVE's SetMove too, as Redis announces it after the source's srem.)
         if isinstance(m, (RenameKey, CopyKey)):
             # Redis deletes a destination that exists and adds it again: always new.
             events("new", m.destination)
-        elif (
-            isinstance(m, (SetString, SetRange, SetFields, SetScores, NewKey, ReplaceScores))
-            and m.key not in self._data
-        ):
+        elif isinstance(m, ListMove) and m.destination not in self._data:
+            events("new", m.destination)
+        elif isinstance(m, _CREATING) and m.key not in self._data:
             events("new", m.key)
 
     def _reserve(self, grow: int) -> None:
@@ -449,9 +466,8 @@ class Keyspace(ListSetTable):
         batch = list(records(key, value, deadline))
         if e is not None:
             batch.insert(0, DeleteKeys((key,), "del"))
-        for m in batch:
+        for m in batch:  # each record applied as soon as it is logged, as every write
             self._journal(m)
-        for m in batch:
             self.apply(m)
 
     def random_key(self) -> bytes | None:

@@ -138,6 +138,7 @@ class Connection(asyncio.BufferedProtocol):
         self._decoder.authenticated = not state.config.auth_required
         self._high_water = state.config.protocol.reply_high_water
         self._transport: asyncio.Transport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         # The transport asked us to stop writing (its buffer passed the mark).
         self._writing_paused = False
         # We stopped ourselves: unsent bytes over the mark, mostly held by the sink.
@@ -200,6 +201,7 @@ class Connection(asyncio.BufferedProtocol):
         # uvloop's transports implement asyncio.Transport without subclassing it.
         transport = cast(asyncio.Transport, transport)
         self._transport = transport
+        self._loop = asyncio.get_running_loop()
         self._registered = join(self._state, self._registry, self, transport, MAX_CLIENTS_REPLY)
         self._closed = not self._registered
 
@@ -522,9 +524,14 @@ class Connection(asyncio.BufferedProtocol):
             # command's reply (_done), or ahead of the next replies (_send).
             self._parked.append(data)
             self._parked_bytes += len(data)
-            if not self._flush_due and not self._running.busy:
+            if not self._flush_due and not self._running.busy and self._loop is not None:
                 self._flush_due = True
-                asyncio.get_running_loop().call_soon(self._flush_pushes)
+                try:
+                    asyncio.get_running_loop().call_soon(self._flush_pushes)
+                except RuntimeError:
+                    # Published by a script on its own thread (its PUBLISH, a keyspace
+                    # notification of its writes) while the loop thread is parked.
+                    self._loop.call_soon_threadsafe(self._flush_pushes)
         if self._over_output_limit():
             self._state.pubsub.limit_disconnects += 1
             log.warning(
