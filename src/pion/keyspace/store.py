@@ -64,6 +64,7 @@ from pion.keyspace.mutations import (
     Flush,
     KeyMutation,
     ListPush,
+    ListReplace,
     NewKey,
     RenameKey,
     ReplaceScores,
@@ -267,7 +268,9 @@ class Keyspace(ListSetTable):
             # Redis deletes a destination that exists and adds it again: always new.
             events("new", m.destination)
         elif (
-            isinstance(m, (SetString, SetRange, SetFields, SetScores, NewKey, ReplaceScores))
+            isinstance(
+                m, (SetString, SetRange, SetFields, SetScores, NewKey, ReplaceScores, ListReplace)
+            )
             and m.key not in self._data
         ):
             events("new", m.key)
