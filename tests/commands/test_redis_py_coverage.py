@@ -1,5 +1,5 @@
 """Every command redis-py's ``Redis`` class sends for the families Pion serves (strings
-and generic keys, hashes, sorted sets, lists, sets, SCAN, and the server and connection commands)
+and generic keys, hashes, sorted sets, geo, lists, sets, SCAN, and the server and connection commands)
 is either served by pion-server or listed in docs/protocol.md "Not yet served" with
 its reason, and answers ``-ERR unknown command`` there: nothing is half-served.
 
@@ -24,6 +24,7 @@ _FAMILIES = (
     core.BasicKeyCommands,
     core.HashCommands,
     core.SortedSetCommands,
+    core.GeoCommands,
     core.ListCommands,
     core.SetCommands,
     core.ScanCommands,
@@ -93,10 +94,6 @@ NOT_SERVED = frozenset(
         "HSETEX",
         "HTTL",
         "HOTKEYS",
-        # storing a range, sorting
-        "ZRANGESTORE",
-        "SORT",
-        "SORT_RO",
         # replication, Redis's persistence commands, debugging, modules
         "BGREWRITEAOF",
         "BGSAVE",

@@ -60,8 +60,10 @@ def _options(args: Sequence[bytes], readonly: bool) -> _Options:
             j += 1
         elif word == "BY" and left >= 1:
             o.by = args[j + 1]
-            # A pattern naming no key ("nosort"): keep the stored order.
-            o.dontsort = b"*" not in args[j + 1].split(b"\0", 1)[0]
+            # A pattern naming no key ("nosort"): keep the stored order. As in
+            # Redis, a later BY with a "*" does not undo it.
+            if b"*" not in args[j + 1].split(b"\0", 1)[0]:
+                o.dontsort = True
             j += 1
         elif word == "GET" and left >= 1:
             o.gets.append(args[j + 1])

@@ -8,8 +8,9 @@ replay a record and tell WATCH) with ``listset.py`` (those of lists and sets),
 ``mutations.py`` (the records every change is made
 of), ``entries.py`` (what a key is and costs), ``expiry.py`` (deadlines and the active
 sweep), ``strings.py``, ``hashes.py``, ``zsets.py`` with ``zsets_more.py`` and
-``zsets_algebra.py``, ``bits.py``, ``lists.py`` and ``sets.py`` (the semantics of the
-commands that have some), ``sortedset.py``, ``scan.py`` (SCAN cursors), ``glob.py``
+``zsets_algebra.py``, ``geo.py`` (geohashes and GEO searches), ``bits.py``, ``lists.py``,
+``sets.py`` and ``sort.py`` (SORT) (the semantics of the commands that have some),
+``sortedset.py``, ``scan.py`` (SCAN cursors), ``glob.py``
 (KEYS/SCAN patterns), ``numbers.py`` (Redis's integer and float parsing).
 
 Synchronous and pure: imports only ``errors`` and ``watch`` (WATCH's bookkeeping).
