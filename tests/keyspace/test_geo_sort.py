@@ -7,6 +7,7 @@ redis-server's in ``test_oracle_geo_sort.py``."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 import redis
 
 from pion.keyspace import KeyMutation, Keyspace, ListReplace
-from pion.keyspace.sort import store_list
+from pion.keyspace.sort import partial_sort, store_list
 from pion.persistence import keyspace_format as kf
 from pion.server.run import ServerThread
 
@@ -139,3 +140,15 @@ def test_stores_ask_maxmemory_first(server_factory: Callable[..., ServerThread])
     with pytest.raises(redis.exceptions.OutOfMemoryError):
         r.zrangestore("g3", "g", 0, -1)
     assert r.exists("g2", "g3") == 0 and r.zcard("g") == 1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_partial_sort_sorts_the_asked_positions(seed: int) -> None:
+    rng = random.Random(seed)
+    values = [rng.randrange(30) for _ in range(rng.randrange(1, 120))]
+    first = rng.randrange(len(values))
+    last = rng.randrange(first, len(values))
+    got = list(values)
+    partial_sort(got, lambda a, b: (a > b) - (a < b), first, last)
+    assert sorted(got) == sorted(values)
+    assert got[first : last + 1] == sorted(values)[first : last + 1]

@@ -9,8 +9,7 @@ trailing zeros dropped): bulk strings in RESP2, ``,`` doubles in RESP3.
 
 One difference: where Redis names the command as the client typed it ("exactly one
 of FROMMEMBER or FROMLONLAT can be specified for geosearch"), we name it in capitals
-(handlers are not handed the typed name). And where COUNT cuts a result with equal
-distances, Redis's partial quicksort may order the ties otherwise than our stable sort.
+(handlers are not handed the typed name).
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ from pion.keyspace.geo import (
     search,
 )
 from pion.keyspace.numbers import parse_int64, parse_score
+from pion.keyspace.sort import partial_sort
 from pion.keyspace.sortedset import SortedSet
 from pion.keyspace.zsets import ZAddFlags, zadd
 from pion.notify import GENERIC, ZSET, notify
@@ -278,16 +278,28 @@ def _search_generic(ctx: Context, args: Sequence[bytes], kind: str, by_member: b
         q.sort = "ASC"
     shape = Shape(q.lon, q.lat, q.to_meters, q.radius, q.width, q.height, q.box)
     points = search(z, shape, q.count if q.any else 0)
-    if q.sort:
-        points.sort(key=lambda p: p.dist, reverse=q.sort == "DESC")
-    if q.count:
+    if q.count and q.count < len(points):
+        if q.sort:  # Redis's partial quicksort: ties among equal distances as there
+            partial_sort(
+                points, _by_distance if q.sort == "ASC" else _by_distance_desc, 0, q.count - 1
+            )
         points = points[: q.count]
+    elif q.sort:  # a whole sort: glibc's qsort, a stable merge sort
+        points.sort(key=lambda p: p.dist, reverse=q.sort == "DESC")
     for p in points:
         p.dist /= q.to_meters
     if q.store is not None:
         entries = [(p.dist if q.storedist else p.score, p.member) for p in points]
         return _stored(ctx, q.store, entries, kind)
     return [_point_reply(ctx, q, p) for p in points]
+
+
+def _by_distance(a: GeoPoint, b: GeoPoint) -> int:
+    return (a.dist > b.dist) - (a.dist < b.dist)
+
+
+def _by_distance_desc(a: GeoPoint, b: GeoPoint) -> int:
+    return (a.dist < b.dist) - (a.dist > b.dist)
 
 
 def _point_reply(ctx: Context, q: _Query, p: GeoPoint) -> Reply:

@@ -94,8 +94,10 @@ def _sort(ctx: Context, args: Sequence[bytes], readonly: bool) -> Reply:
         if o.desc and not isinstance(value, set):
             elements.reverse()
     else:
+        # Redis sorts only the LIMIT's positions when a BY pattern weighs them.
+        span = (start, end) if o.by is not None and (start != 0 or end != n - 1) else None
         picked = sort_elements(
-            ks, elements, alpha=o.alpha, desc=o.desc, by=o.by, store=o.store is not None
+            ks, elements, alpha=o.alpha, desc=o.desc, by=o.by, store=o.store is not None, span=span
         )
         if picked is None:
             raise PionError("One or more scores can't be converted into double")

@@ -116,10 +116,18 @@ def _area(bits: int, step: int) -> _Area:
 
 
 def _score_bits(score: float) -> int:
-    # C's (uint64_t) cast of the score; a geo score is a non-negative integer.
-    if not math.isfinite(score) or abs(score) >= 2.0**63:
-        return 0
-    return int(score) & _U64
+    """C's ``(uint64_t)`` cast of a score, as x86-64 computes it (a GEOADD score is a
+    52-bit integer; any other a ZADD may have put there decodes as in Redis): below
+    2**63 a truncation to int64 (out of its range: 2**63, the "integer indefinite"),
+    from 2**63 the value less 2**63, converted the same, with the top bit flipped."""
+    if score >= 2.0**63:
+        score -= 2.0**63
+        flip = 1 << 63
+    else:
+        flip = 0
+    if math.isnan(score) or not -(2.0**63) <= score < 2.0**63:
+        return (1 << 63) ^ flip
+    return (int(score) & _U64) ^ flip
 
 
 def decode(score: float) -> tuple[float, float]:

@@ -9,9 +9,10 @@ byte) is replaced by the element; ``->`` after it names a hash field (``key->fie
 
 Order. Numeric weights compare as doubles, equal ones by the elements' bytes, so the
 order is total. ``ALPHA`` compares with ``strcoll`` in Redis; we compare the bytes up
-to the first NUL, which is ``strcoll`` in the C and C.UTF-8 locales. The sort is
+to the first NUL, which is ``strcoll`` in the C and C.UTF-8 locales. A whole sort is
 stable, as glibc's ``qsort`` (a merge sort) is, so elements that compare equal keep
-the order they were read in.
+the order they were read in; a partial one (BY with LIMIT) is Redis's own ``pqsort``,
+ported step for step (:func:`partial_sort`), so ties land where Redis's do.
 
 :func:`store_list` is SORT ... STORE's write: the destination becomes a list of
 exactly the results, in one LSTORE record.
@@ -22,6 +23,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from functools import cmp_to_key
+from typing import TypeVar
 
 from pion.keyspace.entries import KEY_OVERHEAD, LIST_ITEM_OVERHEAD
 from pion.keyspace.mutations import ListReplace
@@ -29,7 +31,84 @@ from pion.keyspace.numbers import parse_sort_weight
 from pion.keyspace.sortedset import SortedSet
 from pion.keyspace.store import Keyspace
 
-__all__ = ["by_pattern", "elements_of", "sort_elements", "store_list"]
+__all__ = ["by_pattern", "elements_of", "partial_sort", "sort_elements", "store_list"]
+
+T = TypeVar("T")
+
+
+def _med3(v: list[T], a: int, b: int, c: int, cmp: Callable[[T, T], int]) -> int:
+    if cmp(v[a], v[b]) < 0:
+        return b if cmp(v[b], v[c]) < 0 else (c if cmp(v[a], v[c]) < 0 else a)
+    return b if cmp(v[b], v[c]) > 0 else (a if cmp(v[a], v[c]) < 0 else c)
+
+
+def _vecswap(v: list[T], a: int, b: int, n: int) -> None:
+    for i in range(n):
+        v[a + i], v[b + i] = v[b + i], v[a + i]
+
+
+def partial_sort(v: list[T], cmp: Callable[[T, T], int], first: int, last: int) -> None:
+    """Redis's ``pqsort`` (Bentley and McIlroy's quicksort, skipping the partitions
+    that hold none of the positions ``first..last``): only those positions end up
+    sorted. Not stable; ported step for step so that equal elements land where
+    Redis's land (GEO* with COUNT, SORT BY with LIMIT)."""
+
+    def outside(lo: int, n: int) -> bool:
+        return (first < lo and last < lo) or (first >= lo + n and last >= lo + n)
+
+    def run(lo: int, n: int) -> None:
+        while True:
+            if n < 7:  # insertion sort
+                for pm in range(lo + 1, lo + n):
+                    pl = pm
+                    while pl > lo and cmp(v[pl - 1], v[pl]) > 0:
+                        v[pl], v[pl - 1] = v[pl - 1], v[pl]
+                        pl -= 1
+                return
+            pm = lo + n // 2
+            if n > 7:
+                pl, pn = lo, lo + n - 1
+                if n > 40:
+                    d = n // 8
+                    pl = _med3(v, pl, pl + d, pl + 2 * d, cmp)
+                    pm = _med3(v, pm - d, pm, pm + d, cmp)
+                    pn = _med3(v, pn - 2 * d, pn - d, pn, cmp)
+                pm = _med3(v, pl, pm, pn, cmp)
+            v[lo], v[pm] = v[pm], v[lo]
+            pa = pb = lo + 1
+            pc = pd = lo + n - 1
+            while True:
+                while pb <= pc and (c := cmp(v[pb], v[lo])) <= 0:
+                    if c == 0:
+                        v[pa], v[pb] = v[pb], v[pa]
+                        pa += 1
+                    pb += 1
+                while pb <= pc and (c := cmp(v[pc], v[lo])) >= 0:
+                    if c == 0:
+                        v[pc], v[pd] = v[pd], v[pc]
+                        pd -= 1
+                    pc -= 1
+                if pb > pc:
+                    break
+                v[pb], v[pc] = v[pc], v[pb]
+                pb += 1
+                pc -= 1
+            pn = lo + n
+            r = min(pa - lo, pb - pa)
+            _vecswap(v, lo, pb - r, r)
+            r = min(pd - pc, pn - pd - 1)
+            _vecswap(v, pb, pn - r, r)
+            r = pb - pa
+            if r > 1 and not outside(lo, r):
+                run(lo, r)
+            r = pd - pc
+            if r <= 1:
+                return
+            lo, n = pn - r, r
+            if outside(lo, n):
+                return
+
+    run(0, len(v))
 
 
 def _cstr(raw: bytes) -> bytes:
@@ -69,9 +148,12 @@ def sort_elements(
     desc: bool,
     by: bytes | None,
     store: bool,
+    span: tuple[int, int] | None = None,
 ) -> list[bytes] | None:
     """``elements`` sorted as SORT does; None when a weight is not a number ("One or
-    more scores can't be converted into double")."""
+    more scores can't be converted into double"). With ``span`` (Redis: BY and a LIMIT
+    that selects less than all) only the positions ``span[0]..span[1]`` are sorted,
+    by :func:`partial_sort`, as Redis does."""
     weights: list[float] = []
     keys: list[bytes | None] = []
     failed = False
@@ -111,7 +193,10 @@ def sort_elements(
     def ordered(i: int, j: int) -> int:
         return -cmp(i, j) if desc else cmp(i, j)
 
-    order.sort(key=cmp_to_key(ordered))
+    if span is None:
+        order.sort(key=cmp_to_key(ordered))  # stable, as glibc's qsort (a merge sort)
+    else:
+        partial_sort(order, ordered, span[0], span[1])
     return [elements[i] for i in order]
 
 
