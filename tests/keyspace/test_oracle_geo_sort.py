@@ -4,10 +4,11 @@ the replies byte for byte, in RESP2 and RESP3; the keys' states must agree at th
 A fixed scenario checks the keyspace notifications of these commands.
 
 Some geo members share a position, so COUNT cuts among equal distances (Redis's
-partial quicksort decides where ties land; ours is a port of it). Compared loosely, only where the two cannot agree: SORT of a set ``BY
-nosort`` (Redis's order is its hash table's) and ALPHA sorts BY a pattern of a set or
-sorted set (ties keep the order the elements were read in, a hash table's in Redis)
-are compared as multisets of their per-element groups.
+partial quicksort decides where ties land; ours is a port of it). Compared loosely,
+only where the two cannot agree: SORT of a set ``BY nosort`` (Redis's order is its hash
+table's) and ALPHA sorts BY a pattern of a set or sorted set (ties keep the order the
+elements were read in, a hash table's in Redis) are compared as multisets of their
+per-element groups.
 """
 
 from __future__ import annotations
