@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from pion.commands.state import Command, Context
 from pion.commands.zsets import keyword
@@ -279,10 +280,13 @@ def _search_generic(ctx: Context, args: Sequence[bytes], kind: str, by_member: b
     shape = Shape(q.lon, q.lat, q.to_meters, q.radius, q.width, q.height, q.box)
     points = search(z, shape, q.count if q.any else 0)
     if q.count and q.count < len(points):
-        if q.sort:  # Redis's partial quicksort: ties among equal distances as there
+        if q.sort and _ties_matter(points, q.count, q.sort == "DESC"):
+            # Redis's partial quicksort: equal distances land where they land there.
             partial_sort(
                 points, _by_distance if q.sort == "ASC" else _by_distance_desc, 0, q.count - 1
             )
+        elif q.sort:
+            points.sort(key=lambda p: p.dist, reverse=q.sort == "DESC")
         points = points[: q.count]
     elif q.sort:  # a whole sort: glibc's qsort, a stable merge sort
         points.sort(key=lambda p: p.dist, reverse=q.sort == "DESC")
@@ -292,6 +296,13 @@ def _search_generic(ctx: Context, args: Sequence[bytes], kind: str, by_member: b
         entries = [(p.dist if q.storedist else p.score, p.member) for p in points]
         return _stored(ctx, q.store, entries, kind)
     return [_point_reply(ctx, q, p) for p in points]
+
+
+def _ties_matter(points: list[GeoPoint], count: int, desc: bool) -> bool:
+    """Whether the ``count`` nearest (farthest) include, or are cut among, equal
+    distances: only then can the partial quicksort's order differ from a sort's."""
+    dists = sorted((p.dist for p in points), reverse=desc)[: count + 1]
+    return any(a == b for a, b in pairwise(dists))
 
 
 def _by_distance(a: GeoPoint, b: GeoPoint) -> int:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from functools import cmp_to_key
 from typing import TypeVar
 
 from pion.keyspace.entries import KEY_OVERHEAD, LIST_ITEM_OVERHEAD
@@ -136,10 +135,6 @@ def by_pattern(ks: Keyspace, pattern: bytes, element: bytes) -> bytes | None:
     return value if isinstance(value, bytes) else None
 
 
-def _cmp(a: bytes, b: bytes) -> int:
-    return (a > b) - (a < b)
-
-
 def sort_elements(
     ks: Keyspace,
     elements: list[bytes],
@@ -154,49 +149,36 @@ def sort_elements(
     more scores can't be converted into double"). With ``span`` (Redis: BY and a LIMIT
     that selects less than all) only the positions ``span[0]..span[1]`` are sorted,
     by :func:`partial_sort`, as Redis does."""
-    weights: list[float] = []
-    keys: list[bytes | None] = []
+    # One sort key per element, ordered as Redis's sortCompare orders them: numeric
+    # weights, equal ones by the elements' bytes; ALPHA BY, a missing key first.
+    keys: list[tuple[float, bytes] | tuple[int, bytes] | bytes] = []
     failed = False
     for e in elements:
         value = by_pattern(ks, by, e) if by is not None else e
-        if alpha:
-            keys.append(value if by is not None else None)
-            continue
-        w = 0.0 if value is None else parse_sort_weight(value)
-        if w is None:
-            failed, w = True, 0.0
-        weights.append(w)
+        if not alpha:
+            w = 0.0 if value is None else parse_sort_weight(value)
+            if w is None:  # Redis reads every weight (and key) before it answers so
+                failed, w = True, 0.0
+            keys.append((w, e))
+        elif by is None:
+            keys.append(e if store else _cstr(e))
+        else:
+            keys.append((0, b"") if value is None else (1, value if store else _cstr(value)))
     if failed:
         return None
     order = list(range(len(elements)))
-    cmp: Callable[[int, int], int]
-    if not alpha:
-
-        def cmp(i: int, j: int) -> int:
-            a, b = weights[i], weights[j]
-            return (a > b) - (a < b) or _cmp(elements[i], elements[j])
-
-    elif by is not None:
+    if span is None:
+        # Stable, as glibc's qsort (a merge sort) is; reverse=True keeps equal
+        # elements in their order too, as Redis's negated comparison does.
+        order.sort(key=keys.__getitem__, reverse=desc)
+    else:
+        sign = -1 if desc else 1
 
         def cmp(i: int, j: int) -> int:
             a, b = keys[i], keys[j]
-            if a is None or b is None:
-                return 0 if a is b else (-1 if a is None else 1)
-            return _cmp(a, b) if store else _cmp(_cstr(a), _cstr(b))
+            return sign * ((a > b) - (a < b))  # type: ignore[operator]
 
-    else:
-
-        def cmp(i: int, j: int) -> int:
-            a, b = elements[i], elements[j]
-            return _cmp(a, b) if store else _cmp(_cstr(a), _cstr(b))
-
-    def ordered(i: int, j: int) -> int:
-        return -cmp(i, j) if desc else cmp(i, j)
-
-    if span is None:
-        order.sort(key=cmp_to_key(ordered))  # stable, as glibc's qsort (a merge sort)
-    else:
-        partial_sort(order, ordered, span[0], span[1])
+        partial_sort(order, cmp, span[0], span[1])
     return [elements[i] for i in order]
 
 
