@@ -448,3 +448,27 @@ def _notify_transcript(port: int, flags: str) -> list[list[bytes]]:
 def test_notifications_match_redis(servers: tuple[int, int], flags: str) -> None:
     oracle, pion = servers
     assert _notify_transcript(pion, flags) == _notify_transcript(oracle, flags)
+
+
+def test_a_scripts_sort_of_a_set_by_nosort_is_sorted_as_in_redis(
+    servers: tuple[int, int],
+) -> None:
+    replies = []
+    for port in servers:
+        c = RawClient(port)
+        c.call("DEL", "ss")
+        c.call("SADD", "ss", "3", "1", "2", "b", "a", "10")
+        replies.append(
+            [
+                c.call("EVAL", "return redis.call('SORT', KEYS[1], 'BY', 'nosort')", 1, "ss").raw,
+                c.call(
+                    "EVAL",
+                    "return redis.call('SORT_RO', KEYS[1], 'BY', 'nosort', 'DESC', 'LIMIT', 1, 3)",
+                    1,
+                    "ss",
+                ).raw,
+            ]
+        )
+        c.close()
+    assert replies[0] == replies[1]
+    assert replies[1][0].endswith(b"$1\r\na\r\n$1\r\nb\r\n")  # sorted, ALPHA

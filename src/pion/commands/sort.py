@@ -5,8 +5,9 @@ and, for SORT, STORE into a list. Argument order, replies and errors are Redis 7
 ``sortCommandGeneric``; the sorting and the lookups are ``pion.keyspace.sort``'s.
 
 Where Redis's answer follows its hash tables' order (a set's elements unsorted with
-``BY nosort``; elements that compare equal under ALPHA BY, in a set or sorted set),
-ours follows our own order. Cluster and ACL restrictions of BY and GET do not apply.
+``BY nosort``, except for STORE and scripts, which sort them ALPHA as Redis's do;
+elements that compare equal under ALPHA BY, in a set or sorted set), ours follows our
+own order. Cluster and ACL restrictions of BY and GET do not apply.
 """
 
 from __future__ import annotations
@@ -81,8 +82,11 @@ def _sort(ctx: Context, args: Sequence[bytes], readonly: bool) -> Reply:
     if value is not None and not isinstance(value, (deque, set, SortedSet)):
         raise WrongTypeError()
     elements = [] if value is None else elements_of(value)
-    if o.dontsort and isinstance(value, set) and o.store is not None:
-        # A set's order is its hash table's: stored results are sorted instead.
+    scripts = ctx.state.scripts
+    in_script = scripts is not None and scripts.running
+    if o.dontsort and isinstance(value, set) and (o.store is not None or in_script):
+        # A set's order is its hash table's: what is stored, or handed to a script,
+        # is sorted instead (Redis's rule, so replicas and replays agree).
         o.dontsort, o.alpha, o.by = False, True, None
     n = len(elements)
     start = max(o.start, 0)
