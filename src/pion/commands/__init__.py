@@ -19,8 +19,9 @@ Reading order:
 3. The families: ``generic.py`` (connection and server commands) with ``clientctl.py``,
    ``config_cmd.py``, ``info.py`` and ``observe.py``; the plain keyspace's
    ``strings.py``, ``keys.py``, ``keys_more.py``, ``dump.py`` (DUMP/RESTORE),
-   ``hashes.py``, ``zsets.py``, ``zsets_more.py``, ``zsets_algebra.py``, ``bits.py``,
-   ``lists.py`` and ``sets.py``;
+   ``hashes.py``, ``zsets.py``, ``zsets_more.py``, ``zsets_algebra.py``, ``zsets_store.py``
+   (ZRANGESTORE), ``geo.py`` (GEO* on sorted sets), ``bits.py``, ``lists.py``, ``sets.py``
+   and ``sort.py`` (SORT, SORT_RO);
    ``blocking.py`` (BLPOP and the other blocking pops); ``transactions.py``
    (MULTI/EXEC/WATCH); ``pubsub.py`` (SUBSCRIBE, PUBLISH and the rest); ``scripting.py``
    (EVAL, SCRIPT: the runtime is ``pion.scripting``) with ``scriptbusy.py`` (a long
@@ -43,6 +44,7 @@ from pion.commands import (
     dump,
     export,
     generic,
+    geo,
     hashes,
     keys,
     keys_more,
@@ -54,6 +56,7 @@ from pion.commands import (
     rollback,
     scripting,
     sets,
+    sort,
     ssm,
     strings,
     transactions,
@@ -61,6 +64,7 @@ from pion.commands import (
     zsets,
     zsets_algebra,
     zsets_more,
+    zsets_store,
 )
 from pion.commands.state import Command, CommandTable
 
@@ -91,6 +95,9 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     blocking.COMMANDS,
     pubsub.COMMANDS,
     scripting.COMMANDS,
+    zsets_store.COMMANDS,
+    geo.COMMANDS,
+    sort.COMMANDS,
 )
 
 

@@ -35,7 +35,7 @@ from pion.keyspace.zsets import (
 from pion.notify import GENERIC, ZSET, notify
 from pion.resp.reply import Reply
 
-__all__ = ["COMMANDS", "keyword", "long_arg", "with_scores"]
+__all__ = ["COMMANDS", "keyword", "long_arg", "with_scores", "zrange_pick"]
 
 _SYNTAX = "syntax error"
 _NOT_A_FLOAT = "value is not a valid float"
@@ -159,13 +159,20 @@ def with_scores(ctx: Context, entries: list[tuple[float, bytes]], scores: bool) 
     return pairs_reply(entries, proto, "nested" if proto == 3 else "flat", swap=True)
 
 
-def _zrange_generic(
-    ctx: Context, args: Sequence[bytes], by: str | None = None, rev: bool | None = None
-) -> Reply | Steps:
-    """Redis 7.0's ``zrangeGenericCommand``: options first, then the range, then the
-    key (so argument errors win over WRONGTYPE, and a missing key is an empty array).
-    ZREVRANGE, ZRANGEBYSCORE and ZREVRANGEBYSCORE preset ``by``/``rev``; an option
-    naming them again is a syntax error there, as in Redis."""
+def zrange_pick(
+    ctx: Context,
+    args: Sequence[bytes],
+    by: str | None = None,
+    rev: bool | None = None,
+    *,
+    store: bool = False,
+) -> tuple[list[tuple[float, bytes]] | None, bool]:
+    """Redis 7.0's ``zrangeGenericCommand`` up to the range taken: options first, then
+    the range, then the key (so argument errors win over WRONGTYPE). Returns the
+    picked (score, member) entries (None: no such key) and whether WITHSCORES was
+    given. ZREVRANGE, ZRANGEBYSCORE and ZREVRANGEBYSCORE preset ``by``/``rev``; an
+    option naming them again is a syntax error there, as in Redis. ``store``
+    (ZRANGESTORE, whose ``args`` start at the source key) refuses WITHSCORES."""
     key, low_raw, high_raw = args[0], args[1], args[2]
     # None: ZRANGE, where REV may be given; the older commands fix the direction.
     may_reverse = rev is None
@@ -176,7 +183,7 @@ def _zrange_generic(
     while i < len(args):
         word = keyword(args[i])
         left = len(args) - i - 1
-        if word == "WITHSCORES":
+        if word == "WITHSCORES" and not store:
             withscores = True
         elif word == "LIMIT" and left >= 2:
             offset, count = long_arg(args[i + 1]), long_arg(args[i + 2])
@@ -203,9 +210,8 @@ def _zrange_generic(
             raise PionError("min or max not valid string range item")
         z = ctx.state.keyspace.zset(key)
         if z is None:
-            return []
-        picked = zrange_by_lex(z, low_lex, high_lex, rev, offset=offset, count=count)
-        return pairs_reply(picked, ctx.client.proto, "first", swap=True)
+            return None, False
+        return zrange_by_lex(z, low_lex, high_lex, rev, offset=offset, count=count), False
     if by == "BYSCORE":
         if rev:
             low_raw, high_raw = high_raw, low_raw
@@ -214,14 +220,25 @@ def _zrange_generic(
             raise PionError("min or max is not a float")
         z = ctx.state.keyspace.zset(key)
         if z is None:
-            return []
+            return None, withscores
         rng = ScoreRange(low[0], low[1], high[0], high[1])
-        return with_scores(ctx, zrange_by_score(z, rng, rev, offset, count), withscores)
+        return zrange_by_score(z, rng, rev, offset, count), withscores
     start, stop = long_arg(low_raw), long_arg(high_raw)
     z = ctx.state.keyspace.zset(key)
     if z is None:
+        return None, withscores
+    return zrange_by_rank(z, start, stop, rev), withscores
+
+
+def _zrange_generic(
+    ctx: Context, args: Sequence[bytes], by: str | None = None, rev: bool | None = None
+) -> Reply | Steps:
+    """ZRANGE and its older forms: :func:`zrange_pick`'s entries as the reply (a
+    missing key is an empty array)."""
+    picked, withscores = zrange_pick(ctx, args, by, rev)
+    if picked is None:
         return []
-    return with_scores(ctx, zrange_by_rank(z, start, stop, rev), withscores)
+    return with_scores(ctx, picked, withscores)
 
 
 def _zrange(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:

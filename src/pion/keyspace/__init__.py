@@ -8,8 +8,9 @@ replay a record and tell WATCH) with ``listset.py`` (those of lists and sets),
 ``mutations.py`` (the records every change is made
 of), ``entries.py`` (what a key is and costs), ``expiry.py`` (deadlines and the active
 sweep), ``strings.py``, ``hashes.py``, ``zsets.py`` with ``zsets_more.py`` and
-``zsets_algebra.py``, ``bits.py``, ``lists.py`` and ``sets.py`` (the semantics of the
-commands that have some), ``sortedset.py``, ``scan.py`` (SCAN cursors), ``glob.py``
+``zsets_algebra.py``, ``geo.py`` (geohashes and GEO searches), ``bits.py``, ``lists.py``,
+``sets.py`` and ``sort.py`` (SORT) (the semantics of the commands that have some),
+``sortedset.py``, ``scan.py`` (SCAN cursors), ``glob.py``
 (KEYS/SCAN patterns), ``numbers.py`` (Redis's integer and float parsing), ``rdb.py``
 with ``rdb_compact.py`` (Redis's DUMP payload, for DUMP and RESTORE).
 
@@ -35,6 +36,7 @@ from pion.keyspace.mutations import (
     ListPop,
     ListPush,
     ListRemove,
+    ListReplace,
     ListSet,
     ListTrim,
     NewKey,
@@ -72,6 +74,7 @@ __all__ = [
     "ListPop",
     "ListPush",
     "ListRemove",
+    "ListReplace",
     "ListSet",
     "ListTrim",
     "NewKey",

@@ -24,6 +24,7 @@ from pion.keyspace.mutations import (
     ListPop,
     ListPush,
     ListRemove,
+    ListReplace,
     ListSet,
     ListTrim,
     NewKey,
@@ -37,7 +38,16 @@ from pion.keyspace.sortedset import SortedSet
 
 __all__ = ["ListSetTable", "lrem_positions"]
 
-_LIST_RECORDS = (ListPush, ListPop, ListSet, ListInsert, ListTrim, ListRemove, ListMove)
+_LIST_RECORDS = (
+    ListPush,
+    ListPop,
+    ListSet,
+    ListInsert,
+    ListTrim,
+    ListRemove,
+    ListMove,
+    ListReplace,
+)
 _SET_RECORDS = (SetAdd, SetRemove, SetReplace, SetMove)
 
 
@@ -107,6 +117,10 @@ class ListSetTable(KeyTable):
         elif isinstance(m, ListTrim):
             if self._typed(m.key, deque):
                 self._apply_ltrim(m.key, m.start, m.stop)
+        elif isinstance(m, ListReplace):
+            if m.key in self._data:
+                self._drop(m.key)
+            self._apply_push(m.key, False, [own(v) for v in m.items])
         elif isinstance(m, ListRemove) and self._typed(m.key, deque):
             d = cast(deque[bytes], self._data[m.key].value)
             self._apply_lrem(m.key, lrem_positions(d, m.count, m.element))

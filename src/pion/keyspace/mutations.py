@@ -53,6 +53,8 @@ record               meaning
                      negative, all when 0) elements equal to ``element`` removed
 ``ListMove``         LMOVE/RPOPLPUSH: one element popped from ``source``'s end and
                      pushed at ``destination``'s (created if absent)
+``ListReplace``      SORT ... STORE: a key becomes a list of exactly these elements
+                     (whatever it held goes, its deadline too)
 ``SetAdd``           SADD: members added to a set (created if absent)
 ``SetRemove``        SREM/SPOP: members removed (a set left empty disappears)
 ``SetReplace``       SINTERSTORE and friends: a key becomes a set of exactly these
@@ -79,6 +81,7 @@ __all__ = [
     "ListPop",
     "ListPush",
     "ListRemove",
+    "ListReplace",
     "ListSet",
     "ListTrim",
     "NewKey",
@@ -195,6 +198,12 @@ class ListPush:
 
 
 @dataclass(frozen=True, slots=True)
+class ListReplace:
+    key: bytes
+    items: tuple[Payload, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ListPop:
     key: bytes
     left: bool
@@ -284,6 +293,7 @@ KeyMutation: TypeAlias = (
     | ListTrim
     | ListRemove
     | ListMove
+    | ListReplace
     | SetAdd
     | SetRemove
     | SetReplace

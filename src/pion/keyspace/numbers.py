@@ -13,6 +13,9 @@
   is a number); :func:`format_long_double` is its ``ld2string`` in human mode
   (``%.17Lf`` with the trailing zeros and dot removed). numpy's ``longdouble`` is that
   same type on x86-64, and parses and prints it exactly.
+* :func:`parse_sort_weight` is SORT's reading of a weight: plain ``strtod`` of the C
+  string (it ends at a NUL byte), leading spaces taken, an empty string 0, refusing
+  trailing bytes, NaN and ``ERANGE`` (overflow, underflow to zero).
 * :func:`parse_cursor` is ``parseScanCursorOrReply``: C's ``strtoul``, so ``+5``,
   ``007`` and even ``-1`` (wrapping to 2**64-1) are cursors, and an empty one is 0.
 """
@@ -32,6 +35,7 @@ __all__ = [
     "parse_long_double",
     "parse_range_bound",
     "parse_score",
+    "parse_sort_weight",
 ]
 
 _INT64_MIN = -(1 << 63)
@@ -95,6 +99,18 @@ def parse_score(raw: bytes) -> float | None:
     if math.isnan(value) or (out_of_range and (math.isinf(value) or value == 0.0)):
         return None
     return value
+
+
+def parse_sort_weight(raw: bytes) -> float | None:
+    """SORT's weight of an element (see the module docstring); None when refused."""
+    text = raw.split(b"\0", 1)[0]
+    if not text:
+        return 0.0  # nothing converted, and the end pointer is at the NUL: no error
+    parsed = _strtod_whole(text.lstrip(bytes(_SPACE)))
+    if parsed is None:
+        return None
+    value, out_of_range = parsed
+    return None if out_of_range or math.isnan(value) else value
 
 
 # Redis's MAX_LONG_DOUBLE_CHARS: string2ld refuses longer text.

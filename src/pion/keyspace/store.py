@@ -65,6 +65,7 @@ from pion.keyspace.mutations import (
     KeyMutation,
     ListMove,
     ListPush,
+    ListReplace,
     NewKey,
     RenameKey,
     ReplaceScores,
@@ -90,6 +91,7 @@ _CREATING = (
     NewKey,
     ReplaceScores,
     ListPush,
+    ListReplace,
     SetAdd,
     SetReplace,
 )

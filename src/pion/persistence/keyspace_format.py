@@ -42,6 +42,9 @@ Op codes and payloads::
                    9..12 LMOVE         blob destination: one element from the key's
                                        head (9, 10) or tail (11, 12) to the
                                        destination's head (9, 11) or tail (10, 12)
+                   13 LSTORE           as RPUSH, but the key is first emptied of
+                                       whatever it held (and its deadline): SORT
+                                       ... STORE
     31 SET       blob key, u8 change, then by change:
                    1 SADD / 2 SREM     u32 count >= 1, count x blob member
                    3 SSTORE            as SADD, but the key is first emptied of
@@ -86,6 +89,7 @@ from pion.keyspace import (
     ListPop,
     ListPush,
     ListRemove,
+    ListReplace,
     ListSet,
     ListTrim,
     NewKey,
@@ -407,6 +411,7 @@ _OP_BY_TYPE: Final[dict[type, int]] = {
     ListTrim: OP_LIST,
     ListRemove: OP_LIST,
     ListMove: OP_LIST,
+    ListReplace: OP_LIST,
     SetAdd: OP_SET_OF,
     SetRemove: OP_SET_OF,
     SetReplace: OP_SET_OF,
@@ -426,11 +431,14 @@ def encode_collection(m: KeyMutation, p: _Parts) -> None:
         p.raw(_U8.pack(4))
         p.blob(m.destination)
         p.blob(m.member)
-    elif isinstance(m, (ListPush, SetAdd, SetRemove, SetReplace)):
+    elif isinstance(m, (ListPush, ListReplace, SetAdd, SetRemove, SetReplace)):
         p.blob(m.key)
         names: tuple[Payload, ...]
         if isinstance(m, ListPush):
             p.raw(_U8.pack(1 if m.left else 2))
+            names = m.items
+        elif isinstance(m, ListReplace):
+            p.raw(_U8.pack(13))
             names = m.items
         else:
             p.raw(_U8.pack(_SET_CHANGES[type(m)]))
@@ -486,4 +494,6 @@ def decode_collection(op: int, r: _Reader) -> KeyMutation:
     if 9 <= change <= 12:
         k = change - 9
         return ListMove(key, r.key(), k < 2, k % 2 == 0)
+    if change == 13:
+        return ListReplace(key, tuple(r.blob() for _ in range(r.count(4))))
     raise FormatError(f"unknown LIST change {change}")

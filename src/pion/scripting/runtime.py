@@ -123,6 +123,13 @@ class Scripts:
     _functions: dict[str, Any] = field(default_factory=dict)
     _current: _Run | None = None
 
+    @property
+    def running(self) -> bool:
+        """Whether a script is running: while it does, the commands that run are its
+        own (other clients wait), so a command may ask whether a script called it
+        (SORT does, as Redis's does)."""
+        return self._current is not None
+
     # -- the Lua state -------------------------------------------------------------
 
     def _state(self) -> None:
