@@ -26,7 +26,8 @@ Reading order:
    script: other clients wait, then -BUSY); the V-store's ``vstore.py``,
    ``tierfetch.py`` (fetches streamed from a tier fill), ``rollback.py`` and
    ``export.py``; ``prefix.py`` (KV.PREFIX.*),
-   ``persist.py``, ``attend.py`` and ``ssm.py``.
+   ``persist.py``, ``attend.py`` and ``ssm.py``. More of strings: ``bitfield.py``
+   (BITFIELD), ``hll.py`` (HyperLogLog) and ``lcs.py`` (LCS).
 4. ``workers.py``: what a command asks about other workers under ``-w N``.
 """
 
@@ -37,13 +38,16 @@ from types import MappingProxyType
 
 from pion.commands import (
     attend,
+    bitfield,
     bits,
     blocking,
     export,
     generic,
     hashes,
+    hll,
     keys,
     keys_more,
+    lcs,
     lists,
     observe,
     persist,
@@ -83,6 +87,9 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     transactions.COMMANDS,
     zsets_algebra.COMMANDS,
     bits.COMMANDS,
+    hll.COMMANDS,
+    bitfield.COMMANDS,
+    lcs.COMMANDS,
     lists.COMMANDS,
     sets.COMMANDS,
     blocking.COMMANDS,

@@ -10,7 +10,8 @@ of), ``entries.py`` (what a key is and costs), ``expiry.py`` (deadlines and the 
 sweep), ``strings.py``, ``hashes.py``, ``zsets.py`` with ``zsets_more.py`` and
 ``zsets_algebra.py``, ``bits.py``, ``lists.py`` and ``sets.py`` (the semantics of the
 commands that have some), ``sortedset.py``, ``scan.py`` (SCAN cursors), ``glob.py``
-(KEYS/SCAN patterns), ``numbers.py`` (Redis's integer and float parsing).
+(KEYS/SCAN patterns), ``numbers.py`` (Redis's integer and float parsing), ``hll.py``
+(HyperLogLog in Redis's own encoding).
 
 Synchronous and pure: imports only ``errors`` and ``watch`` (WATCH's bookkeeping).
 Persistence is ``pion.persistence``'s (``keyspace_durable.py``), the commands are
