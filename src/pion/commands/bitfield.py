@@ -7,7 +7,9 @@ command with a SET or INCRBY first grows the string to its farthest written bit 
 missing key is created, even when every write fails under OVERFLOW FAIL), then runs
 its operations in order on a copy of the bytes they touch, and writes that span back
 once (:meth:`Keyspace.set_range`: the log holds the span, not the string). It then
-announces ``setbit``, as Redis does whenever a SET or INCRBY ran.
+announces ``setbit``, as Redis does when a SET or INCRBY was not refused by OVERFLOW
+FAIL; when every one was, only the growth is written and nothing is announced (WATCH
+still sees a growth there, where Redis signals nothing).
 
 The overflow checks are Redis's ``checkSignedBitfieldOverflow`` and
 ``checkUnsignedBitfieldOverflow`` computed in 64-bit two's complement as C does, so the
@@ -197,10 +199,14 @@ def _bitfield(ctx: Context, args: Sequence[bytes], readonly: bool = False) -> Re
             out.append(got)
         else:
             out.append(_run(op, data))
-    if writes:
-        # The string grows to the farthest written byte even if every write failed.
+    if any(reply is not None for op, reply in zip(ops, out, strict=True) if op.name != "GET"):
         ks.set_range(key, lo, bytes(data.span))
         notify(ctx.state, STRING, "setbit", key)
+    elif writes and (hi > len(value) or not ks.exists(key)):
+        # Every write failed (OVERFLOW FAIL): Redis still grew the string to the
+        # farthest written byte (creating the key), and announces nothing.
+        start = len(value) if ks.exists(key) else 0
+        ks.set_range(key, start, bytes(max(hi - start, 0)))
     return out
 
 

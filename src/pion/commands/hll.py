@@ -30,7 +30,7 @@ __all__ = ["COMMANDS", "store_hll"]
 
 def store_hll(ks: Keyspace, key: bytes, old: bytes | None, new: bytes, force: bool) -> None:
     """Write ``new`` over ``old`` (the value ``key`` holds) as the spans that differ:
-    the header's and the registers' (to the end where the value grew). ``force``
+    the header's and the registers' (one span to the end where the value grew). ``force``
     writes the cached count even when nothing differs, so the change is seen (PFMERGE
     always changes its key in Redis)."""
     if old is None:
@@ -41,7 +41,9 @@ def store_hll(ks: Keyspace, key: bytes, old: bytes | None, new: bytes, force: bo
         return
     spans = [_differ(old, new, 0, HEADER), _differ(old, new, HEADER, len(old))]
     if len(new) > len(old):
-        spans[1] = (spans[1] or (len(old), len(old)))[0], len(new)
+        # One write: the growth is asked of --maxmemory before any byte changes.
+        first = next((span[0] for span in spans if span is not None), len(old))
+        spans = [(first, len(new)), None]
     if force and spans == [None, None]:
         spans[0] = (8, HEADER)
     for span in spans:
