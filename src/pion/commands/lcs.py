@@ -14,7 +14,8 @@ So the table is built :data:`STEP_CELLS` cells a step and the walk
 :data:`STEP_WALK` moves a step, other clients' commands running between steps; the two
 strings are immutable values taken at the start, so the answer is that of one instant.
 The table is bounded as in Redis 7.0: a table of more than proto-max-bulk-len bytes
-(4 bytes a cell) is refused. It is transient and not counted in ``--maxmemory``.
+(4 bytes a cell, as Redis counts) is refused. Here a cell takes 2 bytes, and LEN keeps
+two rows only. The table is transient and not counted in ``--maxmemory``.
 """
 
 from __future__ import annotations
@@ -40,21 +41,28 @@ STEP_CELLS = 1 << 20
 STEP_WALK = 20_000
 # Redis 7.0 refuses a table larger than proto-max-bulk-len (512 MB), 4 bytes a cell.
 MAX_TABLE_BYTES = 512 * 1024 * 1024
+# Under that bound the shorter string has at most 11,585 bytes, so a cell (at most
+# that length) fits 16 bits: half of Redis's memory.
+_CELL = np.uint16
 
 _Work = Generator[None, None, Reply]
 
 
-def _table(a: bytes, b: bytes) -> Generator[None, None, np.ndarray[Any, Any]]:
-    """``t[i, j]``: the LCS length of ``a[:i]`` and ``b[:j]``, a step per STEP_CELLS."""
-    t = np.zeros((len(a) + 1, len(b) + 1), dtype=np.uint32)
+def _table(a: bytes, b: bytes, whole: bool) -> Generator[None, None, np.ndarray[Any, Any]]:
+    """``t[i, j]``: the LCS length of ``a[:i]`` and ``b[:j]``, a step per STEP_CELLS.
+    Without ``whole`` only the last two rows are kept (LEN needs no walk back), and
+    the last row is returned as ``t[-1]``."""
+    t = np.zeros((len(a) + 1 if whole else 2, len(b) + 1), dtype=_CELL)
     bv = np.frombuffer(b, dtype=np.uint8)
     rows = max(1, STEP_CELLS // (len(b) + 1))
     for i in range(1, len(a) + 1):
         if i % rows == 0:
             yield
-        above = t[i - 1]
+        above, row = (t[i - 1], t[i]) if whole else (t[(i - 1) & 1], t[i & 1])
         cand = np.where(bv == a[i - 1], above[:-1] + 1, above[1:])
-        np.maximum.accumulate(cand, out=t[i, 1:])
+        np.maximum.accumulate(cand, out=row[1:])
+    if not whole and len(a) & 1 == 0:
+        t[[0, 1]] = t[[1, 0]]  # the last row computed last
     return t
 
 
@@ -68,8 +76,8 @@ class _Options:
 
 def _lcs(a: bytes, b: bytes, opts: _Options) -> _Work:
     idx, minlen, withlen = opts.idx, opts.minlen, opts.withlen
-    t = yield from _table(a, b)
-    total = int(t[len(a), len(b)])
+    t = yield from _table(a, b, whole=idx or not opts.length)
+    total = int(t[-1, len(b)])
     if opts.length and not idx:
         return total
     out = bytearray(total)
