@@ -191,13 +191,16 @@ def _opcodes(body: bytes) -> tuple[list[tuple[int, int, int]], list[int]]:
     return ops, starts
 
 
-def _op_bytes(op: tuple[int, int, int]) -> bytes:
-    kind, value, run = op
-    if kind == VAL:
-        return bytes((0x80 | (value - 1) << 2 | (run - 1),))
-    if kind == XZERO:
-        return bytes((0x40 | (run - 1) >> 8, (run - 1) & 0xFF))
-    return bytes((run - 1,))
+def _sparse_bytes(ops: list[tuple[int, int, int]]) -> bytearray:
+    out = bytearray()
+    for kind, value, run in ops:
+        if kind == VAL:
+            out.append(0x80 | (value - 1) << 2 | (run - 1))
+        elif kind == XZERO:
+            out += bytes((0x40 | (run - 1) >> 8, (run - 1) & 0xFF))
+        else:
+            out.append(run - 1)
+    return out
 
 
 def _zero_run(run: int) -> tuple[int, int, int]:
@@ -257,7 +260,7 @@ class Hll:
     def encode(self) -> bytes:
         if self.registers is not None:
             return bytes(self.header) + _pack(self.registers)
-        return bytes(self.header) + b"".join(_op_bytes(op) for op in self.ops)
+        return bytes(self.header + _sparse_bytes(self.ops))
 
     def invalidate(self) -> None:
         self.header[15] |= 0x80
