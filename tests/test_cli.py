@@ -14,8 +14,10 @@ from click.testing import CliRunner
 from pion import cli
 from pion.config import FLAG, ServerConfig, TierConfig
 
-# Fields set by code or by options pion.cli reads itself, never by a flag of their own.
+# Fields set by code or by options pion.cli reads itself, never by a flag of their own
+# (hll_sparse_max_bytes: by CONFIG SET).
 _UNFLAGGED_SERVER = {"requirepass", "worker_id", "protocol", "vstore", "tier"}
+_UNFLAGGED_SERVER |= {"hll_sparse_max_bytes"}
 _UNFLAGGED_TIER = {"sync_timeout", "queue_max_ops", "drain_timeout"}
 
 

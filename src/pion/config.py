@@ -197,6 +197,9 @@ class ServerConfig:
         default=0.0, metadata=flag(lo=0, help="Seconds between automatic snapshots (0 = off).")
     )
     worker_id: int = 0
+    # Redis's hll-sparse-max-bytes (default 3000): a sparse HyperLogLog that would grow
+    # past it turns dense. Set by CONFIG SET only, as the byte layout depends on it.
+    hll_sparse_max_bytes: int = 3000
     # -w N --independent-workers: N worker processes under a supervisor.
     workers: int = field(
         default=1, metadata=flag(short="-w", lo=1, hi=64, help="Worker processes.")

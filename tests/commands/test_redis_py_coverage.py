@@ -66,10 +66,7 @@ NOT_SERVED = frozenset(
         "LMOVEM",
         "SDIFFCARD",
         "SUNIONCARD",
-        # bit fields
-        "BITFIELD_RO",
-        # string algorithms
-        "LCS",
+        # string algorithms (Redis 7.0 removed it; LCS is served)
         "STRALGO",
         # Redis's own serialization, databases and servers
         "MIGRATE",

@@ -28,7 +28,8 @@ Reading order:
    script: other clients wait, then -BUSY); the V-store's ``vstore.py``,
    ``tierfetch.py`` (fetches streamed from a tier fill), ``rollback.py`` and
    ``export.py``; ``prefix.py`` (KV.PREFIX.*),
-   ``persist.py``, ``attend.py`` and ``ssm.py``.
+   ``persist.py``, ``attend.py`` and ``ssm.py``. More of strings: ``bitfield.py``
+   (BITFIELD), ``hll.py`` (HyperLogLog) and ``lcs.py`` (LCS).
 4. ``workers.py``: what a command asks about other workers under ``-w N``.
 """
 
@@ -39,6 +40,7 @@ from types import MappingProxyType
 
 from pion.commands import (
     attend,
+    bitfield,
     bits,
     blocking,
     dump,
@@ -46,8 +48,10 @@ from pion.commands import (
     generic,
     geo,
     hashes,
+    hll,
     keys,
     keys_more,
+    lcs,
     lists,
     observe,
     persist,
@@ -90,6 +94,9 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     transactions.COMMANDS,
     zsets_algebra.COMMANDS,
     bits.COMMANDS,
+    hll.COMMANDS,
+    bitfield.COMMANDS,
+    lcs.COMMANDS,
     lists.COMMANDS,
     sets.COMMANDS,
     blocking.COMMANDS,

@@ -3,10 +3,11 @@
 Readable: bind, port, dir, requirepass, maxmemory, vstore-max-sessions, appendonly,
 appendfsync, save, databases, loglevel, worker-id, maxclients, maxmemory-clients,
 slowlog-log-slower-than, slowlog-max-len, client-output-buffer-limit,
-notify-keyspace-events, busy-reply-threshold (alias lua-time-limit). Settable at
-runtime: maxmemory, vstore-max-sessions, loglevel, maxclients, maxmemory-clients,
-slowlog-log-slower-than, slowlog-max-len, client-output-buffer-limit,
-notify-keyspace-events, busy-reply-threshold and lua-time-limit (``pion.pubsub`` and
+notify-keyspace-events, busy-reply-threshold (alias lua-time-limit),
+hll-sparse-max-bytes. Settable at runtime: maxmemory, vstore-max-sessions, loglevel,
+maxclients, maxmemory-clients, slowlog-log-slower-than, slowlog-max-len,
+client-output-buffer-limit, notify-keyspace-events, busy-reply-threshold,
+lua-time-limit and hll-sparse-max-bytes (``pion.pubsub`` and
 ``pion.notify`` hold and apply the two of pub/sub, the script runtime
 ``pion.scripting`` the busy threshold; the slowlog two live in ``stats.py``'s slow
 log, not in the startup config). Anything else answers an error naming the parameter,
@@ -80,6 +81,7 @@ def _getters(ctx: Context) -> dict[str, Callable[[], str]]:
         "notify-keyspace-events": lambda: flags_text(ctx.state.notify_flags),
         "busy-reply-threshold": lambda: str(_scripts(ctx.state).busy_ms),
         "lua-time-limit": lambda: str(_scripts(ctx.state).busy_ms),
+        "hll-sparse-max-bytes": lambda: str(cfg.hll_sparse_max_bytes),
     }
 
 
@@ -228,6 +230,14 @@ def _busy_threshold(value: str) -> _Apply:
     return apply
 
 
+def _hll_sparse_max_bytes(value: str) -> _Apply:
+    # Redis's size_t memory config: 0 to LONG_MAX.
+    n = parse_memory(value)
+    if n > _LLONG_MAX:
+        raise PionError(f"argument must be between 0 and {_LLONG_MAX} inclusive")
+    return lambda state: _replace(state, hll_sparse_max_bytes=n)
+
+
 _LEVELS = ("debug", "info", "notice", "warning", "error")
 _SETTABLE: dict[str, _Parser] = {
     "maxmemory": _maxmemory,
@@ -241,6 +251,7 @@ _SETTABLE: dict[str, _Parser] = {
     "notify-keyspace-events": _notify_events,
     "busy-reply-threshold": _busy_threshold,
     "lua-time-limit": _busy_threshold,
+    "hll-sparse-max-bytes": _hll_sparse_max_bytes,
 }
 
 

@@ -11,8 +11,9 @@ sweep), ``strings.py``, ``hashes.py``, ``zsets.py`` with ``zsets_more.py`` and
 ``zsets_algebra.py``, ``geo.py`` (geohashes and GEO searches), ``bits.py``, ``lists.py``,
 ``sets.py`` and ``sort.py`` (SORT) (the semantics of the commands that have some),
 ``sortedset.py``, ``scan.py`` (SCAN cursors), ``glob.py``
-(KEYS/SCAN patterns), ``numbers.py`` (Redis's integer and float parsing), ``rdb.py``
-with ``rdb_compact.py`` (Redis's DUMP payload, for DUMP and RESTORE).
+(KEYS/SCAN patterns), ``numbers.py`` (Redis's integer and float parsing), ``hll.py``
+(HyperLogLog in Redis's own encoding), ``rdb.py`` with ``rdb_compact.py`` (Redis's DUMP
+payload, for DUMP and RESTORE).
 
 Synchronous and pure: imports only ``errors`` and ``watch`` (WATCH's bookkeeping) of
 Pion's packages.
