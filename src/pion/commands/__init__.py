@@ -20,7 +20,10 @@ Reading order:
    ``config_cmd.py``, ``info.py`` and ``observe.py``; the plain keyspace's
    ``strings.py``, ``keys.py``, ``keys_more.py``, ``hashes.py``, ``zsets.py``,
    ``zsets_more.py``, ``zsets_algebra.py``, ``bits.py``, ``lists.py`` and ``sets.py``;
-   ``blocking.py`` (BLPOP and the other blocking pops); ``transactions.py``
+   ``blocking.py`` (BLPOP and the other blocking pops); ``streams.py`` (XADD, XREAD
+   and the other commands without groups, with ``streams_args.py``),
+   ``streams_groups.py`` (consumer groups) and ``streams_info.py`` (XINFO);
+   ``transactions.py``
    (MULTI/EXEC/WATCH); ``pubsub.py`` (SUBSCRIBE, PUBLISH and the rest); ``scripting.py``
    (EVAL, SCRIPT: the runtime is ``pion.scripting``) with ``scriptbusy.py`` (a long
    script: other clients wait, then -BUSY); the V-store's ``vstore.py``,
@@ -53,6 +56,9 @@ from pion.commands import (
     scripting,
     sets,
     ssm,
+    streams,
+    streams_groups,
+    streams_info,
     strings,
     transactions,
     vstore,
@@ -86,6 +92,9 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     lists.COMMANDS,
     sets.COMMANDS,
     blocking.COMMANDS,
+    streams.COMMANDS,
+    streams_groups.COMMANDS,
+    streams_info.COMMANDS,
     pubsub.COMMANDS,
     scripting.COMMANDS,
 )

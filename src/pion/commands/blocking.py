@@ -41,7 +41,15 @@ from pion.keyspace.store import Keyspace
 from pion.keyspace.zsets_more import zpop
 from pion.resp.reply import ErrorReply, NullArray, Reply
 
-__all__ = ["COMMANDS", "Waiter", "blocked_count", "parse_timeout", "serve", "unblock"]
+__all__ = [
+    "COMMANDS",
+    "Waiter",
+    "block",
+    "blocked_count",
+    "parse_timeout",
+    "serve",
+    "unblock",
+]
 
 _LLONG_LIMIT = 1 << 63
 
@@ -152,9 +160,11 @@ def parse_timeout(raw: bytes, now_ms: int) -> float | None:
     return ms / 1000 if ms else None
 
 
-def _block(
+def block(
     ctx: Context, keys: Sequence[bytes], attempt: Attempt, timeout: float | None, empty: Reply
 ) -> Reply | Wait:
+    """Reply with what ``attempt`` gets now, else wait on ``keys`` for it (XREAD and
+    XREADGROUP block through this too)."""
     got = attempt()
     if got is not None:
         return got
@@ -193,7 +203,7 @@ def _bpop(ctx: Context, args: Sequence[bytes], left: bool) -> Reply | Wait:
     timeout = parse_timeout(args[-1], ctx.state.keyspace.clock())
     keys = args[:-1]
     ks = ctx.state.keyspace
-    return _block(ctx, keys, _pop_first(ks, keys, left, None), timeout, NullArray())
+    return block(ctx, keys, _pop_first(ks, keys, left, None), timeout, NullArray())
 
 
 def _blpop(ctx: Context, args: Sequence[bytes]) -> Reply | Wait:
@@ -215,7 +225,7 @@ def _move(
             return None
         return lmove(ks, source, destination, *ends)
 
-    return _block(ctx, (source,), attempt, timeout, None)
+    return block(ctx, (source,), attempt, timeout, None)
 
 
 def _blmove(ctx: Context, args: Sequence[bytes]) -> Reply | Wait:
@@ -231,7 +241,7 @@ def _blmpop(ctx: Context, args: Sequence[bytes]) -> Reply | Wait:
     timeout = parse_timeout(args[0], ctx.state.keyspace.clock())
     keys, end, count = mpop_args(args[1:], ("LEFT", "RIGHT"))
     attempt = _pop_first(ctx.state.keyspace, keys, end == "LEFT", count)
-    return _block(ctx, keys, attempt, timeout, NullArray())
+    return block(ctx, keys, attempt, timeout, NullArray())
 
 
 def _zpop_first(ctx: Context, keys: Sequence[bytes], highest: bool, count: int | None) -> Attempt:
@@ -253,7 +263,7 @@ def _zpop_first(ctx: Context, keys: Sequence[bytes], highest: bool, count: int |
 def _bzpop(ctx: Context, args: Sequence[bytes], highest: bool) -> Reply | Wait:
     timeout = parse_timeout(args[-1], ctx.state.keyspace.clock())
     keys = args[:-1]
-    return _block(ctx, keys, _zpop_first(ctx, keys, highest, None), timeout, NullArray())
+    return block(ctx, keys, _zpop_first(ctx, keys, highest, None), timeout, NullArray())
 
 
 def _bzpopmin(ctx: Context, args: Sequence[bytes]) -> Reply | Wait:
@@ -268,7 +278,7 @@ def _bzmpop(ctx: Context, args: Sequence[bytes]) -> Reply | Wait:
     timeout = parse_timeout(args[0], ctx.state.keyspace.clock())
     keys, end, count = mpop_args(args[1:], ("MIN", "MAX"))
     attempt = _zpop_first(ctx, keys, end == "MAX", count)
-    return _block(ctx, keys, attempt, timeout, NullArray())
+    return block(ctx, keys, attempt, timeout, NullArray())
 
 
 _BLOCKING = frozenset({"write", "blocking"})

@@ -1,4 +1,4 @@
-"""The plain keyspace: strings, hashes, sorted sets, lists and sets with expiry, for Pion's
+"""The plain keyspace: strings, hashes, sorted sets, lists, sets and streams with expiry, for Pion's
 PrefixStore (its lineage index) and LMCache (its K/V chunks), beside the V-store and
 independent of it (DBSIZE, DEL, SCAN, KEYS, FLUSHDB act on the keyspace only).
 
@@ -8,8 +8,10 @@ replay a record and tell WATCH) with ``listset.py`` (those of lists and sets),
 ``mutations.py`` (the records every change is made
 of), ``entries.py`` (what a key is and costs), ``expiry.py`` (deadlines and the active
 sweep), ``strings.py``, ``hashes.py``, ``zsets.py`` with ``zsets_more.py`` and
-``zsets_algebra.py``, ``bits.py``, ``lists.py`` and ``sets.py`` (the semantics of the
-commands that have some), ``sortedset.py``, ``scan.py`` (SCAN cursors), ``glob.py``
+``zsets_algebra.py``, ``bits.py``, ``lists.py``, ``sets.py`` and ``streams.py`` (the
+semantics of the commands that have some), ``streamtype.py`` (the stream value),
+``streamops.py`` (a stream's changes as records) and ``streamtable.py`` (their
+primitive and replay), ``sortedset.py``, ``scan.py`` (SCAN cursors), ``glob.py``
 (KEYS/SCAN patterns), ``numbers.py`` (Redis's integer and float parsing).
 
 Synchronous and pure: imports only ``errors`` and ``watch`` (WATCH's bookkeeping).
@@ -48,6 +50,7 @@ from pion.keyspace.mutations import (
     SetScores,
     SetString,
     SetStrings,
+    StreamChange,
 )
 from pion.keyspace.sortedset import SortedSet
 from pion.keyspace.store import Budget, KeyJournal, Keyspace
@@ -86,6 +89,7 @@ __all__ = [
     "SetString",
     "SetStrings",
     "SortedSet",
+    "StreamChange",
     "Value",
     "now_ms",
 ]

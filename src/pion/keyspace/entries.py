@@ -16,6 +16,7 @@ from typing import Literal, TypeAlias, TypeVar
 
 from pion.keyspace.mutations import Payload
 from pion.keyspace.sortedset import SortedSet
+from pion.keyspace.streamtype import Stream
 
 __all__ = [
     "DUMP_CHUNK",
@@ -36,8 +37,8 @@ __all__ = [
 
 _T = TypeVar("_T")
 
-Value: TypeAlias = bytes | dict[bytes, bytes] | SortedSet | deque[bytes] | set[bytes]
-Kind = Literal["string", "hash", "zset", "list", "set"]
+Value: TypeAlias = bytes | dict[bytes, bytes] | SortedSet | deque[bytes] | set[bytes] | Stream
+Kind = Literal["string", "hash", "zset", "list", "set", "stream"]
 
 # One key beyond its own and its value's bytes: the dict slot and index (~50), the
 # key's bytes header (33), the Entry object (80), the SCAN slot (8) and an expiry heap
@@ -76,6 +77,8 @@ def kind_of(value: Value) -> Kind:
         return "hash"
     if isinstance(value, deque):
         return "list"
+    if isinstance(value, Stream):
+        return "stream"
     return "set" if isinstance(value, set) else "zset"
 
 
@@ -87,7 +90,7 @@ def copy_value(value: Value) -> Value:
         return dict(value)
     if isinstance(value, deque):
         return deque(value)
-    return value.copy()
+    return value.copy()  # a set, sorted set or stream
 
 
 def value_size(key: bytes, value: Value) -> int:
@@ -101,6 +104,8 @@ def value_size(key: bytes, value: Value) -> int:
         return size + sum(len(v) for v in value) + len(value) * LIST_ITEM_OVERHEAD
     if isinstance(value, set):
         return size + sum(len(m) for m in value) + len(value) * SET_MEMBER_OVERHEAD
+    if isinstance(value, Stream):
+        return size + value.size()
     return size + sum(len(m) + MEMBER_OVERHEAD for m in value.scores)
 
 

@@ -30,7 +30,9 @@ one-second resolution), for OBJECT IDLETIME.
 
 Every change of a key reaches one of the primitives of its base classes,
 :class:`~pion.keyspace.primitives.KeyTable` (``primitives.py``) and
-:class:`~pion.keyspace.listset.ListSetTable` (``listset.py``), which also tell WATCH.
+:class:`~pion.keyspace.listset.ListSetTable` (``listset.py``) and
+:class:`~pion.keyspace.streamtable.StreamTable` (``streamtable.py``), which also tell
+WATCH.
 """
 
 from __future__ import annotations
@@ -55,7 +57,6 @@ from pion.keyspace.entries import (
 )
 from pion.keyspace.expiry import now_ms
 from pion.keyspace.glob import matches_all, stringmatch
-from pion.keyspace.listset import ListSetTable
 from pion.keyspace.mutations import (
     CopyKey,
     DeleteFields,
@@ -74,8 +75,11 @@ from pion.keyspace.mutations import (
     SetScores,
     SetString,
     SetStrings,
+    StreamChange,
 )
 from pion.keyspace.sortedset import SortedSet
+from pion.keyspace.streamtable import StreamTable, stream_records
+from pion.keyspace.streamtype import Stream
 
 __all__ = ["Budget", "KeyJournal", "Keyspace"]
 
@@ -95,7 +99,7 @@ they cannot be had: the server sets it to ``pion.vstore.VStore.make_room``, whic
 evicts V-store namespaces (``pion.commands.state.ServerState``)."""
 
 
-class Keyspace(ListSetTable):
+class Keyspace(StreamTable):
     """Plain keys; see the module docstring."""
 
     def __init__(self, clock: Callable[[], int] = now_ms) -> None:
@@ -267,7 +271,10 @@ class Keyspace(ListSetTable):
             # Redis deletes a destination that exists and adds it again: always new.
             events("new", m.destination)
         elif (
-            isinstance(m, (SetString, SetRange, SetFields, SetScores, NewKey, ReplaceScores))
+            isinstance(
+                m,
+                (SetString, SetRange, SetFields, SetScores, NewKey, ReplaceScores, StreamChange),
+            )
             and m.key not in self._data
         ):
             events("new", m.key)
@@ -511,6 +518,8 @@ class Keyspace(ListSetTable):
                 yield NewKey(key, "list", e.deadline)
                 for items in chunks(v, lambda i: len(i) + 4):
                     yield ListPush(key, False, items)
+            elif isinstance(v, Stream):
+                yield from stream_records(key, v, e.deadline)
             elif isinstance(v, set):
                 yield NewKey(key, "set", e.deadline)
                 for batch in chunks(v, lambda i: len(i) + 4):
