@@ -2,15 +2,13 @@
 unmodified: a job is enqueued, a real worker (RQ's ``SimpleWorker``, in burst mode,
 in this process) takes it from the queue and runs it, and its result comes back.
 
-RQ 2.x records each job's start and result in a stream (``XADD rq:results:<id>``,
-inside the MULTI that finishes the job) and listens for commands on a SUBSCRIBE
-thread (optional: it logs and goes on without). Streams are not served yet, so the
-job's EXEC is aborted at XADD and the test is an expected failure, strict: it fails
-as soon as streams make it pass, to be turned into a plain test then."""
+RQ 2.x records each job's start and result in a stream (``XADD rq:results:<id>``
+with ``MAXLEN ~``, inside the MULTI that finishes the job; ``XREVRANGE`` reads it
+back) and listens for commands on a SUBSCRIBE thread (optional: it logs and goes on
+without)."""
 
 from __future__ import annotations
 
-import pytest
 import redis
 import rq
 
@@ -18,7 +16,6 @@ from pion.server.run import ServerThread
 from support.rq_jobs import add
 
 
-@pytest.mark.xfail(strict=True, reason="RQ stores job results with XADD: streams not served")
 def test_a_worker_runs_an_enqueued_job(server: ServerThread) -> None:
     r = redis.Redis(port=server.port)
     queue = rq.Queue("pion", connection=r)
