@@ -58,7 +58,10 @@ class Blocked(threading.Thread):
         self.result: Any = "not yet"
 
     def run(self) -> None:
-        self.result = self.r.execute_command(*self.cmd)
+        try:
+            self.result = self.r.execute_command(*self.cmd)
+        except redis.ResponseError as exc:
+            self.result = str(exc)
 
 
 def _blocked_now(port: int) -> int:
@@ -120,6 +123,26 @@ def test_group_readers_are_served_in_arrival_order(server: ServerThread) -> None
     ]
 
 
+def test_a_blocked_group_reader_ends_when_its_group_or_key_goes(server: ServerThread) -> None:
+    r = redis.Redis(port=server.port)
+    r.xgroup_create("s", "g", id="$", mkstream=True)
+    cmd = ("XREADGROUP", "GROUP", "g", "c", "BLOCK", "0", "STREAMS", "s", ">")
+    waiter = _blocked(server.port, *cmd)
+    r.xgroup_destroy("s", "g")
+    waiter.join(5)
+    assert waiter.result == "NOGROUP the consumer group this client was blocked on no longer exists"
+    r.xgroup_create("s", "g", id="$")
+    reader = _blocked(server.port, "XREAD", "BLOCK", "0", "STREAMS", "s", "$")
+    waiter = _blocked(server.port, *cmd)
+    r.delete("s")
+    waiter.join(5)
+    assert waiter.result == "UNBLOCKED the stream key no longer exists"
+    assert reader.result == "not yet"  # XREAD keeps waiting, as in Redis
+    r.xadd("s", {"a": "1"}, id="1-1")
+    reader.join(5)
+    assert reader.result == [[b"s", [(b"1-1", {b"a": b"1"})]]]
+
+
 def test_woken_after_the_exec_and_the_script_that_add(server: ServerThread) -> None:
     r = redis.Redis(port=server.port)
     waiter = _blocked(server.port, "XREAD", "BLOCK", "0", "STREAMS", "s", "$")
@@ -135,6 +158,18 @@ def test_woken_after_the_exec_and_the_script_that_add(server: ServerThread) -> N
     r.eval("redis.call('XADD', KEYS[1], '3-1', 'c', '3'); return 1", 1, "s")
     waiter.join(5)
     assert waiter.result == [[b"s", [(b"3-1", {b"c": b"3"})]]]
+
+
+def test_a_script_may_not_block(oracle: RedisServer, server: ServerThread) -> None:
+    script = "return redis.pcall('xread', 'BLOCK', '0', 'STREAMS', KEYS[1], '$')"
+    replies = [
+        RawClient(port).call("EVAL", script, "1", "s").raw for port in (oracle.port, server.port)
+    ]
+    assert (
+        replies[0]
+        == replies[1]
+        == (b"-ERR xread command is not allowed with BLOCK option from scripts\r\n")
+    )
 
 
 def test_inside_exec_a_blocking_read_answers_at_once(server: ServerThread) -> None:

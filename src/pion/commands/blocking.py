@@ -19,6 +19,10 @@ waits: a command that finds nothing answers as if timed out at once. A client th
 disconnects while blocked is forgotten (the wait's ``cancel``). ``CLIENT UNBLOCK``
 (``clientctl.py``) ends a wait early, as a timeout or with ``-UNBLOCKED``.
 
+XREAD and XREADGROUP with BLOCK (``pion.commands.streams``) wait here too: an XADD
+marks a stream's key ready; XGROUP DESTROY and deleting the key do as well, which end
+an XREADGROUP's wait with Redis's error.
+
 Under ``-w N`` each worker has its own keyspace (``docs/deployment.md``): a client
 blocks on, and is woken by pushes to, its worker's keys.
 """
@@ -60,12 +64,19 @@ Attempt = Callable[[], Reply | None]
 class Waiter:
     """One blocked command: its keys, how it pops, and its reply once served."""
 
-    __slots__ = ("attempt", "client_id", "empty", "go", "keys", "reply", "served")
+    __slots__ = ("attempt", "client_id", "empty", "go", "keys", "reply", "sees_deletion", "served")
 
     def __init__(
-        self, keys: Sequence[bytes], attempt: Attempt, client_id: int, empty: Reply
+        self,
+        keys: Sequence[bytes],
+        attempt: Attempt,
+        client_id: int,
+        empty: Reply,
+        sees_deletion: bool = False,
     ) -> None:
         self.keys = tuple(dict.fromkeys(keys))
+        # XREADGROUP: a deleted key ends the wait with an error (its attempt says which).
+        self.sees_deletion = sees_deletion
         self.attempt = attempt
         self.client_id = client_id
         self.empty = empty  # the reply when it times out
@@ -103,9 +114,9 @@ def serve(ks: Keyspace) -> None:
     while ks.ready:
         key = ks.ready.pop()
         for queued in list(ks.waiting.get(key, ())):
-            if key not in ks:
-                break  # emptied by the waiters before
             waiter = cast(Waiter, queued)
+            if key not in ks and not waiter.sees_deletion:
+                continue  # emptied by the waiters before
             if waiter.served:
                 continue
             try:
@@ -161,15 +172,21 @@ def parse_timeout(raw: bytes, now_ms: int) -> float | None:
 
 
 def block(
-    ctx: Context, keys: Sequence[bytes], attempt: Attempt, timeout: float | None, empty: Reply
+    ctx: Context,
+    keys: Sequence[bytes],
+    attempt: Attempt,
+    timeout: float | None,
+    empty: Reply,
+    *,
+    sees_deletion: bool = False,
 ) -> Reply | Wait:
     """Reply with what ``attempt`` gets now, else wait on ``keys`` for it (XREAD and
-    XREADGROUP block through this too)."""
+    XREADGROUP block through this too; ``sees_deletion``: see :class:`Waiter`)."""
     got = attempt()
     if got is not None:
         return got
     ks = ctx.state.keyspace
-    waiter = Waiter(keys, attempt, ctx.client.id, empty)
+    waiter = Waiter(keys, attempt, ctx.client.id, empty, sees_deletion)
 
     def ready(go: Callable[[], None]) -> None:
         waiter.go = go

@@ -6,7 +6,8 @@ commands are ``streams_groups.py``'s, XINFO ``streams_info.py``'s.
 XREAD BLOCK waits as BLPOP does (``blocking.py``): an XADD to one of its keys, from
 any client, wakes it after that command (after EXEC, after a script); the ids it
 waits past are fixed when it blocks (``$`` is the stream's last id then). Inside
-EXEC or a script it does not wait: with nothing to read it answers the null array.
+EXEC it does not wait: with nothing to read it answers the null array; inside a script
+BLOCK is refused, as Redis refuses it.
 """
 
 from __future__ import annotations
@@ -254,6 +255,11 @@ def read_streams_args(ctx: Context, args: Sequence[bytes], group_form: bool) -> 
         more = len(args) - i - 1
         word = keyword(args[i])
         if word == "BLOCK" and more:
+            scripts = ctx.state.scripts
+            if scripts is not None and scripts.running:
+                raise PionError(
+                    f"{name.lower()} command is not allowed with BLOCK option from scripts"
+                )
             out.block = block_ms(args[i + 1], ctx.state.keyspace.clock())
             i += 2
         elif word == "COUNT" and more:

@@ -36,7 +36,7 @@ from pion.keyspace.streams import (
 )
 from pion.keyspace.streamtype import MAX_ID, MAX_U64, UNKNOWN, Group, Stream, format_id
 from pion.notify import STREAM, notify
-from pion.resp.reply import NullArray, Reply, Simple
+from pion.resp.reply import ErrorReply, NullArray, Reply, Simple
 
 __all__ = ["COMMANDS"]
 
@@ -196,7 +196,7 @@ def _xreadgroup(ctx: Context, args: Sequence[bytes]) -> Reply | Wait:
     got = attempt()
     if got is not None or opts.block is False:
         return NullArray() if got is None else got
-    return block(ctx, opts.keys, attempt, opts.block, NullArray())
+    return block(ctx, opts.keys, attempt, opts.block, NullArray(), sees_deletion=True)
 
 
 def _group_reader(
@@ -214,7 +214,14 @@ def _group_reader(
     def attempt() -> Reply | None:
         got: list[tuple[bytes, Reply]] = []
         for key, gt in zip(keys, after, strict=True):
-            s, g = group_at(ks, key, group)
+            s = stream_at(ks, key, read=False)
+            if s is None:  # deleted while it waited (it existed when it blocked)
+                return ErrorReply("UNBLOCKED the stream key no longer exists")
+            g = s.groups.get(group)
+            if g is None:
+                return ErrorReply(
+                    "NOGROUP the consumer group this client was blocked on no longer exists"
+                )
             if gt is not None:
                 if consumer not in g.consumers:
                     create_consumer(ks, key, group, consumer)

@@ -24,6 +24,7 @@ from pion.keyspace.streamops import (
     Claim,
     ConsumerCreate,
     GroupCreate,
+    GroupDestroy,
     StreamAdd,
     StreamCreate,
     StreamEffect,
@@ -50,6 +51,11 @@ class StreamTable(ListSetTable):
         if self.waiting and isinstance(value, Stream):
             self._signal(key)  # RENAME or COPY of a stream onto a key someone reads
 
+    def _drop(self, key: bytes, *, expiring: bool = False) -> None:
+        if self.waiting and key in self.waiting and isinstance(self._data[key].value, Stream):
+            self._signal(key)  # XREADGROUP's waiters end with an error (Redis 7.0)
+        super()._drop(key, expiring=expiring)
+
     def apply(self, m: KeyMutation) -> None:
         if isinstance(m, StreamChange):
             e = self._data.get(m.key)
@@ -70,7 +76,7 @@ class StreamTable(ListSetTable):
             e = self._data[key]
         s = cast(Stream, e.value)
         self._grown(e, s.apply(change))
-        if self.waiting and isinstance(change, StreamAdd):
+        if self.waiting and isinstance(change, (StreamAdd, GroupDestroy)):
             self._signal(key)
 
 

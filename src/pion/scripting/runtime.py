@@ -123,6 +123,11 @@ class Scripts:
     _functions: dict[str, Any] = field(default_factory=dict)
     _current: _Run | None = None
 
+    @property
+    def running(self) -> bool:
+        """True while a script runs (its commands may not block: XREAD BLOCK asks)."""
+        return self._current is not None
+
     # -- the Lua state -------------------------------------------------------------
 
     def _state(self) -> None:
