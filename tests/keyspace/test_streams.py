@@ -1,13 +1,15 @@
 """Streams beyond the oracle's sequences: XREAD and XREADGROUP with BLOCK (woken by
 another connection's XADD, in arrival order, after the EXEC or script that added, the
 null array on timeout, at once inside EXEC), keyspace notifications and XINFO STREAM
-FULL against redis-server, WATCH, ``--maxmemory``, the log and snapshot format of every
-change, a restart (snapshot plus log) and a kill -9 that keeps an acknowledged XADD."""
+FULL against redis-server, WATCH, ``--maxmemory`` and the memory estimate against
+tracemalloc, the log and snapshot format of every change, a restart (snapshot plus
+log) and a kill -9 that keeps an acknowledged XADD."""
 
 from __future__ import annotations
 
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from pion.keyspace.streamops import (
     StreamSetId,
     StreamTrim,
 )
+from pion.keyspace.streams import create_group, deliver, xadd
 from pion.persistence import keyspace_format as kf
 from pion.server.run import ServerThread
 from support.keyspace import RawClient, RedisServer, read_reply
@@ -432,3 +435,19 @@ def test_kill9_loses_no_acknowledged_xadd(spawn_server: Spawn) -> None:
     after = _observe(r2)
     assert after[3:] == before[3:]  # the groups' lag grew by the entry
     assert r2.xinfo_stream("s")["last-generated-id"] == acknowledged
+
+
+def test_stream_accounting_tracks_real_memory() -> None:
+    """used_bytes stays within 2x of what tracemalloc sees for a stream of small entries
+    with a group whose PEL holds half of them (the overheads of streamtype.py)."""
+    ks = Keyspace()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(1, 20_001):
+        fields = (bytes(bytearray(b"field")), bytes(bytearray(b"v:%08d" % i)))
+        xadd(ks, b"s", fields, (i, 0), True, nomkstream=False, trim=None)
+    create_group(ks, b"s", b"g", last=(0, 0), read=0, mkstream=False)
+    deliver(ks, b"s", b"g", b"consumer", count=10_000, noack=False)
+    real = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert 0.5 < ks.used_bytes / real < 2.0, (ks.used_bytes, real)

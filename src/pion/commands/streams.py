@@ -78,6 +78,7 @@ def _trim_args(args: Sequence[bytes], xadd_form: bool) -> tuple[int, Trim | None
             nomk = True
             i += 1
         elif xadd_form:
+            parse_xadd_id(args[i])  # the id: malformed, it is the error (Redis's order)
             break
         else:
             raise PionError(_SYNTAX)
