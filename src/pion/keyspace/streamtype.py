@@ -295,7 +295,10 @@ class Stream:
             stop = last
         if stop is None:
             return None
-        return at(bisect_right(ids, stop))
+        k = bisect_right(ids, stop)
+        if k == len(ids) and adding is not None and adding[0] <= stop:
+            k += 1  # the new entry's node goes too
+        return at(k)
 
     def _node_edges(
         self, adding: tuple[StreamId, tuple[bytes, ...]] | None
