@@ -451,3 +451,48 @@ def test_stream_accounting_tracks_real_memory() -> None:
     real = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     assert 0.5 < ks.used_bytes / real < 2.0, (ks.used_bytes, real)
+
+
+def _node_script() -> list[list[str]]:
+    """Streams of several listpack nodes (100 entries or 4096 bytes each), trimmed with
+    ``~`` (whole nodes only), with LIMIT, and exactly, around XDEL's tombstones."""
+    script = [["XADD", "s", f"{i}-0", "f", "v" * (i % 7)] for i in range(1, 251)]
+    script += [["XADD", "big", f"{i}-0", "f", "x" * 300] for i in range(1, 41)]
+    ms = 1_700_000_000_000
+    for i in range(1, 120):  # clock-like ids, integer values, changing field names
+        fields = ["f", str(i * 997)] if i % 3 else ["g", "a" * (i % 70), "h", str(-i)]
+        script.append(["XADD", "mixed", f"{ms + i * 1_000}-{i % 4}", *fields])
+    script += [["XADD", "huge", f"{i}-0", "f", "z" * (1000 * i)] for i in range(1, 8)]
+    script += [
+        ["XDEL", "s", "5-0", "150-0"],
+        ["XTRIM", "s", "MAXLEN", "~", "180"],
+        ["XTRIM", "s", "MINID", "~", "160"],
+        ["XTRIM", "s", "MAXLEN", "~", "10", "LIMIT", "50"],
+        ["XADD", "s", "MAXLEN", "~", "50", "300-0", "a", "b"],
+        ["XTRIM", "s", "MAXLEN", "55"],
+        ["XTRIM", "s", "MAXLEN", "~", "20"],
+        ["XTRIM", "big", "MAXLEN", "~", "20"],
+        ["XADD", "big", "MINID", "~", "30", "50-0", "f", "y"],
+        ["XTRIM", "mixed", "MAXLEN", "~", "30"],
+        ["XTRIM", "mixed", "MINID", "~", str(ms + 100_000)],
+        ["XTRIM", "huge", "MAXLEN", "~", "2"],
+    ]
+    return script
+
+
+def test_approximate_trimming_removes_the_nodes_redis_removes(
+    oracle: RedisServer, server: ServerThread
+) -> None:
+    transcripts = []
+    for port in (oracle.port, server.port):
+        c = RawClient(port)
+        c.call("FLUSHALL")
+        out = []
+        for cmd in _node_script():
+            out.append(c.call(*cmd).raw)
+            if cmd[0] != "XADD" or cmd[2] in ("MAXLEN", "MINID"):
+                for key in ("s", "big", "mixed", "huge"):
+                    out.append(_zero_times(c.call("XINFO", "STREAM", key).value))
+        transcripts.append(out)
+        c.close()
+    assert transcripts[0] == transcripts[1]

@@ -9,7 +9,8 @@ replay a record and tell WATCH) with ``listset.py`` (those of lists and sets),
 of), ``entries.py`` (what a key is and costs), ``expiry.py`` (deadlines and the active
 sweep), ``strings.py``, ``hashes.py``, ``zsets.py`` with ``zsets_more.py`` and
 ``zsets_algebra.py``, ``bits.py``, ``lists.py``, ``sets.py`` and ``streams.py`` (the
-semantics of the commands that have some), ``streamtype.py`` (the stream value),
+semantics of the commands that have some), ``streamtype.py`` (the stream value) with
+``streamnodes.py`` (Redis's listpack nodes, modelled for approximate trimming),
 ``streamops.py`` (a stream's changes as records) and ``streamtable.py`` (their
 primitive and replay), ``sortedset.py``, ``scan.py`` (SCAN cursors), ``glob.py``
 (KEYS/SCAN patterns), ``numbers.py`` (Redis's integer and float parsing).

@@ -7,11 +7,9 @@ plain list with ``bisect`` serves ranges), ``entries`` maps an id to its flat
 field/value tuple. Redis stores entries in listpack *nodes* of at most
 ``stream-node-max-entries`` (100) entries and ``stream-node-max-bytes`` (4096) bytes;
 a deleted entry stays in its node (a tombstone) until the node empties. Approximate
-trimming (``~``) removes whole nodes only, so the nodes are modelled here
-(``nodes``: the ids each holds, deleted ones included, and its live count) for ``~``
-to trim exactly what Redis trims. A node's bytes are estimated (a listpack entry is
-its bytes plus a few of header), so for entries of hundreds of bytes the boundary
-can differ from Redis's by an entry.
+trimming (``~``) removes whole nodes only, so the nodes are modelled
+(``streamnodes.py``: the ids each holds, deleted ones included, its live count and
+its listpack's bytes) for ``~`` to trim exactly what Redis trims.
 
 Sizes: :meth:`Stream.apply` returns how many bytes an effect added (negative: freed),
 counted with the overheads below (CPython 3.11, 64-bit, ``sys.getsizeof``).
@@ -22,6 +20,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from typing import Final
 
+from pion.keyspace.streamnodes import Node, starts_node
 from pion.keyspace.streamops import (
     Ack,
     Claim,
@@ -44,8 +43,6 @@ from pion.keyspace.streamops import (
 __all__ = [
     "ENTRY_OVERHEAD",
     "MAX_ID",
-    "NODE_MAX_BYTES",
-    "NODE_MAX_ENTRIES",
     "Consumer",
     "Group",
     "Pending",
@@ -55,9 +52,6 @@ __all__ = [
 
 MAX_U64: Final = (1 << 64) - 1
 MAX_ID: Final = (MAX_U64, MAX_U64)
-# Redis 7.0's defaults of stream-node-max-entries and stream-node-max-bytes.
-NODE_MAX_ENTRIES: Final = 100
-NODE_MAX_BYTES: Final = 4096
 # An entry: its id tuple and two ints (~110), the fields tuple (~56), a dict slot
 # (~50) and a list slot (8); each field or value adds a bytes header and a slot (41).
 ENTRY_OVERHEAD: Final = 224
@@ -126,23 +120,8 @@ class Group:
         return freed + PENDING_OVERHEAD
 
 
-class _Node:
-    __slots__ = ("bytes", "ids", "live")
-
-    def __init__(self) -> None:
-        self.ids: list[StreamId] = []
-        self.live = 0
-        self.bytes = 0
-
-
 def _entry_cost(fields: tuple[bytes, ...]) -> int:
     return ENTRY_OVERHEAD + sum(len(f) + FIELD_OVERHEAD for f in fields)
-
-
-def _lp_bytes(fields: tuple[bytes, ...]) -> int:
-    # A listpack entry: an id delta, a field count, each element with its header and
-    # backlen, the entry's lp-count.
-    return 8 + sum(len(f) + 2 + (len(f) > 63) + (len(f) > 4095) * 3 for f in fields)
 
 
 class Stream:
@@ -153,7 +132,7 @@ class Stream:
     def __init__(self) -> None:
         self.ids: list[StreamId] = []
         self.entries: dict[StreamId, tuple[bytes, ...]] = {}
-        self.nodes: list[_Node] = []
+        self.nodes: list[Node] = []
         self.last_id: StreamId = (0, 0)
         self.entries_added = 0
         self.max_deleted: StreamId = (0, 0)
@@ -177,11 +156,7 @@ class Stream:
     def copy(self) -> Stream:
         s = Stream()
         s.apply(StreamEntries(tuple((i, self.entries[i]) for i in self.ids)))
-        s.nodes = []
-        for n in self.nodes:
-            m = _Node()
-            m.ids, m.live, m.bytes = list(n.ids), n.live, n.bytes
-            s.nodes.append(m)
+        s.nodes = [n.clone() for n in self.nodes]
         s.last_id, s.entries_added, s.max_deleted = (
             self.last_id,
             self.entries_added,
@@ -308,17 +283,11 @@ class Stream:
         edges = [(node.ids[-1], node.live) for node in self.nodes]
         if adding is not None:
             i, fields = adding
-            if self._starts_node(_lp_bytes(fields)):
+            if starts_node(self.nodes[-1] if self.nodes else None, fields):
                 edges.append((i, 1))
             else:
                 edges[-1] = (i, edges[-1][1] + 1)
         return edges
-
-    def _starts_node(self, cost: int) -> bool:
-        last = self.nodes[-1] if self.nodes else None
-        return (
-            last is None or len(last.ids) >= NODE_MAX_ENTRIES or last.bytes + cost >= NODE_MAX_BYTES
-        )
 
     # -- changes ---------------------------------------------------------------------
 
@@ -347,16 +316,11 @@ class Stream:
         return self._apply_group(e)
 
     def _append(self, i: StreamId, fields: tuple[bytes, ...]) -> int:
-        cost = _lp_bytes(fields)
-        if self._starts_node(cost):
-            last = _Node()
-            last.bytes = 40  # the node's master entry
+        last = self.nodes[-1] if self.nodes else None
+        if last is None or starts_node(last, fields):
+            last = Node(i, fields)
             self.nodes.append(last)
-        else:
-            last = self.nodes[-1]
-        last.ids.append(i)
-        last.live += 1
-        last.bytes += cost
+        last.append(i, fields)
         self.ids.append(i)
         self.entries[i] = fields
         return _entry_cost(fields)
