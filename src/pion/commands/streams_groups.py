@@ -319,6 +319,40 @@ def _claim_option(raw: bytes, name: str) -> int:
     return value
 
 
+class _ClaimOptions:
+    """XCLAIM's options after its ids (Redis's order and errors); ``delivery`` is the
+    time the claimed entries get (now when none, or a bogus one, was given)."""
+
+    __slots__ = ("delivery", "force", "justid", "last", "retry")
+
+    def __init__(self, args: Sequence[bytes], j: int, now: int) -> None:
+        self.force = self.justid = False
+        self.retry = -1
+        self.last: StreamId = (0, 0)
+        delivery = -1
+        while j < len(args):
+            word = keyword(args[j])
+            more = j + 1 < len(args)
+            if word == "FORCE":
+                self.force = True
+            elif word == "JUSTID":
+                self.justid = True
+            elif word in ("IDLE", "TIME", "RETRYCOUNT") and more:
+                j += 1
+                value = _claim_option(args[j], word)
+                if word == "RETRYCOUNT":
+                    self.retry = value
+                else:
+                    delivery = now - value if word == "IDLE" else value
+            elif word == "LASTID" and more:
+                j += 1
+                self.last = parse_strict_id(args[j])
+            else:
+                raise PionError(f"Unrecognized XCLAIM option '{_text(args[j])}'")
+            j += 1
+        self.delivery = now if delivery < 0 or delivery > now else delivery
+
+
 def _xclaim(ctx: Context, args: Sequence[bytes]) -> Reply:
     ks = ctx.state.keyspace
     key, group, consumer = args[0], args[1], args[2]
@@ -336,34 +370,14 @@ def _xclaim(ctx: Context, args: Sequence[bytes]) -> Reply:
             break
         j += 1
     now = ks.clock()
-    force = justid = False
-    retry = -1
-    delivery = -1
-    last: StreamId = (0, 0)
-    while j < len(args):
-        word = keyword(args[j])
-        more = j + 1 < len(args)
-        if word == "FORCE":
-            force = True
-        elif word == "JUSTID":
-            justid = True
-        elif word == "IDLE" and more:
-            j += 1
-            delivery = now - _claim_option(args[j], "IDLE")
-        elif word == "TIME" and more:
-            j += 1
-            delivery = _claim_option(args[j], "TIME")
-        elif word == "RETRYCOUNT" and more:
-            j += 1
-            retry = _claim_option(args[j], "RETRYCOUNT")
-        elif word == "LASTID" and more:
-            j += 1
-            last = parse_strict_id(args[j])
-        else:
-            raise PionError(f"Unrecognized XCLAIM option '{_text(args[j])}'")
-        j += 1
-    if delivery == -1 or delivery < 0 or delivery > now:
-        delivery = now
+    opts = _ClaimOptions(args, j, now)
+    force, justid, retry, delivery, last = (
+        opts.force,
+        opts.justid,
+        opts.retry,
+        opts.delivery,
+        opts.last,
+    )
     # What each id's PEL entry is as the claims so far left it (time, count; None:
     # none), for an id named twice: Redis claims it twice, counting both.
     state: dict[StreamId, tuple[int, int, bool] | None] = {}
