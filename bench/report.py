@@ -81,6 +81,7 @@ SECTIONS: list[Entry] = [
     _entry("server.small_commands", "registry", "decoder"),
     _entry("server.keyspace", "keyspace"),
     _entry("transactions.transactions", "transactions"),
+    _entry("streams.streams", "streams"),
     _entry("server.workers", "workers"),
     _entry("fairness.fairness", "fairness"),
     _entry("server.vstore_eviction", "vstore_eviction"),

@@ -35,6 +35,7 @@ BENCHES = [
     "attend",
     "keyspace",
     "lists_sets",
+    "streams",
     "export_fetch",
     "transactions",
     "fairness",

@@ -25,6 +25,8 @@ Tree::
       ColdMissError           code COLDMISS (attention slot demoted to the cold tier)
       WrongTypeError          code WRONGTYPE (a keyspace command on a key of another type)
       ExecAbortError          code EXECABORT (EXEC refused: the transaction is discarded)
+      NoGroupError            code NOGROUP  (a stream's consumer group that does not exist)
+      BusyGroupError          code BUSYGROUP (XGROUP CREATE of a group that exists)
       CodecError              code ERR   a value a storage format cannot hold
       SessionNotFoundError    code ERR   unknown V-store session
       WrongWorkerError        code ERR   the session lives on another worker
@@ -49,6 +51,7 @@ from collections.abc import Callable
 
 __all__ = [
     "BodyError",
+    "BusyGroupError",
     "CodecError",
     "ColdMissError",
     "ExecAbortError",
@@ -56,6 +59,7 @@ __all__ = [
     "LoadingError",
     "MisconfError",
     "NoAuthError",
+    "NoGroupError",
     "NoProtoError",
     "NotYet",
     "OOMError",
@@ -148,6 +152,14 @@ class OOMError(PionError):
 
 class ExecAbortError(PionError):
     code = "EXECABORT"
+
+
+class NoGroupError(PionError):
+    code = "NOGROUP"
+
+
+class BusyGroupError(PionError):
+    code = "BUSYGROUP"
 
 
 class ColdMissError(PionError):

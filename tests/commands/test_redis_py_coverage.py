@@ -1,6 +1,6 @@
 """Every command redis-py's ``Redis`` class sends for the families Pion serves (strings
-and generic keys, hashes, sorted sets, geo, lists, sets, SCAN, and the server and
-connection commands) is either served by pion-server or listed in docs/protocol.md
+and generic keys, hashes, sorted sets, geo, lists, sets, streams, SCAN, and the server
+and connection commands) is either served by pion-server or listed in docs/protocol.md
 "Not yet served" with its reason, and answers ``-ERR unknown command`` there: nothing
 is half-served.
 
@@ -29,6 +29,7 @@ _FAMILIES = (
     core.ListCommands,
     core.SetCommands,
     core.ScanCommands,
+    core.StreamCommands,
     core.ManagementCommands,
 )
 _NAME = re.compile(r"^[A-Z][A-Z0-9_]*(?: [A-Z][A-Z0-9_-]*)?$")
@@ -38,6 +39,8 @@ _OPTIONS = frozenset(
         "COUNT",
         "DB",
         "DURATION",
+        "ENTRIESREAD",
+        "IDLE",
         "IFDEQ",
         "IFDNE",
         "IFEQ",
@@ -73,6 +76,10 @@ NOT_SERVED = frozenset(
         "MOVE",
         "SWAPDB",
         # Redis 8 additions
+        "XACKDEL",
+        "XCFGSET",
+        "XDELEX",
+        "XNACK",
         "DELEX",
         "DIGEST",
         "INCREX",
@@ -151,6 +158,14 @@ SUBCOMMAND_CALLS: dict[str, list[str]] = {
     "LATENCY LATEST": [],
     "LATENCY RESET": [],
     "DEBUG OBJECT": [],  # DEBUG is not served at all
+    "XGROUP CREATE": ["XGROUP", "CREATE", "s", "g", "$", "MKSTREAM"],
+    "XGROUP CREATECONSUMER": ["XGROUP", "CREATECONSUMER", "s", "g", "c"],
+    "XGROUP DELCONSUMER": ["XGROUP", "DELCONSUMER", "s", "g", "c"],
+    "XGROUP DESTROY": ["XGROUP", "DESTROY", "s", "g"],
+    "XGROUP SETID": ["XGROUP", "SETID", "s", "g", "0"],
+    "XINFO CONSUMERS": ["XINFO", "CONSUMERS", "s", "g"],
+    "XINFO GROUPS": ["XINFO", "GROUPS", "s"],
+    "XINFO STREAM": ["XINFO", "STREAM", "s"],
 }
 # Never sent bare: they end the connection or the server (COMMAND INFO vouches).
 _NOT_SENT_BARE = frozenset({"QUIT", "SHUTDOWN"})

@@ -2,23 +2,20 @@
 unmodified: a job is enqueued, a real worker (RQ's ``SimpleWorker``, in burst mode,
 in this process) takes it from the queue and runs it, and its result comes back.
 
-RQ 2.x records each job's start and result in a stream (``XADD rq:results:<id>``,
-inside the MULTI that finishes the job) and listens for commands on a SUBSCRIBE
-thread (optional: it logs and goes on without). Streams are not served yet, so the
-job's EXEC is aborted at XADD and the test is an expected failure, strict: it fails
-as soon as streams make it pass, to be turned into a plain test then."""
+RQ 2.x records each job's start and result in a stream (``XADD rq:results:<id>``
+with ``MAXLEN ~``, inside the MULTI that finishes the job; ``XREVRANGE`` reads it
+back) and listens for commands on a SUBSCRIBE thread (optional: it logs and goes on
+without)."""
 
 from __future__ import annotations
 
-import pytest
 import redis
 import rq
 
 from pion.server.run import ServerThread
-from support.rq_jobs import add
+from support.rq_jobs import add, fail
 
 
-@pytest.mark.xfail(strict=True, reason="RQ stores job results with XADD: streams not served")
 def test_a_worker_runs_an_enqueued_job(server: ServerThread) -> None:
     r = redis.Redis(port=server.port)
     queue = rq.Queue("pion", connection=r)
@@ -30,3 +27,21 @@ def test_a_worker_runs_an_enqueued_job(server: ServerThread) -> None:
     assert job.get_status() == "finished"
     assert job.return_value() == 5
     assert queue.count == 0
+
+
+def test_results_are_kept_in_the_jobs_stream(server: ServerThread) -> None:
+    r = redis.Redis(port=server.port)
+    queue = rq.Queue("pion", connection=r)
+    ok = queue.enqueue(add, 1, 1)
+    bad = queue.enqueue(fail, "boom")
+    assert rq.SimpleWorker([queue], connection=r).work(burst=True)
+    ok.refresh()
+    bad.refresh()
+    assert ok.get_status() == "finished" and bad.get_status() == "failed"
+    result = bad.latest_result()
+    assert result is not None and result.type == result.Type.FAILED
+    assert "ValueError: boom" in (result.exc_string or "")
+    # Read back from the stream RQ wrote: XREVRANGE on rq:results:<id>.
+    assert [x.return_value for x in ok.results()] == [2]
+    assert r.type(f"rq:results:{ok.id}") == b"stream"
+    assert r.xlen(f"rq:results:{ok.id}") == 1

@@ -5,3 +5,7 @@ from __future__ import annotations
 
 def add(a: int, b: int) -> int:
     return a + b
+
+
+def fail(message: str) -> None:
+    raise ValueError(message)

@@ -22,7 +22,10 @@ Reading order:
    ``hashes.py``, ``zsets.py``, ``zsets_more.py``, ``zsets_algebra.py``, ``zsets_store.py``
    (ZRANGESTORE), ``geo.py`` (GEO* on sorted sets), ``bits.py``, ``lists.py``, ``sets.py``
    and ``sort.py`` (SORT, SORT_RO);
-   ``blocking.py`` (BLPOP and the other blocking pops); ``transactions.py``
+   ``blocking.py`` (BLPOP and the other blocking pops); ``streams.py`` (XADD, XREAD
+   and the other commands without groups, with ``streams_args.py``),
+   ``streams_groups.py`` (consumer groups) and ``streams_info.py`` (XINFO);
+   ``transactions.py``
    (MULTI/EXEC/WATCH); ``pubsub.py`` (SUBSCRIBE, PUBLISH and the rest); ``scripting.py``
    (EVAL, SCRIPT: the runtime is ``pion.scripting``) with ``scriptbusy.py`` (a long
    script: other clients wait, then -BUSY); the V-store's ``vstore.py``,
@@ -62,6 +65,9 @@ from pion.commands import (
     sets,
     sort,
     ssm,
+    streams,
+    streams_groups,
+    streams_info,
     strings,
     transactions,
     vstore,
@@ -100,6 +106,9 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     lists.COMMANDS,
     sets.COMMANDS,
     blocking.COMMANDS,
+    streams.COMMANDS,
+    streams_groups.COMMANDS,
+    streams_info.COMMANDS,
     pubsub.COMMANDS,
     scripting.COMMANDS,
     zsets_store.COMMANDS,

@@ -23,6 +23,10 @@ A pop announces what its non-blocking form does (keyspace notifications: ``lpop`
 ``rpop``, LMOVE's push and pop, ``zpopmin``/``zpopmax``, then ``del`` when the key
 went), when it is made: at once, or after the command that made the key ready.
 
+XREAD and XREADGROUP with BLOCK (``pion.commands.streams``) wait here too: an XADD
+marks a stream's key ready; XGROUP DESTROY and deleting the key do as well, which end
+an XREADGROUP's wait with Redis's error.
+
 Under ``-w N`` each worker has its own keyspace (``docs/deployment.md``): a client
 blocks on, and is woken by pushes to, its worker's keys.
 """
@@ -45,7 +49,15 @@ from pion.keyspace.zsets_more import zpop
 from pion.notify import GENERIC, ZSET, notify
 from pion.resp.reply import ErrorReply, NullArray, Reply
 
-__all__ = ["COMMANDS", "Waiter", "blocked_count", "parse_timeout", "serve", "unblock"]
+__all__ = [
+    "COMMANDS",
+    "Waiter",
+    "block",
+    "blocked_count",
+    "parse_timeout",
+    "serve",
+    "unblock",
+]
 
 _LLONG_LIMIT = 1 << 63
 
@@ -56,12 +68,19 @@ Attempt = Callable[[], Reply | None]
 class Waiter:
     """One blocked command: its keys, how it pops, and its reply once served."""
 
-    __slots__ = ("attempt", "client_id", "empty", "go", "keys", "reply", "served")
+    __slots__ = ("attempt", "client_id", "empty", "go", "keys", "reply", "sees_deletion", "served")
 
     def __init__(
-        self, keys: Sequence[bytes], attempt: Attempt, client_id: int, empty: Reply
+        self,
+        keys: Sequence[bytes],
+        attempt: Attempt,
+        client_id: int,
+        empty: Reply,
+        sees_deletion: bool = False,
     ) -> None:
         self.keys = tuple(dict.fromkeys(keys))
+        # XREADGROUP: a deleted key ends the wait with an error (its attempt says which).
+        self.sees_deletion = sees_deletion
         self.attempt = attempt
         self.client_id = client_id
         self.empty = empty  # the reply when it times out
@@ -99,9 +118,9 @@ def serve(ks: Keyspace) -> None:
     while ks.ready:
         key = ks.ready.pop()
         for queued in list(ks.waiting.get(key, ())):
-            if key not in ks:
-                break  # emptied by the waiters before
             waiter = cast(Waiter, queued)
+            if key not in ks and not waiter.sees_deletion:
+                continue  # emptied by the waiters before
             if waiter.served:
                 continue
             try:
@@ -156,14 +175,22 @@ def parse_timeout(raw: bytes, now_ms: int) -> float | None:
     return ms / 1000 if ms else None
 
 
-def _block(
-    ctx: Context, keys: Sequence[bytes], attempt: Attempt, timeout: float | None, empty: Reply
+def block(
+    ctx: Context,
+    keys: Sequence[bytes],
+    attempt: Attempt,
+    timeout: float | None,
+    empty: Reply,
+    *,
+    sees_deletion: bool = False,
 ) -> Reply | Wait:
+    """Reply with what ``attempt`` gets now, else wait on ``keys`` for it (XREAD and
+    XREADGROUP block through this too; ``sees_deletion``: see :class:`Waiter`)."""
     got = attempt()
     if got is not None:
         return got
     ks = ctx.state.keyspace
-    waiter = Waiter(keys, attempt, ctx.client.id, empty)
+    waiter = Waiter(keys, attempt, ctx.client.id, empty, sees_deletion)
 
     def ready(go: Callable[[], None]) -> None:
         waiter.go = go
@@ -198,7 +225,7 @@ def _pop_first(ctx: Context, keys: Sequence[bytes], left: bool, count: int | Non
 def _bpop(ctx: Context, args: Sequence[bytes], left: bool) -> Reply | Wait:
     timeout = parse_timeout(args[-1], ctx.state.keyspace.clock())
     keys = args[:-1]
-    return _block(ctx, keys, _pop_first(ctx, keys, left, None), timeout, NullArray())
+    return block(ctx, keys, _pop_first(ctx, keys, left, None), timeout, NullArray())
 
 
 def _blpop(ctx: Context, args: Sequence[bytes]) -> Reply | Wait:
@@ -220,7 +247,7 @@ def _move(
             return None
         return move_announced(ctx.state, source, destination, *ends)
 
-    return _block(ctx, (source,), attempt, timeout, None)
+    return block(ctx, (source,), attempt, timeout, None)
 
 
 def _blmove(ctx: Context, args: Sequence[bytes]) -> Reply | Wait:
@@ -236,7 +263,7 @@ def _blmpop(ctx: Context, args: Sequence[bytes]) -> Reply | Wait:
     timeout = parse_timeout(args[0], ctx.state.keyspace.clock())
     keys, end, count = mpop_args(args[1:], ("LEFT", "RIGHT"))
     attempt = _pop_first(ctx, keys, end == "LEFT", count)
-    return _block(ctx, keys, attempt, timeout, NullArray())
+    return block(ctx, keys, attempt, timeout, NullArray())
 
 
 def _zpop_first(ctx: Context, keys: Sequence[bytes], highest: bool, count: int | None) -> Attempt:
@@ -261,7 +288,7 @@ def _zpop_first(ctx: Context, keys: Sequence[bytes], highest: bool, count: int |
 def _bzpop(ctx: Context, args: Sequence[bytes], highest: bool) -> Reply | Wait:
     timeout = parse_timeout(args[-1], ctx.state.keyspace.clock())
     keys = args[:-1]
-    return _block(ctx, keys, _zpop_first(ctx, keys, highest, None), timeout, NullArray())
+    return block(ctx, keys, _zpop_first(ctx, keys, highest, None), timeout, NullArray())
 
 
 def _bzpopmin(ctx: Context, args: Sequence[bytes]) -> Reply | Wait:
@@ -276,7 +303,7 @@ def _bzmpop(ctx: Context, args: Sequence[bytes]) -> Reply | Wait:
     timeout = parse_timeout(args[0], ctx.state.keyspace.clock())
     keys, end, count = mpop_args(args[1:], ("MIN", "MAX"))
     attempt = _zpop_first(ctx, keys, end == "MAX", count)
-    return _block(ctx, keys, attempt, timeout, NullArray())
+    return block(ctx, keys, attempt, timeout, NullArray())
 
 
 _BLOCKING = frozenset({"write", "blocking"})

@@ -31,7 +31,12 @@ class BusyKeyError(PionError):
 
 def _dump(ctx: Context, args: Sequence[bytes]) -> Reply:
     value = ctx.state.keyspace.lookup(args[0])
-    return None if value is None else dump_payload(value)
+    if value is None:
+        return None
+    try:
+        return dump_payload(value)
+    except BadFormat as exc:
+        raise PionError(f"DUMP is not served for this value: {exc}") from None
 
 
 def _integer(raw: bytes) -> int:

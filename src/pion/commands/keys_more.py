@@ -25,6 +25,7 @@ from pion.keyspace.entries import Value
 from pion.keyspace.hashes import compact as compact_hash
 from pion.keyspace.numbers import parse_int64
 from pion.keyspace.sets import encoding as set_encoding
+from pion.keyspace.streamtype import Stream
 from pion.keyspace.zsets_more import compact as compact_zset
 from pion.notify import GENERIC, notify
 from pion.resp.reply import Reply, Simple
@@ -60,6 +61,8 @@ _OBJECT_HELP = [
 def encoding_of(value: Value) -> str:
     if isinstance(value, deque):
         return "quicklist"  # Redis 7.0's only list encoding
+    if isinstance(value, Stream):
+        return "stream"
     if isinstance(value, set):
         return set_encoding(value)
     if isinstance(value, bytes):

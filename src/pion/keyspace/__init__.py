@@ -1,4 +1,4 @@
-"""The plain keyspace: strings, hashes, sorted sets, lists and sets with expiry, for Pion's
+"""The plain keyspace: strings, hashes, sorted sets, lists, sets and streams with expiry, for Pion's
 PrefixStore (its lineage index) and LMCache (its K/V chunks), beside the V-store and
 independent of it (DBSIZE, DEL, SCAN, KEYS, FLUSHDB act on the keyspace only).
 
@@ -9,8 +9,11 @@ replay a record and tell WATCH) with ``listset.py`` (those of lists and sets),
 of), ``entries.py`` (what a key is and costs), ``expiry.py`` (deadlines and the active
 sweep), ``strings.py``, ``hashes.py``, ``zsets.py`` with ``zsets_more.py`` and
 ``zsets_algebra.py``, ``geo.py`` (geohashes and GEO searches), ``bits.py``, ``lists.py``,
-``sets.py`` and ``sort.py`` (SORT) (the semantics of the commands that have some),
-``sortedset.py``, ``scan.py`` (SCAN cursors), ``glob.py``
+``sets.py``, ``sort.py`` (SORT) and ``streams.py`` (the semantics of the commands that have
+some), ``streamtype.py`` (the stream value) with
+``streamnodes.py`` (Redis's listpack nodes, modelled for approximate trimming),
+``streamops.py`` (a stream's changes as records) and ``streamtable.py`` (their
+primitive and replay), ``sortedset.py``, ``scan.py`` (SCAN cursors), ``glob.py``
 (KEYS/SCAN patterns), ``numbers.py`` (Redis's integer and float parsing), ``hll.py``
 (HyperLogLog in Redis's own encoding), ``rdb.py`` with ``rdb_compact.py`` (Redis's DUMP
 payload, for DUMP and RESTORE).
@@ -53,6 +56,7 @@ from pion.keyspace.mutations import (
     SetScores,
     SetString,
     SetStrings,
+    StreamChange,
 )
 from pion.keyspace.sortedset import SortedSet
 from pion.keyspace.store import Budget, KeyJournal, Keyspace
@@ -92,6 +96,7 @@ __all__ = [
     "SetString",
     "SetStrings",
     "SortedSet",
+    "StreamChange",
     "Value",
     "now_ms",
 ]

@@ -25,6 +25,7 @@ from pion.keyspace.mutations import (
     SetString,
 )
 from pion.keyspace.sortedset import SortedSet
+from pion.keyspace.streamtype import Stream
 
 __all__ = [
     "DUMP_CHUNK",
@@ -46,8 +47,8 @@ __all__ = [
 
 _T = TypeVar("_T")
 
-Value: TypeAlias = bytes | dict[bytes, bytes] | SortedSet | deque[bytes] | set[bytes]
-Kind = Literal["string", "hash", "zset", "list", "set"]
+Value: TypeAlias = bytes | dict[bytes, bytes] | SortedSet | deque[bytes] | set[bytes] | Stream
+Kind = Literal["string", "hash", "zset", "list", "set", "stream"]
 
 # One key beyond its own and its value's bytes: the dict slot and index (~50), the
 # key's bytes header (33), the Entry object (80), the SCAN slot (8) and an expiry heap
@@ -86,6 +87,8 @@ def kind_of(value: Value) -> Kind:
         return "hash"
     if isinstance(value, deque):
         return "list"
+    if isinstance(value, Stream):
+        return "stream"
     return "set" if isinstance(value, set) else "zset"
 
 
@@ -97,7 +100,7 @@ def copy_value(value: Value) -> Value:
         return dict(value)
     if isinstance(value, deque):
         return deque(value)
-    return value.copy()
+    return value.copy()  # a set, sorted set or stream
 
 
 def value_size(key: bytes, value: Value) -> int:
@@ -111,6 +114,8 @@ def value_size(key: bytes, value: Value) -> int:
         return size + sum(len(v) for v in value) + len(value) * LIST_ITEM_OVERHEAD
     if isinstance(value, set):
         return size + sum(len(m) for m in value) + len(value) * SET_MEMBER_OVERHEAD
+    if isinstance(value, Stream):
+        return size + value.size()
     return size + sum(len(m) + MEMBER_OVERHEAD for m in value.scores)
 
 
@@ -138,8 +143,9 @@ def chunks(items: Iterable[_T], size_of: Callable[[_T], int]) -> Iterator[tuple[
 
 
 def records(key: bytes, v: Value, deadline: int) -> Iterator[KeyMutation]:
-    """The records that create ``key`` holding ``v`` from nothing: what a snapshot
-    writes per key and what RESTORE journals. A large container comes in chunks."""
+    """The records that create ``key`` holding ``v`` (not a stream) from nothing: what
+    a snapshot writes per key and what RESTORE journals. A large container comes in
+    chunks."""
     if isinstance(v, bytes):
         yield SetString(key, v, deadline)
     elif isinstance(v, dict):
@@ -154,7 +160,9 @@ def records(key: bytes, v: Value, deadline: int) -> Iterator[KeyMutation]:
         yield NewKey(key, "set", deadline)
         for batch in chunks(v, lambda i: len(i) + 4):
             yield SetAdd(key, batch)
-    else:
+    elif isinstance(v, SortedSet):
         yield NewKey(key, "zset", deadline)
         for members in chunks(iter(v), lambda i: len(i[1]) + 8):
             yield SetScores(key, members)
+    else:  # a stream's records are its own (streamops.stream_records)
+        raise TypeError("records() of a stream")

@@ -60,6 +60,7 @@ record               meaning
 ``SetReplace``       SINTERSTORE and friends: a key becomes a set of exactly these
                      members (whatever it held goes, its deadline too)
 ``SetMove``          SMOVE: a member moves from one set to another (created if absent)
+``StreamChange``     a stream's change, as its effect (``streamops.py``)
 ===================  ===========================================================
 """
 
@@ -67,6 +68,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
+
+from pion.keyspace.streamops import StreamEffect
 
 __all__ = [
     "CopyKey",
@@ -98,6 +101,7 @@ __all__ = [
     "SetScores",
     "SetString",
     "SetStrings",
+    "StreamChange",
 ]
 
 # A buffer-protocol payload (what the request decoder and the snapshot reader hand us).
@@ -271,6 +275,12 @@ class SetMove:
     member: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class StreamChange:
+    key: bytes
+    change: StreamEffect
+
+
 KeyMutation: TypeAlias = (
     SetString
     | SetStrings
@@ -298,4 +308,5 @@ KeyMutation: TypeAlias = (
     | SetRemove
     | SetReplace
     | SetMove
+    | StreamChange
 )

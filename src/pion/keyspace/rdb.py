@@ -64,7 +64,7 @@ def _crc64(data: bytes) -> int:
 
 
 def dump_payload(value: Value) -> bytes:
-    """``value`` as DUMP answers it (the caller checked its type is one of ours)."""
+    """``value`` as DUMP answers it; BadFormat for a stream (not written yet)."""
     out = bytearray()
     if isinstance(value, bytes):
         out.append(_STRING)
@@ -81,12 +81,14 @@ def dump_payload(value: Value) -> bytes:
         for field, item in value.items():
             _put_string(out, field)
             _put_string(out, item)
-    else:
+    elif isinstance(value, SortedSet):
         out.append(_ZSET_2)
         _put_length(out, len(value))
         for score, member in value:
             _put_string(out, member)
             out += _DOUBLE.pack(score)
+    else:
+        raise BadFormat("streams are not written in DUMP's format by this build")
     out += RDB_VERSION.to_bytes(2, "little")
     out += _crc64(bytes(out)).to_bytes(8, "little")
     return bytes(out)

@@ -30,7 +30,9 @@ one-second resolution), for OBJECT IDLETIME.
 
 Every change of a key reaches one of the primitives of its base classes,
 :class:`~pion.keyspace.primitives.KeyTable` (``primitives.py``) and
-:class:`~pion.keyspace.listset.ListSetTable` (``listset.py``), which also tell WATCH.
+:class:`~pion.keyspace.listset.ListSetTable` (``listset.py``) and
+:class:`~pion.keyspace.streamtable.StreamTable` (``streamtable.py``), which also tell
+WATCH.
 """
 
 from __future__ import annotations
@@ -55,7 +57,6 @@ from pion.keyspace.entries import (
 )
 from pion.keyspace.expiry import now_ms
 from pion.keyspace.glob import matches_all, stringmatch
-from pion.keyspace.listset import ListSetTable
 from pion.keyspace.mutations import (
     CopyKey,
     DeleteFields,
@@ -77,8 +78,11 @@ from pion.keyspace.mutations import (
     SetScores,
     SetString,
     SetStrings,
+    StreamChange,
 )
 from pion.keyspace.sortedset import SortedSet
+from pion.keyspace.streamtable import StreamTable, stream_records
+from pion.keyspace.streamtype import Stream
 
 __all__ = ["Budget", "KeyJournal", "Keyspace"]
 
@@ -94,6 +98,7 @@ _CREATING = (
     ListReplace,
     SetAdd,
     SetReplace,
+    StreamChange,
 )
 
 log = logging.getLogger("pion.keyspace")
@@ -112,7 +117,7 @@ they cannot be had: the server sets it to ``pion.vstore.VStore.make_room``, whic
 evicts V-store namespaces (``pion.commands.state.ServerState``)."""
 
 
-class Keyspace(ListSetTable):
+class Keyspace(StreamTable):
     """Plain keys; see the module docstring."""
 
     def __init__(self, clock: Callable[[], int] = now_ms) -> None:
@@ -529,4 +534,7 @@ class Keyspace(ListSetTable):
         for key, e in self._data.items():
             if e.deadline and e.deadline < now:
                 continue
-            yield from records(key, e.value, e.deadline)
+            if isinstance(e.value, Stream):
+                yield from stream_records(key, e.value, e.deadline)
+            else:
+                yield from records(key, e.value, e.deadline)

@@ -2,8 +2,9 @@
 
 Reading order: ``stores.py`` (what a durable store provides: the V-store, the
 keyspace), ``format.py`` (the byte-level specification of both files, with each
-store's records in ``vstore_format.py``, ``keyspace_format.py`` and ``txn_format.py``:
-an EXEC's writes as one record),
+store's records in ``vstore_format.py``, ``keyspace_format.py`` (with
+``stream_format.py``: a stream's changes) and ``txn_format.py``: an EXEC's writes as
+one record),
 ``reader.py`` (reading records back; torn tail versus corruption), ``wal.py``
 (appending and fsync policies), ``snapshot.py`` (atomic snapshots), ``recovery.py``
 (start-up), ``durability.py`` (the :class:`Persistence` the server holds: failures,

@@ -50,6 +50,7 @@ Op codes and payloads::
                    3 SSTORE            as SADD, but the key is first emptied of
                                        whatever it held (and its deadline)
                    4 SMOVE             blob destination, blob member
+                   16..29 a stream's change (``stream_format.py``)
 
 Ops 30 and 31 came with lists and sets; each op's first byte after the key names
 the change, so the keyspace's last two op codes hold both families. Ops 26 to 29
@@ -105,9 +106,11 @@ from pion.keyspace import (
     SetScores,
     SetString,
     SetStrings,
+    StreamChange,
 )
 from pion.keyspace.mutations import Payload
 from pion.persistence.format import Buffer, FormatError
+from pion.persistence.stream_format import FIRST_CHANGE, decode_stream, encode_stream
 
 __all__ = ["OPS", "UNIT_OPS", "decode", "describe", "encode", "op_of"]
 
@@ -386,6 +389,8 @@ def describe(op: int, payload: Buffer) -> str:
     m = decode(op, payload)
     if isinstance(m, DeleteKeys):
         return f"DEL({m.reason})"
+    if isinstance(m, StreamChange):
+        return "STREAM"
     return OPS[op]
 
 
@@ -416,6 +421,7 @@ _OP_BY_TYPE: Final[dict[type, int]] = {
     SetRemove: OP_SET_OF,
     SetReplace: OP_SET_OF,
     SetMove: OP_SET_OF,
+    StreamChange: OP_SET_OF,
 }
 _SET_CHANGES: Final = {SetAdd: 1, SetRemove: 2, SetReplace: 3}
 
@@ -460,6 +466,11 @@ def encode_collection(m: KeyMutation, p: _Parts) -> None:
         p.blob(m.key)
         p.raw(_U8.pack(8) + _I64.pack(m.count))
         p.blob(m.element)
+    elif isinstance(m, StreamChange):
+        change, body = encode_stream(m.change)
+        p.blob(m.key)
+        p.raw(_U8.pack(change))
+        p.tail(body, len(body))
 
 
 def decode_collection(op: int, r: _Reader) -> KeyMutation:
@@ -467,6 +478,8 @@ def decode_collection(op: int, r: _Reader) -> KeyMutation:
     key = r.key()
     change = int(r.unpack(_U8))
     if op == OP_SET_OF:
+        if change >= FIRST_CHANGE:
+            return StreamChange(key, decode_stream(change, r.rest()))
         if change == 1:
             return SetAdd(key, _names(r))
         if change == 2:

@@ -127,7 +127,7 @@ class Scripts:
     def running(self) -> bool:
         """Whether a script is running: while it does, the commands that run are its
         own (other clients wait), so a command may ask whether a script called it
-        (SORT does, as Redis's does)."""
+        (SORT does, as Redis's does; XREAD BLOCK may not block)."""
         return self._current is not None
 
     # -- the Lua state -------------------------------------------------------------
