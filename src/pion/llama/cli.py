@@ -48,15 +48,22 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _warmer_options(func: F) -> F:
     """Flags shared by proxy and warm; each defaults to its PI_PREFIX_CACHE_* env var."""
     options = [
-        click.option("--upstream", help="llama-server URL [env PI_PREFIX_CACHE_BASE_URL]"),
+        click.option(
+            "--upstream",
+            multiple=True,
+            help="llama-server URL [env PI_PREFIX_CACHE_BASE_URL]; proxy: repeat it for "
+            "several llama-servers",
+        ),
         click.option("--slot", type=int, help="slot holding the prefix [PI_PREFIX_CACHE_SLOT]"),
         click.option(
             "--persist/--no-persist", default=None, help="save/restore on disk [..._PERSIST]"
         ),
         click.option(
             "--slot-dir",
+            multiple=True,
             type=click.Path(file_okay=False, path_type=Path),
-            help="llama-server's --slot-save-path [..._SLOT_DIR]",
+            help="llama-server's --slot-save-path [..._SLOT_DIR]; proxy: one per --upstream, "
+            "or one for all",
         ),
         click.option("--log", "log_path", type=click.Path(path_type=Path), help="[..._LOG]"),
         click.option("--server-id", help="bump to force a clean rebuild [..._SERVER_ID]"),
@@ -128,6 +135,11 @@ def _warmer_options(func: F) -> F:
     return func
 
 
+def _first(values: tuple[Any, ...] | None) -> Any:
+    """A repeatable flag's first value (None when not given): one server's setting."""
+    return values[0] if values else None
+
+
 def _config(**flags: Any) -> WarmerConfig:
     slots: tuple[int, ...] | None = None
     all_slots: bool | None = None
@@ -146,10 +158,10 @@ def _config(**flags: Any) -> WarmerConfig:
         store_tls_ca=flags.get("store_tls_ca"),
         store_timeout=flags.get("store_timeout"),
         store_ttl=flags.get("store_ttl"),
-        base_url=flags.get("upstream"),
+        base_url=_first(flags.get("upstream")),
         slot=flags.get("slot"),
         persist=flags.get("persist"),
-        slot_dir=flags.get("slot_dir"),
+        slot_dir=_first(flags.get("slot_dir")),
         log_path=flags.get("log_path"),
         server_id=flags.get("server_id"),
         verify=flags.get("verify"),
@@ -175,8 +187,21 @@ def llama_group() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8089, show_default=True)
 def proxy(host: str, port: int, **flags: Any) -> None:
-    """Run the OpenAI-compatible proxy; point the harness's baseUrl at it."""
-    serve(_config(**flags), host=host, port=port)
+    """Run the OpenAI-compatible proxy; point the harness's baseUrl at it. With several
+    --upstream, each request goes to the llama-server that holds its prefix, else to the
+    one that restores it cheapest, else to the least loaded (docs/llama.md)."""
+    upstreams: tuple[str, ...] = flags["upstream"]
+    slot_dirs: tuple[Path, ...] = flags["slot_dir"]
+    if len(slot_dirs) > 1 and len(slot_dirs) != len(upstreams):
+        raise click.BadParameter("give one per --upstream, or one for all", param_hint="--slot-dir")
+    several = len(upstreams) > 1
+    serve(
+        _config(**flags),
+        host=host,
+        port=port,
+        upstreams=upstreams if several else (),
+        slot_dirs=slot_dirs if several and len(slot_dirs) > 1 else (),
+    )
 
 
 @llama_group.command()
@@ -200,6 +225,9 @@ def warm(
     **flags: Any,
 ) -> None:
     """Pre-warm a system prompt (for boot scripts). Exit 1 when warming failed."""
+    for name in ("upstream", "slot_dir"):
+        if len(flags[name]) > 1:
+            raise click.BadParameter("warm takes one", param_hint="--" + name.replace("_", "-"))
     config = _config(**flags)
     text = system_prompt_file.read_text(encoding="utf-8")
     prefix = split_prefix(text, config.markers) or text

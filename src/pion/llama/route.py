@@ -1,0 +1,79 @@
+"""Which llama-server of a fleet a request goes to: a pure function over a snapshot.
+
+Owns :class:`ServerView` (what the fleet knows about one server at the moment a request
+arrives), :class:`Route` (the decision and its reason) and :func:`route`. No I/O, no
+clock: :mod:`pion.llama.fleet` takes the snapshot and acts on the decision, so the
+routing order is tested here on plain values and a later registry of several proxies
+(``KV.PREFIX``) can feed the same function.
+
+The order (docs/llama.md, "Several llama-servers"), among the servers that are up and
+serve the request's (build, model) (a view is only built for those):
+
+1. **hit**: a server whose slot holds the request's prefix, or a longer one that starts
+   with it; the most tokens win (ties: the least loaded).
+2. **restore**: a server whose own slot dir has the prefix's file; the server the prefix
+   was last placed on first (its session's affinity), then the least loaded.
+3. **pull**: the store has the file: the least loaded server pulls it.
+4. **cold**: the least loaded server warms it.
+
+*Least loaded*: the fewest slots held and requests waiting per slot; then the fewest
+slots that hold a prefix per slot (a server with an empty slot evicts nothing); then the
+fewest held and waiting in all; then the order the servers were given in (the first
+``--upstream`` first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["Reason", "Route", "ServerView", "route"]
+
+Reason = Literal["hit", "restore", "pull", "cold"]
+
+
+@dataclass(frozen=True)
+class ServerView:
+    """One server as the routing sees it when a request arrives."""
+
+    name: str  # the server's URL: what the decision names
+    order: int  # its place among the --upstream flags
+    slots: int  # the slots its warmer uses (at least 1)
+    busy: int = 0  # slots leased to requests now
+    queued: int = 0  # requests waiting for one of its slots
+    claimed: int = 0  # slots that hold (or are routed) a prefix
+    held_tokens: int = 0  # tokens of the request's prefix a slot of it holds (0: none)
+    has_file: bool = False  # its slot dir has the prefix's file
+    last_placed: bool = False  # the prefix was last placed here (affinity)
+
+    def load(self) -> tuple[float, float, int, int]:
+        """The least-loaded order's key: lower is less loaded."""
+        waiting = self.busy + self.queued
+        slots = max(1, self.slots)
+        return (waiting / slots, self.claimed / slots, waiting, self.order)
+
+
+@dataclass(frozen=True)
+class Route:
+    """The server a request goes to, and why."""
+
+    server: str
+    reason: Reason
+
+
+def route(views: Sequence[ServerView], *, in_store: bool) -> Route | None:
+    """The server for a request among ``views`` (None when there is none): see the
+    module docstring for the order. ``in_store``: the shared store holds the prefix."""
+    if not views:
+        return None
+    holders = [v for v in views if v.held_tokens > 0]
+    if holders:
+        best = min(holders, key=lambda v: (-v.held_tokens, v.load()))
+        return Route(best.name, "hit")
+    with_file = [v for v in views if v.has_file]
+    if with_file:
+        best = min(with_file, key=lambda v: (not v.last_placed, v.load()))
+        return Route(best.name, "restore")
+    least = min(views, key=ServerView.load)
+    return Route(least.name, "pull" if in_store else "cold")
