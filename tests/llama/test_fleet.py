@@ -16,8 +16,10 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from pion_testing.llama_samples import pi_chat_body
 
+from pion.llama.cli import llama_group
 from pion.llama.fleet import Fleet
 from pion.llama.proxy import PrefixProxy, running_proxy
 from support.fake_llama import FakeLlamaServer, fake_llama_server
@@ -243,3 +245,56 @@ def test_a_server_with_another_model_never_gets_the_prefix(tmp_path: Path, pion_
     assert servers[0]["key"] != servers[1]["key"]
     assert servers[1]["counts"] == {"cold": 1}
     assert fleet["decisions"] == {"cold": 2, "hit": 1, "failover": 1}
+
+
+def test_a_slowed_server_is_taken_out_and_back_in(tmp_path: Path) -> None:
+    """A stops answering its probes in time (wedged, not dead): it is taken out, a
+    session it held continues on B, and it is back in once it answers again."""
+    with fakes(tmp_path, None, None) as (a, b):
+        proxy = fleet_proxy([a, b], tmp_path)
+        with running_proxy(proxy) as url:
+            post(url, session("one", 1))
+            a.delay("health", 30.0)
+            until(lambda: not fleet_status(url)["servers"][0]["healthy"])
+            post(url, session("one", 2))
+            a.delay("health", 0.0)
+            until(lambda: fleet_status(url)["servers"][0]["healthy"])
+            fleet = fleet_status(url)
+    assert ran(a) == ["turn 1"] and ran(b) == ["turn 2"]
+    assert fleet["servers"][0]["downs"] == 1
+    assert fleet["decisions"] == {"cold": 2, "failover": 1}
+
+
+def test_status_shows_each_server(tmp_path: Path) -> None:
+    with fakes(tmp_path, None, None) as (a, b):
+        proxy = fleet_proxy([a, b], tmp_path)
+        with running_proxy(proxy) as url:
+            post(url, session("one", 1))
+            post(url, session("two", 1))
+            a.kill()
+            until(lambda: not fleet_status(url)["servers"][0]["healthy"])
+            result = CliRunner().invoke(
+                llama_group, ["status", "--upstream", b.url, "--proxy", url], env={"COLUMNS": "250"}
+            )
+    assert result.exit_code == 0, result.output
+    assert a.url in result.output and b.url in result.output
+    assert "down" in result.output and "cold 1" in result.output
+
+
+def test_proxy_takes_several_upstreams(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The command line only: ``--upstream`` repeated, one ``--slot-dir`` each."""
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        "pion.llama.cli.serve", lambda config, **kwargs: calls.append({"config": config, **kwargs})
+    )
+    args = ["proxy", "--upstream", "http://a:1", "--upstream", "http://b:2", "--persist"]
+    args += ["--slot-dir", str(tmp_path / "a"), "--slot-dir", str(tmp_path / "b")]
+    assert CliRunner().invoke(llama_group, args).exit_code == 0
+    (call,) = calls
+    assert call["upstreams"] == ("http://a:1", "http://b:2")
+    assert call["slot_dirs"] == (tmp_path / "a", tmp_path / "b")
+    assert call["config"].base_url == "http://a:1"
+    bad = CliRunner().invoke(llama_group, [*args, "--slot-dir", str(tmp_path / "c")])
+    assert bad.exit_code == 2 and "--slot-dir" in bad.output
+    one = CliRunner().invoke(llama_group, ["proxy", "--upstream", "http://a:1"])
+    assert one.exit_code == 0 and calls[-1]["upstreams"] == ()

@@ -370,6 +370,30 @@ def _print_divergence(console: Console, divergence: dict[str, Any]) -> None:
         console.print(text, markup=False)
 
 
+def _print_fleet(console: Console, fleet: dict[str, Any]) -> None:
+    """Several llama-servers: each one's health, model, load, prefixes and routing."""
+    table = Table(title=f"llama-servers (routing: {fleet.get('decisions') or 'none yet'})")
+    for col in ("server", "health", "model", "busy/queued", "prefixes", "routed", "reused"):
+        table.add_column(col, overflow="fold")
+    for s in fleet["servers"]:
+        health = "up" if s["healthy"] else f"[red]down[/red] ({s.get('last_error') or '?'})"
+        prefixes = ", ".join(
+            f"{slot}: {entry.get('label') or entry.get('fingerprint', '')[:16]}"
+            for slot, entry in (s.get("slots") or {}).items()
+            if entry
+        )
+        table.add_row(
+            s["url"],
+            health,
+            str(s.get("model") or "?"),
+            f"{s.get('busy', 0)}/{s.get('queued', 0)}",
+            prefixes or "-",
+            ", ".join(f"{k} {v}" for k, v in sorted((s.get("routed") or {}).items())) or "-",
+            str(s.get("tokens_reused", 0)),
+        )
+    console.print(table)
+
+
 def _print_proxy(console: Console, proxy: dict[str, Any]) -> None:
     console.print(
         f"proxy: counts {proxy.get('counts')}, events {proxy.get('events')}, "
@@ -388,6 +412,9 @@ def _print_proxy(console: Console, proxy: dict[str, Any]) -> None:
             f"{last.get('detail', '?')}[/red]"
         )
     _print_divergence(console, proxy.get("divergence") or {})
+    fleet = proxy.get("fleet") or {}
+    if len(fleet.get("servers") or ()) > 1:
+        _print_fleet(console, fleet)
     leases = proxy.get("leases")
     if leases:
         held = ", ".join(f"slot {k} ({v['held_s']:.1f} s)" for k, v in leases["held"].items())
