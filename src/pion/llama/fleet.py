@@ -47,6 +47,7 @@ from pion.llama.learn import BoundaryLearner
 from pion.llama.prefix import WarmRequest
 from pion.llama.route import Reason, Route, ServerView, route
 from pion.llama.serverinfo import ServerInfo
+from pion.llama.store import StoreError
 from pion.llama.warmer import PrefixWarmer, Ticket
 
 __all__ = [
@@ -194,7 +195,11 @@ class Fleet:
 
     async def _probe_loop(self) -> None:
         while True:
-            await self.probe()
+            try:
+                await self.probe()
+            except Exception as exc:
+                # A bug here must not end the probes: the next round may pass.
+                self.servers[0].warmer.ctx.failure("fleet probe", exc)
             await asyncio.sleep(PROBE_INTERVAL)
 
     async def probe(self) -> None:
@@ -265,7 +270,13 @@ class Fleet:
         t0 = time.monotonic()
         tried: set[str] = set()
         while len(tried) < len(self.servers):
-            found = await self._choose(kind, body, harness, t0, tried)
+            try:
+                found = await self._choose(kind, body, harness, t0, tried)
+            except Exception as exc:
+                # Fail-open, as the warmer: the request goes out unwarmed.
+                up = self.plain()
+                up.warmer.ctx.failure("fleet route", exc)
+                return up, Ticket(up.warmer.skipped(f"fleet routing failed: {exc!r}"))
             if found is None:
                 break
             up, choice = found
@@ -323,7 +334,8 @@ class Fleet:
                     self.down(renderer, found.outcome.detail)
                     tried.add(renderer.url)
                     return await self._choose(kind, body, harness, t0, tried)
-                return self.plain(), found
+                # Nothing to warm: the least loaded server that may take the request.
+                return min(ups, key=lambda u: u.load().load()), found
             if renderer.info is None:  # _known() set it; a server replaced meanwhile
                 continue
             choice = await self._route_group(members, found, renderer.info)
@@ -356,7 +368,10 @@ class Fleet:
         store = next((u.warmer.store for u in members if u.warmer.store is not None), None)
         in_store = False
         if store is not None and store.usable():
-            in_store = await asyncio.to_thread(store.manifest, fp) is not None
+            try:
+                in_store = await asyncio.to_thread(store.manifest, fp) is not None
+            except StoreError:
+                in_store = False  # the warm-up tries the store itself, or builds cold
         decision = route(views, in_store=in_store)
         if decision is None:
             raise RuntimeError("no server to route to")
