@@ -298,3 +298,45 @@ def test_proxy_takes_several_upstreams(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert bad.exit_code == 2 and "--slot-dir" in bad.output
     one = CliRunner().invoke(llama_group, ["proxy", "--upstream", "http://a:1"])
     assert one.exit_code == 0 and calls[-1]["upstreams"] == ()
+
+
+def test_a_request_waiting_on_a_wedged_server_is_routed_again(tmp_path: Path) -> None:
+    """A stops answering (every request there waits 30 s) while a request for its
+    session is checking A's slot: once the probes take A out, the request gives up on A
+    and is warmed and answered on B, long before A would have answered."""
+    with fakes(tmp_path, None, None) as (a, b):
+        proxy = fleet_proxy([a, b], tmp_path)
+        with running_proxy(proxy) as url:
+            post(url, session("one", 1))
+            for endpoint in ("health", "slots", "chat"):
+                a.delay(endpoint, 30.0)
+            post(url, session("one", 2))
+            fleet = fleet_status(url)
+            a.kill()  # the wedged requests end: nothing waits 30 s at shutdown
+    assert ran(a) == ["turn 1"] and ran(b) == ["turn 2"]
+    assert not fleet["servers"][0]["healthy"]
+    assert fleet["decisions"] == {"cold": 2, "failover": 1}
+    assert "gave up a warm-up on " + a.url in (tmp_path / "pc.log").read_text()
+
+
+def test_an_answer_awaited_from_a_wedged_server_ends_when_it_is_taken_out(
+    tmp_path: Path,
+) -> None:
+    """A request is forwarded to A (a hit there), and A stops answering: the client gets
+    a 502 once the probes take A out, not after the upstream timeout; the session's next
+    turn runs on B."""
+    with fakes(tmp_path, None, None) as (a, b):
+        proxy = fleet_proxy([a, b], tmp_path)
+        with running_proxy(proxy) as url:
+            post(url, session("one", 1))
+            a.delay("health", 30.0)
+            a.delay("chat", 30.0)
+            wedged = httpx.post(url + "/v1/chat/completions", json=session("one", 2), timeout=60)
+            post(url, session("one", 3))
+            fleet = fleet_status(url)
+            a.kill()
+    assert wedged.status_code == 502
+    assert "taken out of the fleet" in wedged.json()["error"]["message"]
+    assert ran(b) == ["turn 3"]
+    # Counted once the server took the request: the wedged hit is not.
+    assert fleet["decisions"] == {"cold": 2, "failover": 1}

@@ -33,10 +33,10 @@ import asyncio
 import dataclasses
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pion.llama.client import LlamaServerError
 from pion.llama.config import WarmerConfig
@@ -58,7 +58,10 @@ __all__ = [
     "Fleet",
     "Upstream",
     "fleet_key",
+    "unless_down",
 ]
+
+T = TypeVar("T")
 
 # Seconds between health probes, and for each probe: a dead server is out within about
 # PROBE_INTERVAL + PROBE_TIMEOUT (the issue asks for "within seconds").
@@ -102,6 +105,9 @@ class Upstream:
     downs: int = 0
     routed: Counter[str] = field(default_factory=Counter)
     tokens_reused: int = 0
+    # Set when the server is taken out: a warm-up waiting on it gives up and the request
+    # is routed again. A new event once it is back (waiters on the old one still wake).
+    went_down: asyncio.Event = field(default_factory=asyncio.Event)
 
     def load(self) -> ServerView:
         """This server's load, as :func:`route` sees it (no prefix)."""
@@ -225,6 +231,7 @@ class Fleet:
         self._know(up, info)
         if not up.healthy:
             up.healthy, up.since, up.last_error = True, time.time(), None
+            up.went_down = asyncio.Event()
             self.log(f"fleet: {up.url} answers again → back in")
 
     def down(self, up: Upstream, reason: str) -> None:
@@ -233,6 +240,7 @@ class Fleet:
         if up.healthy and not self.single:
             up.healthy, up.since = False, time.time()
             up.downs += 1
+            up.went_down.set()
             self.log(f"fleet: {up.url} stopped answering ({reason}) → out")
 
     def _know(self, up: Upstream, info: ServerInfo) -> None:
@@ -282,15 +290,34 @@ class Fleet:
             up, choice = found
             if isinstance(choice, Ticket):
                 return up, choice
-            ticket = await up.warmer.claim_found(choice.request, t0, pinnable=pinnable)
-            if ticket.outcome.kind == "disabled" and not await self._answers(up):
+            ticket = await self._claim_unless_down(up, choice.request, t0, pinnable)
+            failed = ticket is not None and ticket.outcome.kind == "disabled"
+            if ticket is not None and failed and not await self._answers(up):
                 up.warmer.release(ticket)
                 self.down(up, ticket.outcome.detail)
+                ticket = None
+            if ticket is None:
                 tried.add(up.url)
                 continue
             return up, ticket
         up = self.plain()
         return up, Ticket(up.warmer.skipped("no llama-server of the fleet answers"))
+
+    async def _claim_unless_down(
+        self, up: Upstream, request: WarmRequest, t0: float, pinnable: bool
+    ) -> Ticket | None:
+        """The warmer's claim on ``up``, abandoned (None) when ``up`` is taken out
+        meanwhile: a wedged server holds a warm-up until its timeout (600 s), the
+        probes take it out within seconds."""
+
+        async def release(ticket: Ticket) -> None:
+            up.warmer.release(ticket)
+
+        claim = up.warmer.claim_found(request, t0, pinnable=pinnable)
+        ticket = await unless_down(up, claim, release)
+        if ticket is None:
+            self.log(f"fleet: gave up a warm-up on {up.url} (taken out) → routed again")
+        return ticket
 
     async def _answers(self, up: Upstream) -> bool:
         try:
@@ -445,3 +472,30 @@ def _files(members: list[Upstream]) -> dict[str, set[str]]:
         except OSError:
             out[up.url] = set()
     return out
+
+
+async def unless_down(
+    up: Upstream, coro: Coroutine[Any, Any, T], abandon: Callable[[T], Awaitable[None]]
+) -> T | None:
+    """``coro``'s result, or None when ``up`` is taken out first (``coro`` is then
+    cancelled; a result it produced all the same goes to ``abandon``)."""
+    down = up.went_down
+    if down.is_set():
+        coro.close()
+        return None
+    work = asyncio.ensure_future(coro)
+    watch = asyncio.ensure_future(down.wait())
+    try:
+        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        work.cancel()
+        raise
+    finally:
+        watch.cancel()
+    if work in done:
+        return work.result()
+    work.cancel()
+    await asyncio.wait({work})
+    if not work.cancelled() and work.exception() is None:
+        await abandon(work.result())  # it finished as it was cancelled
+    return None

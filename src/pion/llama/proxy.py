@@ -55,7 +55,7 @@ from starlette.types import Receive, Scope, Send
 
 from pion.llama.config import WarmerConfig
 from pion.llama.endpoints import ENDPOINTS, EndpointKind, strip_billing_header
-from pion.llama.fleet import CONNECT_TIMEOUT, Fleet, Upstream
+from pion.llama.fleet import CONNECT_TIMEOUT, Fleet, Upstream, unless_down
 from pion.llama.httpserver import read_body, serve_in_thread, uvicorn_options
 from pion.llama.prompt import MAX_WARM_BODY
 from pion.llama.status import redact_url
@@ -98,6 +98,10 @@ _HOP_BY_HOP = frozenset(
         b"content-length",
     }
 )
+
+
+async def _aclose(resp: httpx.Response) -> None:
+    await resp.aclose()
 
 
 def _end_to_end(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -347,22 +351,29 @@ class PrefixProxy:
             # and no request is pinned to a slot it may be running in (see warmer._busy).
             warmer.unpinned_epoch += 1
             warmer.unpinned_inflight += 1
+        up = self.fleet.server(warmer)
         try:
-            resp = await http.send(upstream_req, stream=True)
-        except httpx.TimeoutException as exc:
-            self._unpinned_done(done, unpinned)
-            done.failed = True
-            done.finish()
-            return self._upstream_error(
-                done, 504, "timeout", f"sent nothing for {self._timeout.read} s ({exc!r})"
-            )
+            # A fleet's server taken out while the answer's head is awaited: a 502 now,
+            # not the upstream timeout (in a fleet of one, nothing is taken out).
+            sending = http.send(upstream_req, stream=True)
+            sent: httpx.Response | None
+            if self.fleet.single:
+                sent = await sending
+            else:
+                sent = await unless_down(up, sending, _aclose)
+            if sent is None:
+                raise httpx.ReadError("taken out of the fleet while the request waited")
+            resp = sent
         except httpx.HTTPError as exc:
             self._unpinned_done(done, unpinned)
             done.failed = True
             done.finish()
-            if retry and isinstance(exc, httpx.ConnectError):
-                self.fleet.down(self.fleet.server(warmer), f"unreachable: {exc}")
+            if retry and isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+                self.fleet.down(up, f"unreachable: {exc!r}")
                 raise _Unreachable from exc
+            if isinstance(exc, httpx.TimeoutException):
+                detail = f"sent nothing for {self._timeout.read} s ({exc!r})"
+                return self._upstream_error(done, 504, "timeout", detail)
             return self._upstream_error(done, 502, "unreachable", f"unreachable: {exc}")
         except BaseException:
             self._unpinned_done(done, unpinned)
@@ -370,7 +381,7 @@ class PrefixProxy:
         if done.ticket is not None:
             streaming = "text/event-stream" in resp.headers.get("content-type", "")
             done.scanner = TimingsScanner(streaming)
-            self.fleet.forwarded(self.fleet.server(warmer), done.ticket)
+            self.fleet.forwarded(up, done.ticket)
         response = _Relay(self._relay(resp, done, unpinned), resp.status_code, done)
         # Upstream's headers in upstream's order. Content-Length stays: aiter_raw passes
         # the bytes as sent (no decoding), so the length still holds.
