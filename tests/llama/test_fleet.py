@@ -340,3 +340,46 @@ def test_an_answer_awaited_from_a_wedged_server_ends_when_it_is_taken_out(
     assert ran(b) == ["turn 3"]
     # Counted once the server took the request: the wedged hit is not.
     assert fleet["decisions"] == {"cold": 2, "failover": 1}
+
+
+def test_a_hot_prefix_spreads_when_its_slot_is_busy(tmp_path: Path, pion_store: Any) -> None:
+    """Two sessions of one agent share its stable prefix. While A's slot answers one, the
+    other is not queued behind it: B, idle, pulls the prefix from the store and answers
+    at once. Later requests find it warm on either."""
+    store = f"redis://{pion_store.host}:{pion_store.port}"
+    with fakes(tmp_path, None, None) as (a, b):
+        proxy = fleet_proxy([a, b], tmp_path, store=store)
+        with running_proxy(proxy) as url:
+            post(url, session("one", 1))
+            assert proxy.flush()  # pushed
+            held = a.hold("chat", at="answer")
+            busy = Call(url, session("one", 2))
+            held.wait_arrived(1)
+            post(url, session("one", 3))  # answered while A is still busy
+            a.unhold(held)
+            assert busy.result().status_code == 200
+            post(url, session("one", 4))
+            fleet = fleet_status(url)
+    assert ran(a) == ["turn 1", "turn 2", "turn 4"]
+    assert ran(b) == ["turn 3"]
+    assert warmups(b) == ["restore"]
+    assert fleet["decisions"] == {"cold": 1, "hit": 2, "pull": 1}
+
+
+def test_without_a_copy_elsewhere_a_busy_prefix_waits_for_its_slot(tmp_path: Path) -> None:
+    """No store, separate slot dirs: B could only warm the prefix cold, so the second
+    request waits for A's slot and is a hit there."""
+    with fakes(tmp_path, None, None) as (a, b):
+        proxy = fleet_proxy([a, b], tmp_path)
+        with running_proxy(proxy) as url:
+            post(url, session("one", 1))
+            held = a.hold("chat", at="answer")
+            busy = Call(url, session("one", 2))
+            held.wait_arrived(1)
+            waiting = Call(url, session("one", 3))
+            until(lambda: status(url)["leases"]["waiting"] == 1)
+            a.unhold(held)
+            assert busy.result().status_code == waiting.result().status_code == 200
+            fleet = fleet_status(url)
+    assert ran(a) == ["turn 1", "turn 2", "turn 3"] and not ran(b)
+    assert fleet["decisions"] == {"cold": 1, "hit": 2}

@@ -66,3 +66,33 @@ def test_a_server_with_an_empty_slot_evicts_nothing() -> None:
 def test_ties_go_to_the_first_upstream() -> None:
     views = [view(B, 1), view(A, 0)]
     assert route(views, in_store=False) == Route(A, "cold")
+
+
+def test_a_busy_holder_gives_way_to_a_spare_server_that_restores_it() -> None:
+    """Two sessions of one agent share its prefix: while the slot holding it serves one,
+    the other is restored on a server with a spare slot instead of queueing."""
+    views = [view(A, 0, held_tokens=900, held_busy=True, busy=1), view(B, 1, has_file=True)]
+    assert route(views, in_store=False) == Route(B, "restore")
+
+
+def test_a_busy_holder_gives_way_to_a_pull_when_the_store_has_it() -> None:
+    views = [view(A, 0, held_tokens=900, held_busy=True, busy=1), view(B, 1)]
+    assert route(views, in_store=True) == Route(B, "pull")
+
+
+def test_a_busy_holder_is_waited_for_rather_than_a_cold_build() -> None:
+    views = [view(A, 0, held_tokens=900, held_busy=True, busy=1), view(B, 1)]
+    assert route(views, in_store=False) == Route(A, "hit")
+
+
+def test_a_busy_holder_is_waited_for_when_no_server_has_a_spare_slot() -> None:
+    views = [
+        view(A, 0, held_tokens=900, held_busy=True, busy=1, slots=1),
+        view(B, 1, has_file=True, busy=1, slots=1),
+    ]
+    assert route(views, in_store=True) == Route(A, "hit")
+
+
+def test_an_idle_holder_beats_a_busy_one_with_more_tokens() -> None:
+    views = [view(A, 0, held_tokens=900, held_busy=True, busy=1), view(B, 1, held_tokens=800)]
+    assert route(views, in_store=True) == Route(B, "hit")

@@ -120,14 +120,23 @@ class Upstream:
 
     def view(self, fp: str, request: WarmRequest, files: set[str], last: bool) -> ServerView:
         """This server as :func:`route` sees it for a request with fingerprint ``fp``."""
-        held = 0
-        for state in list(self.warmer.ctx.slots.values()):
+        held, busy = 0, True
+        leases = self.warmer.leases
+        for slot, state in list(self.warmer.ctx.slots.items()):
+            tokens = 0
             if state.fingerprint == fp:
-                held = max(held, state.tokens)
+                tokens = state.tokens
             elif state.holds_start_of(request.tokens):
-                held = max(held, len(request.tokens or ()))
+                tokens = len(request.tokens or ())
+            if tokens:
+                held = max(held, tokens)
+                busy = busy and leases is not None and leases.holder(slot) is not None
         return dataclasses.replace(
-            self.load(), held_tokens=held, has_file=file_name(fp) in files, last_placed=last
+            self.load(),
+            held_tokens=held,
+            held_busy=held > 0 and busy,
+            has_file=file_name(fp) in files,
+            last_placed=last,
         )
 
 
@@ -380,8 +389,12 @@ class Fleet:
         decision = route(views, in_store=False)
         if decision is None:  # members is never empty
             raise RuntimeError("no server to route to")
-        if decision.reason == "cold":
-            decision = await self._pull_or_cold(views, members, fp)
+        waits = decision.reason == "hit" and any(
+            v.held_busy for v in views if v.name == decision.server
+        )
+        if decision.reason == "cold" or waits:
+            # The store decides: a pull instead of a cold build, or instead of waiting.
+            decision = await self._with_store(views, members, fp)
         up = next(u for u in members if u.url == decision.server)
         if last is not None and last != up.url:
             gone = next((u for u in self.servers if u.url == last), None)
@@ -389,9 +402,7 @@ class Fleet:
                 self.decisions["failover"] += 1
         return _Choice(up, decision.reason, request)
 
-    async def _pull_or_cold(
-        self, views: list[ServerView], members: list[Upstream], fp: str
-    ) -> Route:
+    async def _with_store(self, views: list[ServerView], members: list[Upstream], fp: str) -> Route:
         store = next((u.warmer.store for u in members if u.warmer.store is not None), None)
         in_store = False
         if store is not None and store.usable():

@@ -10,11 +10,17 @@ The order (docs/llama.md, "Several llama-servers"), among the servers that are u
 serve the request's (build, model) (a view is only built for those):
 
 1. **hit**: a server whose slot holds the request's prefix, or a longer one that starts
-   with it; the most tokens win (ties: the least loaded).
-2. **restore**: a server whose own slot dir has the prefix's file; the server the prefix
+   with it, and is not serving another request; the most tokens win (ties: the least
+   loaded).
+2. When every slot holding it is serving another request (sessions of one agent share
+   its prefix), a server with a slot to spare that can **restore** it (its slot dir has
+   the file) or **pull** it (the store has it) takes it: a hot prefix spreads over the
+   fleet instead of queueing on one slot. With none, the request waits for the busiest
+   holder's slot (a **hit**) rather than warming the prefix cold elsewhere.
+3. **restore**: a server whose own slot dir has the prefix's file; the server the prefix
    was last placed on first (its session's affinity), then the least loaded.
-3. **pull**: the store has the file: the least loaded server pulls it.
-4. **cold**: the least loaded server warms it.
+4. **pull**: the store has the file: the least loaded server pulls it.
+5. **cold**: the least loaded server warms it.
 
 *Least loaded*: the fewest slots held and requests waiting per slot; then the fewest
 slots that hold a prefix per slot (a server with an empty slot evicts nothing); then the
@@ -44,8 +50,14 @@ class ServerView:
     queued: int = 0  # requests waiting for one of its slots
     claimed: int = 0  # slots that hold (or are routed) a prefix
     held_tokens: int = 0  # tokens of the request's prefix a slot of it holds (0: none)
+    held_busy: bool = False  # that slot is leased to another request now
     has_file: bool = False  # its slot dir has the prefix's file
     last_placed: bool = False  # the prefix was last placed here (affinity)
+
+    @property
+    def spare(self) -> bool:
+        """A slot free now, no request waiting."""
+        return self.busy + self.queued < self.slots
 
     def load(self) -> tuple[float, float, int, int]:
         """The least-loaded order's key: lower is less loaded."""
@@ -68,7 +80,15 @@ def route(views: Sequence[ServerView], *, in_store: bool) -> Route | None:
     if not views:
         return None
     holders = [v for v in views if v.held_tokens > 0]
+    idle = [v for v in holders if not v.held_busy]
+    if idle:
+        best = min(idle, key=lambda v: (-v.held_tokens, v.load()))
+        return Route(best.name, "hit")
     if holders:
+        spare = [v for v in views if v.held_tokens == 0 and v.spare and (v.has_file or in_store)]
+        if spare:
+            best = min(spare, key=lambda v: (not v.has_file, not v.last_placed, v.load()))
+            return Route(best.name, "restore" if best.has_file else "pull")
         best = min(holders, key=lambda v: (-v.held_tokens, v.load()))
         return Route(best.name, "hit")
     with_file = [v for v in views if v.has_file]
