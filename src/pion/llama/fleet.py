@@ -199,9 +199,11 @@ class Fleet:
             self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
 
     async def aclose(self) -> None:
-        if self._probe is not None:
-            self._probe.cancel()
-            self._probe = None
+        """Stop the probes; close every warmer (its post-answer work first)."""
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            probe.cancel()
+            await asyncio.wait({probe})
         await asyncio.gather(*(u.warmer.aclose() for u in self.servers))
 
     async def flush(self, timeout: float = 60.0) -> bool:
