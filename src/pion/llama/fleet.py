@@ -19,9 +19,12 @@ every request to it, the warmer's own :meth:`~PrefixWarmer.claim`.
   ``/props`` (:data:`PROBE_TIMEOUT` s each); one that fails is out until it answers
   again. A warm-up that failed on a server that then fails ``/health`` takes it out at
   once and the request is routed again (its session continues elsewhere: a restore from
-  the store where the prefix was pushed, else cold). A server back in may have restarted
-  with an empty cache: none of its slots is trusted without ``GET /slots`` (the warmer's
-  unpinned epoch moves), so its prefixes come back lazily, as requests need them.
+  the store where the prefix was pushed, else cold). What waits on a server when it is
+  taken out stops waiting (:func:`unless_down`): a warm-up there is given up and routed
+  again, a forwarded request awaiting its answer's head gets a 502 (the proxy's). A
+  server back in may have restarted with an empty cache: none of its slots is trusted
+  without ``GET /slots`` (the warmer's unpinned epoch moves), so its prefixes come back
+  lazily, as requests need them.
 
 Runs on the proxy's event loop; nothing here blocks it (slot-dir reads and store look-ups
 go to worker threads). The forwarding itself is :mod:`pion.llama.proxy`'s.
