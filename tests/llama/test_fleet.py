@@ -282,7 +282,8 @@ def test_status_shows_each_server(tmp_path: Path) -> None:
 
 
 def test_proxy_takes_several_upstreams(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The command line only: ``--upstream`` repeated, one ``--slot-dir`` each."""
+    """The command line only: ``--upstream`` repeated, one ``--slot-dir`` each (two
+    servers persisting into one dir would share llama-server's scratch save names)."""
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(
         "pion.llama.cli.serve", lambda config, **kwargs: calls.append({"config": config, **kwargs})
@@ -294,8 +295,9 @@ def test_proxy_takes_several_upstreams(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert call["upstreams"] == ("http://a:1", "http://b:2")
     assert call["slot_dirs"] == (tmp_path / "a", tmp_path / "b")
     assert call["config"].base_url == "http://a:1"
-    bad = CliRunner().invoke(llama_group, [*args, "--slot-dir", str(tmp_path / "c")])
-    assert bad.exit_code == 2 and "--slot-dir" in bad.output
+    for wrong in ([*args, "--slot-dir", str(tmp_path / "c")], args[:-2]):
+        bad = CliRunner().invoke(llama_group, wrong)  # three dirs for two; one for two
+        assert bad.exit_code == 2 and "--slot-dir" in bad.output
     one = CliRunner().invoke(llama_group, ["proxy", "--upstream", "http://a:1"])
     assert one.exit_code == 0 and calls[-1]["upstreams"] == ()
 

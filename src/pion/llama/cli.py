@@ -62,8 +62,7 @@ def _warmer_options(func: F) -> F:
             "--slot-dir",
             multiple=True,
             type=click.Path(file_okay=False, path_type=Path),
-            help="llama-server's --slot-save-path [..._SLOT_DIR]; proxy: one per --upstream, "
-            "or one for all",
+            help="llama-server's --slot-save-path [..._SLOT_DIR]; proxy: one per --upstream",
         ),
         click.option("--log", "log_path", type=click.Path(path_type=Path), help="[..._LOG]"),
         click.option("--server-id", help="bump to force a clean rebuild [..._SERVER_ID]"),
@@ -192,15 +191,18 @@ def proxy(host: str, port: int, **flags: Any) -> None:
     one that restores it cheapest, else to the least loaded (docs/llama.md)."""
     upstreams: tuple[str, ...] = flags["upstream"]
     slot_dirs: tuple[Path, ...] = flags["slot_dir"]
-    if len(slot_dirs) > 1 and len(slot_dirs) != len(upstreams):
-        raise click.BadParameter("give one per --upstream, or one for all", param_hint="--slot-dir")
+    config = _config(**flags)
     several = len(upstreams) > 1
+    # llama-server names a save's scratch file by slot: two servers would share it.
+    dirs_ok = len(set(slot_dirs)) == len(upstreams)
+    if several and (config.persist or slot_dirs) and not dirs_ok:
+        raise click.BadParameter("one per --upstream, each its own", param_hint="--slot-dir")
     serve(
-        _config(**flags),
+        config,
         host=host,
         port=port,
         upstreams=upstreams if several else (),
-        slot_dirs=slot_dirs if several and len(slot_dirs) > 1 else (),
+        slot_dirs=slot_dirs if several else (),
     )
 
 

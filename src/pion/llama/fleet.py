@@ -170,10 +170,13 @@ class Fleet:
         cls, config: WarmerConfig, upstreams: Sequence[str], slot_dirs: Sequence[Path] = ()
     ) -> Fleet:
         """One warmer per upstream URL, each like ``config`` but for its own server;
-        ``slot_dirs``: one per upstream (its ``--slot-save-path``), or none (all share
-        ``config.slot_dir``)."""
+        ``slot_dirs``: one per upstream (its ``--slot-save-path``). Persisting, several
+        servers need a slot dir each: llama-server writes a save under a scratch name per
+        slot (``pion-saving-slot0.bin``), which two servers in one dir would share."""
         if slot_dirs and len(slot_dirs) != len(upstreams):
-            raise ValueError("give one --slot-dir per --upstream, or one for all")
+            raise ValueError("give one --slot-dir per --upstream")
+        if config.persist and len(upstreams) > 1 and len(set(slot_dirs)) != len(upstreams):
+            raise ValueError("several llama-servers that persist need a --slot-dir each")
         log = EventLog(config.log_path)
         warmers = [
             PrefixWarmer(
