@@ -16,6 +16,10 @@ Owns the HTTP side of `pion llama` (docs/llama.md; a starlette app, run by uvico
   ``/v1/messages/count_tokens``, ...) is forwarded untouched.
 - ``GET /pion/status``: the warmer's state as JSON (``pion llama status --proxy URL``);
   it never waits on a lease or on llama-server.
+- several upstreams: :class:`~pion.llama.fleet.Fleet` picks the server for each request
+  (the others go to the least loaded); a server that refuses the connection is taken
+  out and a request read whole is routed again, one that is taken out while a request
+  awaits its answer's head gets that request a 502.
 
 Invariants: the request body is forwarded byte for byte (the bytes read, not a re-encoded
 parse), with two exceptions: Claude Code's billing-header block is removed from a
