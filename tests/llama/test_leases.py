@@ -306,10 +306,13 @@ def test_messages_are_not_pinned_and_lease_every_slot(
         "messages": [{"role": "user", "content": "Fix the bug"}],
         "max_tokens": 2,
     }
-    with running_proxy(PrefixProxy(config)) as url:
+    proxy = PrefixProxy(config)
+    with running_proxy(proxy) as url:
         first = Call(url, messages, "/v1/messages").result()
         more = {**messages, "messages": [{"role": "user", "content": "More"}]}
         second = Call(url, more, "/v1/messages").result()
+        # The lease ends after the answer is relayed (its observation runs first).
+        assert proxy.flush()
         final = status(url)
     assert first.status_code == 200 and second.status_code == 200
     runs = fake.records_for("messages")

@@ -25,6 +25,8 @@ Test controls: :meth:`FakeLlamaServer.hold` (a :class:`Gate` that stops requests
 endpoint at a point until released), :meth:`~FakeLlamaServer.fail` (an error answer or
 a dropped connection, once or always), :meth:`~FakeLlamaServer.delay`,
 :meth:`~FakeLlamaServer.restart` (slots cleared, open connections cut, slot dir kept),
+:meth:`~FakeLlamaServer.kill` and :meth:`~FakeLlamaServer.revive` (the port refuses
+connections, then answers again, restarted),
 and :attr:`~FakeLlamaServer.records` (one :class:`Record` per request). Start it with
 :func:`fake_llama_server` (a thread with its own loop, for sync tests) or
 :func:`running_fake_llama` (in the test's own loop). Every control is thread-safe.
@@ -142,9 +144,10 @@ class FakeLlamaServer:
         return f"http://127.0.0.1:{self.port}"
 
     async def start(self) -> None:
+        """Listen on port 0 the first time, on the same port again after :meth:`kill`."""
         self.slot_dir.mkdir(parents=True, exist_ok=True)
         self._loop = asyncio.get_running_loop()
-        self._server = await asyncio.start_server(self._serve_conn, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve_conn, "127.0.0.1", self.port)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
@@ -188,6 +191,21 @@ class FakeLlamaServer:
         for _, _, fut in deferred:
             fut.cancel()
         self.slots = self._new_slots()
+
+    def kill(self) -> None:
+        """Like a killed llama-server process: the port refuses connections, open ones
+        are cut. :meth:`revive` starts it again."""
+        self._run(self.stop())
+
+    def revive(self) -> None:
+        """A killed server started again on its port: slots empty, the slot dir kept."""
+        self._on_loop(self._restart)
+        self._run(self.start())
+
+    def _run(self, coro: Any) -> None:
+        if self._loop is None:
+            raise RuntimeError("the fake llama-server was never started")
+        asyncio.run_coroutine_threadsafe(coro, self._loop).result(30)
 
     def _cut_connections(self) -> None:
         for writer, task in list(self._conns.items()):

@@ -31,6 +31,8 @@ The pi-prefix-cache behaviour in Python (docs/llama.md). Reading order:
 - :mod:`~pion.llama.checkpoint`  a conversation saved after its answer, rate-limited
 - :mod:`~pion.llama.steps`       the state machine in a slot: hit / restore / cold, answers
 - :mod:`~pion.llama.warmer`      routing, leases, the public API
+- :mod:`~pion.llama.route`       which llama-server of a fleet a request goes to (pure)
+- :mod:`~pion.llama.fleet`       several llama-servers: health, load, routing
 - :mod:`~pion.llama.status`      ``/pion/status`` data
 - :mod:`~pion.llama.storelist`   ``pion llama status --store``: what a store holds
 - :mod:`~pion.llama.httpserver`  uvicorn, with limits on slow and idle clients

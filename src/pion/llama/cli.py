@@ -48,15 +48,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _warmer_options(func: F) -> F:
     """Flags shared by proxy and warm; each defaults to its PI_PREFIX_CACHE_* env var."""
     options = [
-        click.option("--upstream", help="llama-server URL [env PI_PREFIX_CACHE_BASE_URL]"),
+        click.option(
+            "--upstream",
+            multiple=True,
+            help="llama-server URL [env PI_PREFIX_CACHE_BASE_URL]; proxy: repeat it for "
+            "several llama-servers",
+        ),
         click.option("--slot", type=int, help="slot holding the prefix [PI_PREFIX_CACHE_SLOT]"),
         click.option(
             "--persist/--no-persist", default=None, help="save/restore on disk [..._PERSIST]"
         ),
         click.option(
             "--slot-dir",
+            multiple=True,
             type=click.Path(file_okay=False, path_type=Path),
-            help="llama-server's --slot-save-path [..._SLOT_DIR]",
+            help="llama-server's --slot-save-path [..._SLOT_DIR]; proxy: one per --upstream",
         ),
         click.option("--log", "log_path", type=click.Path(path_type=Path), help="[..._LOG]"),
         click.option("--server-id", help="bump to force a clean rebuild [..._SERVER_ID]"),
@@ -128,6 +134,11 @@ def _warmer_options(func: F) -> F:
     return func
 
 
+def _first(values: tuple[Any, ...] | None) -> Any:
+    """A repeatable flag's first value (None when not given): one server's setting."""
+    return values[0] if values else None
+
+
 def _config(**flags: Any) -> WarmerConfig:
     slots: tuple[int, ...] | None = None
     all_slots: bool | None = None
@@ -146,10 +157,10 @@ def _config(**flags: Any) -> WarmerConfig:
         store_tls_ca=flags.get("store_tls_ca"),
         store_timeout=flags.get("store_timeout"),
         store_ttl=flags.get("store_ttl"),
-        base_url=flags.get("upstream"),
+        base_url=_first(flags.get("upstream")),
         slot=flags.get("slot"),
         persist=flags.get("persist"),
-        slot_dir=flags.get("slot_dir"),
+        slot_dir=_first(flags.get("slot_dir")),
         log_path=flags.get("log_path"),
         server_id=flags.get("server_id"),
         verify=flags.get("verify"),
@@ -175,8 +186,24 @@ def llama_group() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8089, show_default=True)
 def proxy(host: str, port: int, **flags: Any) -> None:
-    """Run the OpenAI-compatible proxy; point the harness's baseUrl at it."""
-    serve(_config(**flags), host=host, port=port)
+    """Run the OpenAI-compatible proxy; point the harness's baseUrl at it. With several
+    --upstream, each request goes to the llama-server that holds its prefix, else to the
+    one that restores it cheapest, else to the least loaded (docs/llama.md)."""
+    upstreams: tuple[str, ...] = flags["upstream"]
+    slot_dirs: tuple[Path, ...] = flags["slot_dir"]
+    config = _config(**flags)
+    several = len(upstreams) > 1
+    # llama-server names a save's scratch file by slot: two servers would share it.
+    dirs_ok = len(set(slot_dirs)) == len(upstreams)
+    if several and (config.persist or slot_dirs) and not dirs_ok:
+        raise click.BadParameter("one per --upstream, each its own", param_hint="--slot-dir")
+    serve(
+        config,
+        host=host,
+        port=port,
+        upstreams=upstreams if several else (),
+        slot_dirs=slot_dirs if several else (),
+    )
 
 
 @llama_group.command()
@@ -200,6 +227,9 @@ def warm(
     **flags: Any,
 ) -> None:
     """Pre-warm a system prompt (for boot scripts). Exit 1 when warming failed."""
+    for name in ("upstream", "slot_dir"):
+        if len(flags[name]) > 1:
+            raise click.BadParameter("warm takes one", param_hint="--" + name.replace("_", "-"))
     config = _config(**flags)
     text = system_prompt_file.read_text(encoding="utf-8")
     prefix = split_prefix(text, config.markers) or text
@@ -342,6 +372,30 @@ def _print_divergence(console: Console, divergence: dict[str, Any]) -> None:
         console.print(text, markup=False)
 
 
+def _print_fleet(console: Console, fleet: dict[str, Any]) -> None:
+    """Several llama-servers: each one's health, model, load, prefixes and routing."""
+    table = Table(title=f"llama-servers (routing: {fleet.get('decisions') or 'none yet'})")
+    for col in ("server", "health", "model", "busy/queued", "prefixes", "routed", "reused"):
+        table.add_column(col, overflow="fold")
+    for s in fleet["servers"]:
+        health = "up" if s["healthy"] else f"[red]down[/red] ({s.get('last_error') or '?'})"
+        prefixes = ", ".join(
+            f"{slot}: {entry.get('label') or entry.get('fingerprint', '')[:16]}"
+            for slot, entry in (s.get("slots") or {}).items()
+            if entry
+        )
+        table.add_row(
+            s["url"],
+            health,
+            str(s.get("model") or "?"),
+            f"{s.get('busy', 0)}/{s.get('queued', 0)}",
+            prefixes or "-",
+            ", ".join(f"{k} {v}" for k, v in sorted((s.get("routed") or {}).items())) or "-",
+            str(s.get("tokens_reused", 0)),
+        )
+    console.print(table)
+
+
 def _print_proxy(console: Console, proxy: dict[str, Any]) -> None:
     console.print(
         f"proxy: counts {proxy.get('counts')}, events {proxy.get('events')}, "
@@ -360,6 +414,9 @@ def _print_proxy(console: Console, proxy: dict[str, Any]) -> None:
             f"{last.get('detail', '?')}[/red]"
         )
     _print_divergence(console, proxy.get("divergence") or {})
+    fleet = proxy.get("fleet") or {}
+    if len(fleet.get("servers") or ()) > 1:
+        _print_fleet(console, fleet)
     leases = proxy.get("leases")
     if leases:
         held = ", ".join(f"slot {k} ({v['held_s']:.1f} s)" for k, v in leases["held"].items())

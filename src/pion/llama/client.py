@@ -259,8 +259,12 @@ class AsyncLlamaClient:
             raise LlamaServerError(f"{path}: expected a JSON object, got {type(data).__name__}")
         return data
 
-    async def props(self) -> dict[str, Any]:
-        return await self._json_object("GET", "/props")
+    async def props(self, timeout: float | None = None) -> dict[str, Any]:
+        return await self._json_object("GET", "/props", timeout=timeout)
+
+    async def health(self, timeout: float | None = None) -> dict[str, Any]:
+        """``GET /health``: raises LlamaServerError unless the server is up and loaded."""
+        return await self._json_object("GET", "/health", timeout=timeout)
 
     async def slots(self) -> list[dict[str, Any]]:
         _, data = await self._request("GET", "/slots")

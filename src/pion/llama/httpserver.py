@@ -7,8 +7,8 @@ a connection that never completes a request's headers: a client that connects an
 nothing, or trickles a header byte every few seconds (slowloris), would hold a socket and
 a descriptor forever. :class:`TimedH11Protocol` closes a connection whose request headers
 are not complete :data:`HEADER_TIMEOUT` seconds after it opened or after its last
-response. A body that stalls is the proxy's to time out (:data:`BODY_IDLE_TIMEOUT`), as
-it reads it.
+response. A body that stalls is timed out as the proxy reads it (:func:`read_body`,
+:data:`BODY_IDLE_TIMEOUT`).
 """
 
 from __future__ import annotations
@@ -16,17 +16,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import uvicorn
+from starlette.requests import Request
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 __all__ = [
     "BODY_IDLE_TIMEOUT",
     "HEADER_TIMEOUT",
     "KEEP_ALIVE_TIMEOUT",
+    "RequestBody",
     "TimedH11Protocol",
+    "read_body",
     "serve_in_thread",
     "uvicorn_options",
 ]
@@ -112,3 +115,48 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterato
     finally:
         server.should_exit = True
         thread.join(15)
+
+
+class RequestBody:
+    """A request body read up to a limit: ``head`` holds what was read; ``rest``,
+    when the body is longer, streams the remainder (never buffered)."""
+
+    def __init__(self, head: bytes, rest: AsyncIterator[bytes] | None) -> None:
+        self.head = head
+        self.rest = rest
+
+    def content(self) -> bytes | AsyncIterator[bytes]:
+        if self.rest is None:
+            return self.head
+        return self._chain(self.head, self.rest)
+
+    @staticmethod
+    async def _chain(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        yield head
+        async for chunk in rest:
+            yield chunk
+
+
+async def read_body(request: Request, limit: int) -> RequestBody:
+    """Read the body until it passes ``limit`` bytes; a stalled client is cut off
+    (:data:`BODY_IDLE_TIMEOUT`)."""
+    stream = request.stream().__aiter__()
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), BODY_IDLE_TIMEOUT)
+        except StopAsyncIteration:
+            return RequestBody(b"".join(parts), None)
+        parts.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return RequestBody(b"".join(parts), _timed(stream))
+
+
+async def _timed(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    while True:
+        try:
+            yield await asyncio.wait_for(stream.__anext__(), BODY_IDLE_TIMEOUT)
+        except StopAsyncIteration:
+            return

@@ -77,6 +77,10 @@ class SlotLeases:
     def free(self) -> frozenset[int]:
         return frozenset(s for s in self.slots if s not in self._held)
 
+    def load(self) -> tuple[int, int]:
+        """(slots held, requests waiting): how busy this server is, for a fleet's routing."""
+        return len(self._held), len(self._waiters)
+
     def holder(self, slot: int) -> Lease | None:
         return self._held.get(slot)
 

@@ -16,6 +16,10 @@ Owns the HTTP side of `pion llama` (docs/llama.md; a starlette app, run by uvico
   ``/v1/messages/count_tokens``, ...) is forwarded untouched.
 - ``GET /pion/status``: the warmer's state as JSON (``pion llama status --proxy URL``);
   it never waits on a lease or on llama-server.
+- several upstreams: :class:`~pion.llama.fleet.Fleet` picks the server for each request
+  (the others go to the least loaded); a server that refuses the connection is taken
+  out and a request read whole is routed again, one that is taken out while a request
+  awaits its answer's head gets that request a 502.
 
 Invariants: the request body is forwarded byte for byte (the bytes read, not a re-encoded
 parse), with two exceptions: Claude Code's billing-header block is removed from a
@@ -41,6 +45,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
@@ -54,7 +59,8 @@ from starlette.types import Receive, Scope, Send
 
 from pion.llama.config import WarmerConfig
 from pion.llama.endpoints import ENDPOINTS, EndpointKind, strip_billing_header
-from pion.llama.httpserver import BODY_IDLE_TIMEOUT, serve_in_thread, uvicorn_options
+from pion.llama.fleet import CONNECT_TIMEOUT, Fleet, Upstream, unless_down
+from pion.llama.httpserver import read_body, serve_in_thread, uvicorn_options
 from pion.llama.prompt import MAX_WARM_BODY
 from pion.llama.status import redact_url
 from pion.llama.timings import TimingsScanner
@@ -98,6 +104,10 @@ _HOP_BY_HOP = frozenset(
 )
 
 
+async def _aclose(resp: httpx.Response) -> None:
+    await resp.aclose()
+
+
 def _end_to_end(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in raw if k.lower() not in _HOP_BY_HOP]
 
@@ -106,51 +116,6 @@ def _error(code: int, message: str) -> JSONResponse:
     """An answer in llama-server's error shape."""
     kind = "unavailable_error"
     return JSONResponse({"error": {"code": code, "message": message, "type": kind}}, code)
-
-
-class _Body:
-    """A request body read up to the warm limit: ``head`` holds what was read; ``rest``,
-    when the body is longer, streams the remainder (never buffered)."""
-
-    def __init__(self, head: bytes, rest: AsyncIterator[bytes] | None) -> None:
-        self.head = head
-        self.rest = rest
-
-    def content(self) -> bytes | AsyncIterator[bytes]:
-        if self.rest is None:
-            return self.head
-        return self._chain(self.head, self.rest)
-
-    @staticmethod
-    async def _chain(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        yield head
-        async for chunk in rest:
-            yield chunk
-
-
-async def _read_body(request: Request) -> _Body:
-    """Read the body until it passes :data:`MAX_WARM_BODY`; a stalled client is cut off
-    (:data:`BODY_IDLE_TIMEOUT`)."""
-    stream = request.stream().__aiter__()
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        try:
-            chunk = await asyncio.wait_for(stream.__anext__(), BODY_IDLE_TIMEOUT)
-        except StopAsyncIteration:
-            return _Body(b"".join(parts), None)
-        parts.append(chunk)
-        size += len(chunk)
-        if size > MAX_WARM_BODY:
-            return _Body(b"".join(parts), _timed(stream))
-
-
-async def _timed(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    while True:
-        try:
-            yield await asyncio.wait_for(stream.__anext__(), BODY_IDLE_TIMEOUT)
-        except StopAsyncIteration:
-            return
 
 
 class _Relay(StreamingResponse):
@@ -208,13 +173,21 @@ def pin_slot(body: bytes, slot: int) -> bytes:
     return body[: start + 1] + member + separator + rest
 
 
-class PrefixProxy:
-    """The proxy application: one warmer, one upstream llama-server, one HTTP client."""
+class _Unreachable(Exception):
+    """A fleet's server refused the connection before the request was sent: it is taken
+    out and the request is routed again."""
 
-    def __init__(self, config: WarmerConfig, warmer: PrefixWarmer | None = None) -> None:
+
+class PrefixProxy:
+    """The proxy application: a fleet of llama-servers (one, by default), each with its
+    warmer and HTTP client; :attr:`warmer` is the first one's."""
+
+    def __init__(
+        self, config: WarmerConfig, warmer: PrefixWarmer | None = None, fleet: Fleet | None = None
+    ) -> None:
         self.config = config
-        self.warmer = warmer or PrefixWarmer(config)
-        self.upstream = config.base_url
+        self.fleet = fleet or Fleet([warmer or PrefixWarmer(config)])
+        self.warmer = self.fleet.servers[0].warmer
         self.app = Starlette(
             routes=[
                 Route(STATUS_PATH, self._status, methods=["GET"]),
@@ -229,7 +202,8 @@ class PrefixProxy:
         # Forwarded requests: no read limit on a connection pool slot, a read timeout
         # that tells a wedged llama-server from a slow one.
         t = config.upstream_timeout
-        self._timeout = httpx.Timeout(connect=10.0, read=t, write=t, pool=None)
+        connect = 10.0 if self.fleet.single else CONNECT_TIMEOUT
+        self._timeout = httpx.Timeout(connect=connect, read=t, write=t, pool=None)
         self.upstream_errors: dict[str, Any] = {"timeouts": 0, "unreachable": 0, "last": None}
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -246,7 +220,7 @@ class PrefixProxy:
         submitted so far on the running proxy."""
         if self._loop is None:
             return True
-        return self.call(self.warmer.flush(timeout), timeout + 5.0)
+        return self.call(self.fleet.flush(timeout), timeout + 5.0)
 
     def status(self) -> dict[str, Any]:
         """From another thread: what ``GET /pion/status`` answers."""
@@ -255,11 +229,12 @@ class PrefixProxy:
     @contextlib.asynccontextmanager
     async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
         self._loop = asyncio.get_running_loop()
+        self.fleet.start()
         try:
             yield
         finally:
             # Shutdown: answers in flight were given uvicorn's grace; every lease ends.
-            await self.warmer.aclose()
+            await self.fleet.aclose()
 
     async def _status(self, _request: Request) -> Response:
         return JSONResponse(await self._status_data())
@@ -267,6 +242,7 @@ class PrefixProxy:
     async def _status_data(self) -> dict[str, Any]:
         data = await self.warmer.status()
         data["upstream_errors"] = dict(self.upstream_errors)
+        data["fleet"] = await self.fleet.status()
         return data
 
     def _parse(self, body: bytes) -> dict[str, Any] | None:
@@ -296,12 +272,13 @@ class PrefixProxy:
 
     async def _prepare(
         self, kind: EndpointKind, body: bytes, user_agent: str
-    ) -> tuple[bytes, Ticket | None]:
-        """The body to forward and the ticket of a generation request (None: skipped, not
-        observed; a ticket without a lease: forwarded unpinned, observed)."""
+    ) -> tuple[bytes, Ticket | None, Upstream]:
+        """The body to forward, the ticket of a generation request (None: skipped, not
+        observed; a ticket without a lease: forwarded unpinned, observed) and the server
+        it goes to."""
         parsed = self._parse(body)
         if parsed is None:
-            return body, None
+            return body, None, self.fleet.plain()
         if kind == "messages":
             try:
                 stripped = self._strip_billing_header(parsed)
@@ -310,10 +287,10 @@ class PrefixProxy:
             body = stripped if stripped is not None else body
         if "id_slot" in parsed:
             self.warmer.skipped("the request pins id_slot itself")
-            return body, None
-        ticket = await self.warmer.claim(kind, parsed, user_agent, pinnable=kind in _PINNABLE)
+            return body, None, self.fleet.plain()
+        up, ticket = await self.fleet.claim(kind, parsed, user_agent, pinnable=kind in _PINNABLE)
         if ticket.outcome.kind == "skipped":
-            return body, None
+            return body, None, up
         if ticket.pin is not None:
             try:
                 body = pin_slot(body, ticket.pin)
@@ -321,29 +298,37 @@ class PrefixProxy:
                 # JSON that does not start with "{" as bytes (a BOM, UTF-16): forwarded as
                 # sent, under the lease all the same.
                 self.warmer.log(f"request not pinned to slot {ticket.pin}: {body[:4]!r}")
-        return body, ticket
+        return body, ticket, up
 
     async def _forward(self, request: Request) -> Response:
         try:
-            read = await _read_body(request)
+            read = await read_body(request, MAX_WARM_BODY)
         except TimeoutError:
             return _error(408, "pion llama proxy: the request body stalled")
-        ticket: Ticket | None = None
-        content: bytes | AsyncIterator[bytes] = read.content()
         kind = ENDPOINTS.get(request.url.path) if request.method == "POST" else None
         if kind is not None and read.rest is not None:
             self.warmer.skipped(f"body is over {MAX_WARM_BODY} bytes: streamed, not warmed")
-        elif kind is not None:
-            content, ticket = await self._prepare(
-                kind, read.head, request.headers.get("user-agent", "")
-            )
-        done = _Done(self.warmer, ticket)
-        unpinned = kind is not None and (ticket is None or ticket.lease is None)
-        try:
-            return await self._send(request, content, done, unpinned)
-        except BaseException:
-            done.finish(hung_up=True)
-            raise
+        # A body read whole can be sent again: a fleet's server that refuses the
+        # connection is taken out and the request routed to another.
+        tries = len(self.fleet.servers) if read.rest is None else 1
+        for attempt in range(tries):
+            ticket: Ticket | None = None
+            content: bytes | AsyncIterator[bytes] = read.content()
+            up = self.fleet.plain()
+            if kind is not None and read.rest is None:
+                content, ticket, up = await self._prepare(
+                    kind, read.head, request.headers.get("user-agent", "")
+                )
+            done = _Done(up.warmer, ticket)
+            unpinned = kind is not None and (ticket is None or ticket.lease is None)
+            try:
+                return await self._send(request, content, done, unpinned, attempt + 1 < tries)
+            except _Unreachable:
+                continue
+            except BaseException:
+                done.finish(hung_up=True)
+                raise
+        return _error(502, "pion llama proxy: no llama-server of the fleet answers")
 
     async def _send(
         self,
@@ -351,11 +336,13 @@ class PrefixProxy:
         content: bytes | AsyncIterator[bytes],
         done: _Done,
         unpinned: bool,
+        retry: bool = False,
     ) -> Response:
-        url = self.upstream + request.url.path
+        warmer = done.warmer
+        url = warmer.client.base_url + request.url.path
         if request.url.query:
             url += "?" + request.url.query
-        http = self.warmer.client.http
+        http = warmer.client.http
         upstream_req = http.build_request(
             request.method,
             url,
@@ -366,28 +353,39 @@ class PrefixProxy:
         if unpinned:
             # This request may run in any slot: no slot is trusted unchecked from now on,
             # and no request is pinned to a slot it may be running in (see warmer._busy).
-            self.warmer.unpinned_epoch += 1
-            self.warmer.unpinned_inflight += 1
+            warmer.unpinned_epoch += 1
+            warmer.unpinned_inflight += 1
+        up = self.fleet.server(warmer)
         try:
-            resp = await http.send(upstream_req, stream=True)
-        except httpx.TimeoutException as exc:
-            self._unpinned_done(unpinned)
-            done.failed = True
-            done.finish()
-            return self._upstream_error(
-                504, "timeout", f"sent nothing for {self._timeout.read} s ({exc!r})"
-            )
+            # A fleet's server taken out while the answer's head is awaited: a 502 now,
+            # not the upstream timeout (in a fleet of one, nothing is taken out).
+            sending = http.send(upstream_req, stream=True)
+            sent: httpx.Response | None
+            if self.fleet.single:
+                sent = await sending
+            else:
+                sent = await unless_down(up, sending, _aclose)
+            if sent is None:
+                raise httpx.ReadError("taken out of the fleet while the request waited")
+            resp = sent
         except httpx.HTTPError as exc:
-            self._unpinned_done(unpinned)
+            self._unpinned_done(done, unpinned)
             done.failed = True
             done.finish()
-            return self._upstream_error(502, "unreachable", f"unreachable: {exc}")
+            if retry and isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+                self.fleet.down(up, f"unreachable: {exc!r}")
+                raise _Unreachable from exc
+            if isinstance(exc, httpx.TimeoutException):
+                detail = f"sent nothing for {self._timeout.read} s ({exc!r})"
+                return self._upstream_error(done, 504, "timeout", detail)
+            return self._upstream_error(done, 502, "unreachable", f"unreachable: {exc}")
         except BaseException:
-            self._unpinned_done(unpinned)
+            self._unpinned_done(done, unpinned)
             raise
         if done.ticket is not None:
             streaming = "text/event-stream" in resp.headers.get("content-type", "")
             done.scanner = TimingsScanner(streaming)
+            self.fleet.forwarded(up, done.ticket)
         response = _Relay(self._relay(resp, done, unpinned), resp.status_code, done)
         # Upstream's headers in upstream's order. Content-Length stays: aiter_raw passes
         # the bytes as sent (no decoding), so the length still holds.
@@ -398,11 +396,12 @@ class PrefixProxy:
         ]
         return response
 
-    def _unpinned_done(self, unpinned: bool) -> None:
+    @staticmethod
+    def _unpinned_done(done: _Done, unpinned: bool) -> None:
         if unpinned:
-            self.warmer.unpinned_inflight -= 1
+            done.warmer.unpinned_inflight -= 1
 
-    def _upstream_error(self, code: int, what: str, detail: str) -> Response:
+    def _upstream_error(self, done: _Done, code: int, what: str, detail: str) -> Response:
         key = "timeouts" if code == 504 else "unreachable"
         self.upstream_errors[key] += 1
         self.upstream_errors["last"] = {
@@ -411,7 +410,7 @@ class PrefixProxy:
             "detail": detail,
             "at": time.time(),
         }
-        message = f"pion llama proxy: upstream {self.upstream} {detail}"
+        message = f"pion llama proxy: upstream {done.warmer.client.base_url} {detail}"
         self.warmer.log(message)
         return _error(code, message)
 
@@ -428,16 +427,16 @@ class PrefixProxy:
         except httpx.TimeoutException:
             done.failed = True
             self._upstream_error(
-                504, "timeout", f"stopped sending for {self._timeout.read} s mid-answer"
+                done, 504, "timeout", f"stopped sending for {self._timeout.read} s mid-answer"
             )
             raise
         except httpx.HTTPError as exc:
             # llama-server died or restarted mid-answer: the client's answer is cut short.
             done.failed = True
-            self._upstream_error(502, "unreachable", f"failed mid-answer: {exc!r}")
+            self._upstream_error(done, 502, "unreachable", f"failed mid-answer: {exc!r}")
             raise
         finally:
-            self._unpinned_done(unpinned)
+            self._unpinned_done(done, unpinned)
             # Shielded: a client that hangs up as soon as it has its answer (Codex after
             # response.completed) cancels this task; the upstream must still be closed.
             with anyio.CancelScope(shield=True):
@@ -445,9 +444,17 @@ class PrefixProxy:
             done.finish(hung_up=not complete and not done.failed)
 
 
-def serve(config: WarmerConfig, host: str = "127.0.0.1", port: int = 8089) -> None:
-    """Run the proxy in the foreground until interrupted."""
-    proxy = PrefixProxy(config)
+def serve(
+    config: WarmerConfig,
+    host: str = "127.0.0.1",
+    port: int = 8089,
+    *,
+    upstreams: tuple[str, ...] = (),
+    slot_dirs: tuple[Path, ...] = (),
+) -> None:
+    """Run the proxy in the foreground until interrupted (``upstreams``: several
+    llama-servers, :mod:`pion.llama.fleet`; none: ``config.base_url`` alone)."""
+    proxy = PrefixProxy(config, fleet=Fleet.from_config(config, upstreams, slot_dirs))
     slots = (
         "slots all"
         if config.all_slots
@@ -456,8 +463,9 @@ def serve(config: WarmerConfig, host: str = "127.0.0.1", port: int = 8089) -> No
         else f"slot {config.slot}"
     )
     store = proxy.warmer.store
+    targets = ", ".join(u.url for u in proxy.fleet.servers)
     proxy.warmer.log(
-        f"proxy listening on http://{host}:{port} → {config.base_url} "
+        f"proxy listening on http://{host}:{port} → {targets} "
         f"({slots}, persist {'on' if proxy.warmer.index else 'off'}, "
         f"store {redact_url(store.config.url) if store else 'off'}, verify {config.verify})"
     )

@@ -94,6 +94,15 @@ class WarmerSteps:
         if not task.cancelled():
             task.exception()  # retrieved: every waiter got it raised already
 
+    async def server_info(self, *, refresh: bool = False) -> ServerInfo:
+        """What ``/props`` says (``refresh``: asked again; shared with callers in flight).
+        Raises LlamaServerError when the server does not answer."""
+        return await self._server_info(refresh)
+
+    def fingerprint_of(self, request: WarmRequest, info: ServerInfo) -> str:
+        """``request``'s fingerprint on a server that ``info`` describes."""
+        return self._fingerprint(request, info)
+
     def _fingerprint(self, request: WarmRequest, info: ServerInfo) -> str:
         inputs = FingerprintInputs.of(
             request,

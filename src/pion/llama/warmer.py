@@ -143,6 +143,11 @@ class PrefixWarmer(WarmerSteps):
         return self.ctx.index
 
     @property
+    def table(self) -> SlotTable | None:
+        """Which prefix each slot is routed (None until ``/props`` first answered)."""
+        return self._table
+
+    @property
     def store(self) -> SlotStore | None:
         return self.ctx.store
 
@@ -235,6 +240,16 @@ class PrefixWarmer(WarmerSteps):
         *,
         pinnable: bool,
     ) -> Ticket:
+        found = await self.find(kind, body, harness, t0)
+        if isinstance(found, Ticket):
+            return found
+        return await self.claim_found(found, t0, pinnable=pinnable)
+
+    async def find(
+        self, kind: EndpointKind, body: Mapping[str, Any], harness: str, t0: float
+    ) -> WarmRequest | Ticket:
+        """The warmable prefix of a request, rendered and learned by this warmer's server;
+        a ticket without a lease when there is none (skipped, or rendering failed)."""
         try:
             found = await warm_request_for(
                 kind,
@@ -252,8 +267,18 @@ class PrefixWarmer(WarmerSteps):
             return Ticket(self._record(self._failed(exc, self.config.slot, t0)))
         if isinstance(found, PrefixSkip):
             return Ticket(self.skipped(found.reason))
+        return found
+
+    async def claim_found(self, found: WarmRequest, t0: float, *, pinnable: bool) -> Ticket:
+        """:meth:`claim` for a prefix already found (:meth:`find`, by this warmer or by
+        another of the same (build, model), as a fleet routes it)."""
         exclusive = not pinnable and self.config.multi_slot
-        return await self._claim(found, None, t0, exclusive=exclusive, pinnable=pinnable)
+        # A fleet routes before it claims: the slots are checked as in claim(), here.
+        token = SLOTS_SNAPSHOT.set(SLOTS_SNAPSHOT.get() or self._shared_snapshot())
+        try:
+            return await self._claim(found, None, t0, exclusive=exclusive, pinnable=pinnable)
+        finally:
+            SLOTS_SNAPSHOT.reset(token)
 
     async def finish(
         self,
