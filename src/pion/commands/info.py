@@ -123,8 +123,8 @@ def _clients(ctx: Context) -> list[str]:
     return [
         f"connected_clients:{len(ctx.state.clients)}",
         f"maxclients:{ctx.state.config.maxclients}",
-        # No command blocks (there is no BLPOP, BZPOPMIN or WAIT that waits); redis-cli
-        # --stat shows this column.
+        # Clients waiting in BLPOP, BZPOPMIN, XREAD BLOCK and the other blocking
+        # commands (pion.commands.blocking); redis-cli --stat shows this column.
         f"blocked_clients:{blocked_count(ctx.state.keyspace)}",
     ]
 
