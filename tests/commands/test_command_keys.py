@@ -38,9 +38,17 @@ def _positions(port: int, name: str) -> tuple[int, int, int] | None:
 # Redis 7.4's hash-field expiry: its COMMAND INFO gives each first key 1, last 1, step 1.
 REDIS_74 = {
     name: (1, 1, 1)
-    for name in (
-        "HEXPIRE HPEXPIRE HEXPIREAT HPEXPIREAT HTTL HPTTL HEXPIRETIME HPEXPIRETIME HPERSIST"
-    ).split()
+    for name in [
+        "HEXPIRE",
+        "HPEXPIRE",
+        "HEXPIREAT",
+        "HPEXPIREAT",
+        "HTTL",
+        "HPTTL",
+        "HEXPIRETIME",
+        "HPEXPIRETIME",
+        "HPERSIST",
+    ]
 }
 
 

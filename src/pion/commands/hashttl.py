@@ -127,7 +127,5 @@ COMMANDS: list[Command] = [
     _ttl_handler("hpttl", True, False),
     _ttl_handler("hexpiretime", False, True),
     _ttl_handler("hpexpiretime", False, False),
-    Command(
-        "HPERSIST", _hpersist, -5, frozenset({"write", "fast"}), "Remove hash fields' expiry"
-    ),
+    Command("HPERSIST", _hpersist, -5, frozenset({"write", "fast"}), "Remove hash fields' expiry"),
 ]

@@ -195,6 +195,7 @@ def _stats(ctx: Context) -> list[str]:
         f"sdpa_cold_forgotten:{tables.forgotten}",
         f"ssm_entries:{len(ctx.state.ssm)}",
         f"expired_keys:{ks.expired_keys}",
+        f"expired_subkeys:{ks.expired_fields}",
         f"keyspace_hits:{ks.hits}",
         f"keyspace_misses:{ks.misses}",
         f"pubsub_channels:{len(pubsub.table[Kind.CHANNEL])}",

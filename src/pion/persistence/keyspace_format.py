@@ -63,8 +63,10 @@ Change 5 of op 31 came with hash-field expiry (Redis 7.4): no op code was left, 
 hash's deadlines are one more keyed change; a build without it meets one as a named
 ``unknown SET_OF change`` error. Fields reclaimed past their deadline are logged as
 an HDEL (op 21), as Redis 7.4 propagates them, so a restart never revives them; a
-snapshot writes a hash's deadlines after its HSET records. Ops 30 and 31 came with lists and sets; each op's first byte after the key names
-the change, so the keyspace's last two op codes hold both families. Ops 26 to 29
+snapshot writes a hash's deadlines after its HSET records.
+
+Ops 30 and 31 came with lists and sets; each op's first byte after the key names the
+change, so the keyspace's last two op codes hold both families. Ops 26 to 29
 came with RENAME, COPY, SETRANGE and APPEND, and the *STORE commands of
 sorted sets (op 29 makes their replace-the-destination one record). 26 to 28 carry the key names and
 the bytes written, not whole values, so appending to a large string costs the log what
