@@ -133,6 +133,7 @@ def test_hset_clears_a_deadline_hincrby_keeps_it_rename_copy_keep(client: redis.
     client.hset("h", "a", "2")
     client.hincrby("h", "n", 1)
     assert client.execute_command("HTTL", "h", "FIELDS", 2, "a", "n")[0] == -1
+    assert client.object("encoding", "h") == b"listpackex"  # Redis 7.4's
     client.rename("h", "r")
     client.copy("r", "c")
     for key in ("r", "c"):
