@@ -217,3 +217,20 @@ def test_deadlines_survive_restart_and_kill9(spawn_server: Spawn) -> None:
         -2,
     ]
     assert 490 < r2.execute_command("HTTL", "snap", "FIELDS", 1, "x")[0] <= 500
+
+
+def test_the_log_alone_replays_deadlines_after_kill9(spawn_server: Spawn) -> None:
+    srv = spawn_server("--appendfsync", "always")
+    r = srv.client()
+    r.hset("h", mapping={"a": "1", "b": "2", "c": "3", "n": "1"})
+    r.execute_command("HEXPIRE", "h", 300, "FIELDS", 3, "a", "b", "n")
+    r.execute_command("HPERSIST", "h", "FIELDS", 1, "b")
+    r.execute_command("HEXPIRE", "h", 0, "FIELDS", 1, "c")  # deleted: an HDEL
+    r.hincrbyfloat("h", "n", "0.5")  # keeps n's deadline
+    r.hsetnx("h", "new", "v")
+    srv.kill()
+    r2 = spawn_server("--appendfsync", "always").client()
+    assert r2.hgetall("h") == {b"a": b"1", b"b": b"2", b"n": b"1.5", b"new": b"v"}
+    ttls = r2.execute_command("HTTL", "h", "FIELDS", 5, "a", "b", "c", "n", "new")
+    assert 290 < ttls[0] <= 300 and ttls[1:3] == [-1, -2] and ttls[3] == ttls[0]
+    assert ttls[4] == -1
