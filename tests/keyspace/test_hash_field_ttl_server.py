@@ -125,6 +125,9 @@ def test_expired_fields_are_invisible_and_the_active_cycle_reclaims_them(
     assert client.hrandfield("h", -5) == [b"keep"] * 5
     stats = client.info("stats")
     assert stats["expired_keys"] == 0 and stats["expired_subkeys"] == 3  # fields, not keys
+    assert client.info("keyspace")["db0"]["subexpiry"] == 0
+    client.execute_command("HEXPIRE", "h", 100, "FIELDS", 1, "keep")
+    assert client.info("keyspace")["db0"]["subexpiry"] == 1
 
 
 def test_hset_clears_a_deadline_hincrby_keeps_it_rename_copy_keep(client: redis.Redis) -> None:

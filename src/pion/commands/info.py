@@ -221,7 +221,11 @@ def _keyspace(ctx: Context) -> list[str]:
     ks = ctx.state.keyspace
     if not len(ks):
         return []
-    return [f"db0:keys={len(ks)},expires={ks.volatile},avg_ttl={ks.avg_ttl()}"]
+    # subexpiry: the hashes with some field deadline (Redis 7.4's field).
+    subexpiry = len(ks.field_ttls.by_key)
+    return [
+        f"db0:keys={len(ks)},expires={ks.volatile},avg_ttl={ks.avg_ttl()},subexpiry={subexpiry}"
+    ]
 
 
 _SECTIONS: dict[str, tuple[str, Callable[[Context], list[str]]]] = {
