@@ -63,7 +63,8 @@ def test_httl_family_and_hpersist(c: RawClient) -> None:
     at = c.call("HPEXPIRETIME", "h", "FIELDS", 3, "a", "b", "zz").value
     assert at[1:] == [-1, -2] and abs(at[0] - (int(time.time() * 1000) + 100_500)) < 5000
     assert c.call("HEXPIRETIME", "h", "FIELDS", 1, "a").value == [(at[0] + 999) // 1000]
-    assert c.call("HTTL", "h", "FIELDS", 2, "a", "b").value in ([101, -1], [100, -1])
+    secs, none = c.call("HTTL", "h", "FIELDS", 2, "a", "b").value
+    assert 95 <= secs <= 101 and none == -1  # rounded up, as Redis 7.4
     ms = c.call("HPTTL", "h", "FIELDS", 1, "a").value[0]
     assert 95_000 < ms <= 100_500
     assert c.call("HTTL", "missing", "FIELDS", 2, "a", "b").value == [-2, -2]
@@ -219,7 +220,7 @@ def test_deadlines_survive_restart_and_kill9(spawn_server: Spawn) -> None:
         -1,
         -2,
     ]
-    assert 490 < r2.execute_command("HTTL", "snap", "FIELDS", 1, "x")[0] <= 500
+    assert 450 < r2.execute_command("HTTL", "snap", "FIELDS", 1, "x")[0] <= 500
 
 
 def test_the_log_alone_replays_deadlines_after_kill9(spawn_server: Spawn) -> None:
@@ -235,5 +236,5 @@ def test_the_log_alone_replays_deadlines_after_kill9(spawn_server: Spawn) -> Non
     r2 = spawn_server("--appendfsync", "always").client()
     assert r2.hgetall("h") == {b"a": b"1", b"b": b"2", b"n": b"1.5", b"new": b"v"}
     ttls = r2.execute_command("HTTL", "h", "FIELDS", 5, "a", "b", "c", "n", "new")
-    assert 290 < ttls[0] <= 300 and ttls[1:3] == [-1, -2] and ttls[3] == ttls[0]
+    assert 250 < ttls[0] <= 300 and ttls[1:3] == [-1, -2] and ttls[3] == ttls[0]
     assert ttls[4] == -1
