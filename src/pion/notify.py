@@ -103,13 +103,19 @@ def flags_text(flags: int) -> str:
     return out
 
 
+# The classes of the events the keyspace raises itself: ``new``, ``expired`` (a key),
+# and a hash's fields reclaimed past their deadline: ``hexpired``, then ``del`` when
+# the hash went with them (Redis 7.4).
+_STORE_EVENTS = {"new": NEW, "expired": EXPIRED, "hexpired": HASH, "del": GENERIC}
+
+
 def configure(state: ServerState, flags: int) -> None:
     """Apply ``notify-keyspace-events``: the flags, and the keyspace's own hook for
     ``new`` and ``expired`` (removed when nothing is enabled)."""
     state.notify_flags = flags
 
     def events(event: str, key: bytes) -> None:
-        notify(state, NEW if event == "new" else EXPIRED, event, key)
+        notify(state, _STORE_EVENTS.get(event, EXPIRED), event, key)
 
     state.keyspace.events = events if flags else None
 

@@ -19,7 +19,8 @@ Reading order:
 3. The families: ``generic.py`` (connection and server commands) with ``clientctl.py``,
    ``config_cmd.py``, ``info.py`` and ``observe.py``; the plain keyspace's
    ``strings.py``, ``keys.py``, ``keys_more.py``, ``dump.py`` (DUMP/RESTORE),
-   ``hashes.py``, ``zsets.py``, ``zsets_more.py``, ``zsets_algebra.py``, ``zsets_store.py``
+   ``hashes.py`` with ``hashttl.py`` (hash-field expiry), ``zsets.py``, ``zsets_more.py``,
+   ``zsets_algebra.py``, ``zsets_store.py``
    (ZRANGESTORE), ``geo.py`` (GEO* on sorted sets), ``bits.py``, ``lists.py``, ``sets.py``
    and ``sort.py`` (SORT, SORT_RO);
    ``blocking.py`` (BLPOP and the other blocking pops); ``streams.py`` (XADD, XREAD
@@ -51,6 +52,7 @@ from pion.commands import (
     generic,
     geo,
     hashes,
+    hashttl,
     hll,
     keys,
     keys_more,
@@ -95,6 +97,7 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     observe.COMMANDS,
     strings.COMMANDS,
     hashes.COMMANDS,
+    hashttl.COMMANDS,
     zsets.COMMANDS,
     zsets_more.COMMANDS,
     transactions.COMMANDS,

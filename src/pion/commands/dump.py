@@ -30,9 +30,17 @@ class BusyKeyError(PionError):
 
 
 def _dump(ctx: Context, args: Sequence[bytes]) -> Reply:
-    value = ctx.state.keyspace.lookup(args[0])
+    ks = ctx.state.keyspace
+    value = ks.lookup(args[0])
     if value is None:
         return None
+    if ks.field_ttls.of(args[0]):
+        # Redis 7.4 writes such a hash as RDB_TYPE_HASH_METADATA (type 22), which
+        # Redis 7.0's RESTORE cannot read; this build does not write it.
+        raise PionError(
+            "DUMP is not served for this value: a hash with field expiry "
+            "(Redis 7.4's RDB type 22) is not written by this build"
+        )
     try:
         return dump_payload(value)
     except BadFormat as exc:

@@ -256,7 +256,8 @@ def _command(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 
 # The key positions (first key, last key, step) of the commands that take keys of the
-# plain keyspace, as redis-server 7 reports them (a test compares the two); every other
+# plain keyspace, as redis-server 7 reports them (a test compares the two; Redis 7.4's
+# for hash-field expiry, HEXPIRE and its family, which 7.0 lacks); every other
 # command has none: its arguments are namespaces, session ids or options (shard
 # channels count as keys, as in Redis: they pick a cluster slot). One line per
 # command: a keyspace command added to the table adds its line here.
@@ -300,6 +301,9 @@ KEY_POSITIONS: dict[str, tuple[int, int, int]] = {
     "GETSET": (1, 1, 1),
     "HDEL": (1, 1, 1),
     "HEXISTS": (1, 1, 1),
+    "HEXPIRE": (1, 1, 1),
+    "HEXPIREAT": (1, 1, 1),
+    "HEXPIRETIME": (1, 1, 1),
     "HGET": (1, 1, 1),
     "HGETALL": (1, 1, 1),
     "HINCRBY": (1, 1, 1),
@@ -308,18 +312,24 @@ KEY_POSITIONS: dict[str, tuple[int, int, int]] = {
     "HLEN": (1, 1, 1),
     "HMGET": (1, 1, 1),
     "HMSET": (1, 1, 1),
+    "HPERSIST": (1, 1, 1),
+    "HPEXPIRE": (1, 1, 1),
+    "HPEXPIREAT": (1, 1, 1),
+    "HPEXPIRETIME": (1, 1, 1),
+    "HPTTL": (1, 1, 1),
     "HRANDFIELD": (1, 1, 1),
     "HSCAN": (1, 1, 1),
     "HSET": (1, 1, 1),
     "HSETNX": (1, 1, 1),
     "HSTRLEN": (1, 1, 1),
+    "HTTL": (1, 1, 1),
     "HVALS": (1, 1, 1),
     "INCR": (1, 1, 1),
     "INCRBY": (1, 1, 1),
     "INCRBYFLOAT": (1, 1, 1),
+    "LCS": (1, 2, 1),
     "LINDEX": (1, 1, 1),
     "LINSERT": (1, 1, 1),
-    "LCS": (1, 2, 1),
     "LLEN": (1, 1, 1),
     "LMOVE": (1, 2, 1),
     "LPOP": (1, 1, 1),
@@ -382,7 +392,6 @@ KEY_POSITIONS: dict[str, tuple[int, int, int]] = {
     "TYPE": (1, 1, 1),
     "UNLINK": (1, -1, 1),
     "WATCH": (1, -1, 1),
-    "ZADD": (1, 1, 1),
     "XACK": (1, 1, 1),
     "XADD": (1, 1, 1),
     "XAUTOCLAIM": (1, 1, 1),
@@ -394,6 +403,7 @@ KEY_POSITIONS: dict[str, tuple[int, int, int]] = {
     "XREVRANGE": (1, 1, 1),
     "XSETID": (1, 1, 1),
     "XTRIM": (1, 1, 1),
+    "ZADD": (1, 1, 1),
     "ZCARD": (1, 1, 1),
     "ZCOUNT": (1, 1, 1),
     "ZDIFFSTORE": (1, 1, 1),

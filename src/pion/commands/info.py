@@ -195,6 +195,7 @@ def _stats(ctx: Context) -> list[str]:
         f"sdpa_cold_forgotten:{tables.forgotten}",
         f"ssm_entries:{len(ctx.state.ssm)}",
         f"expired_keys:{ks.expired_keys}",
+        f"expired_subkeys:{ks.expired_fields}",
         f"keyspace_hits:{ks.hits}",
         f"keyspace_misses:{ks.misses}",
         f"pubsub_channels:{len(pubsub.table[Kind.CHANNEL])}",
@@ -220,7 +221,11 @@ def _keyspace(ctx: Context) -> list[str]:
     ks = ctx.state.keyspace
     if not len(ks):
         return []
-    return [f"db0:keys={len(ks)},expires={ks.volatile},avg_ttl={ks.avg_ttl()}"]
+    # subexpiry: the hashes with some field deadline (Redis 7.4's field).
+    subexpiry = len(ks.field_ttls.by_key)
+    return [
+        f"db0:keys={len(ks)},expires={ks.volatile},avg_ttl={ks.avg_ttl()},subexpiry={subexpiry}"
+    ]
 
 
 _SECTIONS: dict[str, tuple[str, Callable[[Context], list[str]]]] = {

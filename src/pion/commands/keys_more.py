@@ -150,7 +150,10 @@ def _object(ctx: Context, args: Sequence[bytes]) -> Reply:
     if e is None:
         return None
     if upper == "ENCODING":
-        return encoding_of(e.value).encode()
+        encoding = encoding_of(e.value)
+        if encoding == "listpack" and ks.field_ttls.of(args[1]):
+            encoding = "listpackex"  # Redis 7.4's small hash with field deadlines
+        return encoding.encode()
     if upper == "FREQ":
         raise PionError(_LFU_ERROR)  # the policy is allkeys-lru (INFO maxmemory_policy)
     if upper == "IDLETIME":

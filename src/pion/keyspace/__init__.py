@@ -7,7 +7,8 @@ Reading order: ``store.py`` (the :class:`Keyspace`: reads, writes, expiry, snaps
 replay a record and tell WATCH) with ``listset.py`` (those of lists and sets),
 ``mutations.py`` (the records every change is made
 of), ``entries.py`` (what a key is and costs), ``expiry.py`` (deadlines and the active
-sweep), ``strings.py``, ``hashes.py``, ``zsets.py`` with ``zsets_more.py`` and
+sweep), ``fieldttl.py`` (hash fields' deadlines), ``strings.py``, ``hashes.py`` with
+``hashttl.py`` (HEXPIRE and its family), ``zsets.py`` with ``zsets_more.py`` and
 ``zsets_algebra.py``, ``geo.py`` (geohashes and GEO searches), ``bits.py``, ``lists.py``,
 ``sets.py``, ``sort.py`` (SORT) and ``streams.py`` (the semantics of the commands that have
 some), ``streamtype.py`` (the stream value) with
@@ -49,6 +50,7 @@ from pion.keyspace.mutations import (
     SetAdd,
     SetDeadline,
     SetFields,
+    SetFieldTTLs,
     SetMove,
     SetRange,
     SetRemove,
@@ -87,6 +89,7 @@ __all__ = [
     "ReplaceScores",
     "SetAdd",
     "SetDeadline",
+    "SetFieldTTLs",
     "SetFields",
     "SetMove",
     "SetRange",

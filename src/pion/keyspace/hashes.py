@@ -69,7 +69,7 @@ def hincrby(ks: Keyspace, key: bytes, field: bytes, delta: int) -> int:
     new = old + delta
     if not _INT64_MIN <= new <= _INT64_MAX:
         raise PionError("increment or decrement would overflow")
-    ks.hash_set(key, [(field, str(new).encode())])
+    ks.hash_set(key, [(field, str(new).encode())], keep_ttl=True)
     return new
 
 
@@ -92,7 +92,7 @@ def hincrbyfloat(ks: Keyspace, key: bytes, field: bytes, raw_delta: bytes) -> by
     if not np.isfinite(new):
         raise PionError("increment would produce NaN or Infinity")
     text = format_long_double(new)
-    ks.hash_set(key, [(field, text)])
+    ks.hash_set(key, [(field, text)], keep_ttl=True)
     return text
 
 

@@ -25,6 +25,9 @@ record               meaning
 ``SetDeadline``      an existing key's deadline changes (0: PERSIST)
 ``SetFields``        HSET: fields of a hash set (the hash is created if absent)
 ``DeleteFields``     HDEL: fields removed (a hash left empty disappears)
+``SetFieldTTLs``     HEXPIRE/HPERSIST: existing fields of a hash get these deadlines
+                     (0: none); first, ``values`` are set keeping their deadlines
+                     (HINCRBY of a field that has one)
 ``SetScores``        ZADD: members of a sorted set get these scores (created if
                      absent)
 ``DeleteMembers``    ZREM: members removed (a sorted set left empty disappears)
@@ -93,6 +96,7 @@ __all__ = [
     "ReplaceScores",
     "SetAdd",
     "SetDeadline",
+    "SetFieldTTLs",
     "SetFields",
     "SetMove",
     "SetRange",
@@ -143,6 +147,13 @@ class SetFields:
 class DeleteFields:
     key: bytes
     fields: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SetFieldTTLs:
+    key: bytes
+    items: tuple[tuple[bytes, int], ...]
+    values: tuple[tuple[bytes, Payload], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +299,7 @@ KeyMutation: TypeAlias = (
     | SetDeadline
     | SetFields
     | DeleteFields
+    | SetFieldTTLs
     | SetScores
     | DeleteMembers
     | Flush

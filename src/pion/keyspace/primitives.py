@@ -30,6 +30,7 @@ from pion.keyspace.entries import (
     value_size,
 )
 from pion.keyspace.expiry import Deadlines
+from pion.keyspace.fieldttl import FIELD_TTL_OVERHEAD, FieldDeadlines
 from pion.keyspace.mutations import (
     CopyKey,
     DeleteFields,
@@ -38,10 +39,12 @@ from pion.keyspace.mutations import (
     Flush,
     KeyMutation,
     NewKey,
+    Payload,
     RenameKey,
     ReplaceScores,
     SetDeadline,
     SetFields,
+    SetFieldTTLs,
     SetRange,
     SetScores,
     SetString,
@@ -62,6 +65,8 @@ class KeyTable:
         self._data: dict[bytes, Entry] = {}
         self._slots = SlotTable(self._relocate)
         self.deadlines = Deadlines()
+        # Hash fields' deadlines (HEXPIRE); the primitives keep them with their hash.
+        self.field_ttls = FieldDeadlines()
         self.used_bytes = 0
         # Seconds; a shared int, so every entry touched in one second holds one object.
         self.lru_clock = clock() // 1000
@@ -91,6 +96,9 @@ class KeyTable:
         elif isinstance(m, DeleteFields):
             if self._typed(m.key, dict):
                 self._apply_delete_fields(m.key, m.fields)
+        elif isinstance(m, SetFieldTTLs):
+            if self._typed(m.key, dict):
+                self._apply_field_ttls(m.key, m.items, m.values)
         elif isinstance(m, SetScores):
             self._typed(m.key, SortedSet)
             self._apply_scores(m.key, m.items)
@@ -134,6 +142,8 @@ class KeyTable:
             e = self._data[key] = Entry(value, self._slots.add(key), 0, size, self.lru_clock)
             self.used_bytes += size
         else:
+            if e.value is not value and self.field_ttls.by_key:
+                self.field_ttls.forget(key)  # a new value: ``size`` counts no deadlines
             self.used_bytes += size - e.size
             e.value, e.size = value, size
         self._set_deadline(key, e, deadline)
@@ -153,6 +163,8 @@ class KeyTable:
         if self.watchers.names:
             self.watchers.touch(key, expiring=expiring)
         e = self._data.pop(key)
+        if self.field_ttls.by_key:
+            self.field_ttls.forget(key)
         self.used_bytes -= e.size
         if e.deadline:
             self.deadlines.discard(e.deadline)
@@ -163,8 +175,10 @@ class KeyTable:
         e = self._data[source]
         value, deadline = e.value, e.deadline
         size = e.size + len(destination) - len(source)
+        fields = self.field_ttls.take(source)  # they move with the hash, as in Redis 7.4
         self._drop(source)
         self._put(destination, value, deadline, size)
+        self.field_ttls.restore(destination, fields)
 
     def _apply_range(self, key: bytes, offset: int, data: bytes) -> None:
         e = self._data.get(key)
@@ -186,6 +200,7 @@ class KeyTable:
         e = self._data[source]
         size = e.size + len(destination) - len(source)
         self._put(destination, copy_value(e.value), e.deadline, size)
+        self.field_ttls.restore(destination, dict(self.field_ttls.of(source) or {}))
 
     def _clear(self) -> dict[bytes, Entry]:
         if self.watchers.names:
@@ -193,6 +208,7 @@ class KeyTable:
         old, self._data = self._data, {}
         self._slots.clear()
         self.deadlines.clear()
+        self.field_ttls.clear()
         self.used_bytes = 0
         return old
 
@@ -203,16 +219,24 @@ class KeyTable:
             e = self._data[key]
         return e
 
-    def _apply_fields(self, key: bytes, items: Iterable[tuple[bytes, bytes]]) -> None:
+    def _apply_fields(
+        self, key: bytes, items: Iterable[tuple[bytes, bytes]], *, keep_ttl: bool = False
+    ) -> None:
+        """HSET: a written field loses its deadline (Redis 7.4's HSET), unless
+        ``keep_ttl`` (its HINCRBY and HINCRBYFLOAT keep it)."""
         if self.watchers.names:
             self.watchers.touch(key)
         e = self._container(key, dict)
         h = cast(dict[bytes, bytes], e.value)  # the caller checked the type
+        ttls = None if keep_ttl else self.field_ttls.of(key)
         grow = 0
         for f, v in items:
             old = h.get(f)
             grow += len(v) - len(old) if old is not None else len(f) + len(v) + FIELD_OVERHEAD
             h[f] = v
+            if ttls is not None and f in ttls:
+                self.field_ttls.set(key, f, 0)
+                grow -= FIELD_TTL_OVERHEAD
         e.size += grow
         self.used_bytes += grow
 
@@ -222,14 +246,37 @@ class KeyTable:
         e = self._data[key]
         h = cast(dict[bytes, bytes], e.value)
         shrink = 0
+        ttls = self.field_ttls.of(key)
         for f in fields:
             old = h.pop(f, None)
             if old is not None:
                 shrink += len(f) + len(old) + FIELD_OVERHEAD
+                if ttls is not None and f in ttls:
+                    self.field_ttls.set(key, f, 0)
+                    shrink += FIELD_TTL_OVERHEAD
         e.size -= shrink
         self.used_bytes -= shrink
         if not h:
             self._drop(key)
+
+    def _apply_field_ttls(
+        self,
+        key: bytes,
+        items: Iterable[tuple[bytes, int]],
+        values: Iterable[tuple[bytes, Payload]] = (),
+    ) -> None:
+        """Existing fields of the hash ``key`` get these deadlines (0: none); fields
+        it lacks are skipped. ``values`` are written first, keeping deadlines."""
+        self._apply_fields(key, ((f, own(v)) for f, v in values), keep_ttl=True)
+        e = self._data[key]
+        h = cast(dict[bytes, bytes], e.value)
+        grow = 0
+        for f, deadline in items:
+            if f in h:
+                old = self.field_ttls.set(key, f, deadline)
+                grow += FIELD_TTL_OVERHEAD * ((deadline != 0) - (old != 0))
+        e.size += grow
+        self.used_bytes += grow
 
     def _apply_scores(self, key: bytes, items: Iterable[tuple[float, bytes]]) -> None:
         if self.watchers.names:

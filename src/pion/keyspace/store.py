@@ -51,11 +51,13 @@ from pion.keyspace.entries import (
     Entry,
     Kind,
     Value,
+    chunks,
     kind_of,
     records,
     value_size,
 )
 from pion.keyspace.expiry import now_ms
+from pion.keyspace.fieldttl import FIELD_TTL_OVERHEAD
 from pion.keyspace.glob import matches_all, stringmatch
 from pion.keyspace.mutations import (
     CopyKey,
@@ -73,6 +75,7 @@ from pion.keyspace.mutations import (
     SetAdd,
     SetDeadline,
     SetFields,
+    SetFieldTTLs,
     SetRange,
     SetReplace,
     SetScores,
@@ -133,6 +136,7 @@ class Keyspace(StreamTable):
         self.rng = Random()
         # INFO Stats counters, from process start.
         self.expired_keys = 0
+        self.expired_fields = 0
         self.hits = 0
         self.misses = 0
 
@@ -147,6 +151,7 @@ class Keyspace(StreamTable):
     def reset_stats(self) -> None:
         """CONFIG RESETSTAT: zero the INFO counters (as Redis does for these three)."""
         self.expired_keys = self.hits = self.misses = 0
+        self.expired_fields = 0
 
     @property
     def volatile(self) -> int:
@@ -164,10 +169,22 @@ class Keyspace(StreamTable):
         """The key's entry, removing it first if its deadline has passed (Redis expires
         a key once ``now > deadline``); not touched (OBJECT, MEMORY USAGE)."""
         e = self._data.get(key)
-        if e is not None and e.deadline and e.deadline < self.clock():
-            self._expire((key,))
-            return None
+        if e is not None:
+            if e.deadline and e.deadline < self.clock():
+                self._expire((key,))
+                return None
+            if self.field_ttls.earliest and self._fields_due(key):
+                return None
         return e
+
+    def _fields_due(self, key: bytes) -> bool:
+        """Reclaim the hash's fields past their deadline, if its bound says some may
+        be (so every command sees a hash without them); True when the key went."""
+        bound = self.field_ttls.earliest.get(key)
+        if bound is None:
+            return False
+        now = self.clock()
+        return bound < now and self.reclaim_fields(key, now)
 
     def _entry(self, key: bytes) -> Entry | None:
         """:meth:`peek`, marking the key as used now."""
@@ -367,8 +384,12 @@ class Keyspace(StreamTable):
         self._set_deadline(key, e, deadline)
         return True
 
-    def hash_set(self, key: bytes, items: list[tuple[bytes, bytes]]) -> int:
-        """HSET: the number of fields that were new."""
+    def hash_set(
+        self, key: bytes, items: list[tuple[bytes, bytes]], *, keep_ttl: bool = False
+    ) -> int:
+        """HSET: the number of fields that were new. A field written loses its
+        deadline unless ``keep_ttl`` (HINCRBY, HINCRBYFLOAT: Redis 7.4's
+        ``HASH_SET_KEEP_TTL``), which is then logged as a ``SetFieldTTLs``."""
         h = self.hash(key, read=False)
         final = dict(items)
         grow = 0 if h is not None else len(key) + KEY_OVERHEAD
@@ -381,9 +402,44 @@ class Keyspace(StreamTable):
             else:
                 grow += len(v) - len(old)
         self._reserve(grow)
+        ttls = self.field_ttls.of(key)
+        if keep_ttl and ttls is not None and any(f in ttls for f in final):
+            self._journal(SetFieldTTLs(key, (), tuple(items)))
+            self._apply_fields(key, final.items(), keep_ttl=True)
+            return added
         self._journal(SetFields(key, tuple(items)))
         self._apply_fields(key, final.items())
         return added
+
+    def hash_field_ttls(self, key: bytes, items: list[tuple[bytes, int]]) -> None:
+        """HEXPIRE (future deadlines), HPERSIST (0): fields of the existing hash
+        ``key`` get these deadlines (the caller checked each field exists)."""
+        if items:
+            grow = sum(FIELD_TTL_OVERHEAD for _, d in items if d)
+            self._reserve(grow)
+            self._journal(SetFieldTTLs(key, tuple(items)))
+            self._apply_field_ttls(key, items)
+
+    def reclaim_fields(self, key: bytes, now: int) -> bool:
+        """Remove the hash's fields past their deadline at ``now``, journaled as an
+        HDEL so a restart never revives them (a refused record is tolerated, as
+        for keys); notifies ``hexpired`` (and ``del`` if the hash went, as Redis
+        7.4 does). True when the key went with its last field."""
+        fields = self.field_ttls.due(key, now)
+        if not fields:
+            return False
+        try:
+            self._journal(DeleteFields(key, tuple(fields)))
+        except PionError as exc:
+            log.debug("expiring %d hash fields without a log record: %s", len(fields), exc.message)
+        self._apply_delete_fields(key, fields)
+        self.expired_fields += len(fields)
+        gone = key not in self._data
+        if self.events is not None:
+            self.events("hexpired", key)
+            if gone:
+                self.events("del", key)
+        return gone
 
     def hash_delete(self, key: bytes, fields: Iterable[bytes]) -> int:
         h = self.hash(key, read=False)
@@ -513,9 +569,12 @@ class Keyspace(StreamTable):
         second = self.clock() // 1000
         if second != self.lru_clock:  # a new int only once a second: entries share it
             self.lru_clock = second
-        due = self.deadlines.due(self.clock(), max_keys, self._deadline_of)
+        now = self.clock()
+        due = self.deadlines.due(now, max_keys, self._deadline_of)
         if due:
             self._expire(tuple(due))
+        for key in self.field_ttls.due_keys(now, max_keys):
+            self.reclaim_fields(key, now)
         if self.deadlines.stale():
             self.deadlines.rebuild([(e.deadline, k) for k, e in self._data.items() if e.deadline])
         return len(due)
@@ -538,3 +597,7 @@ class Keyspace(StreamTable):
                 yield from stream_records(key, e.value, e.deadline)
             else:
                 yield from records(key, e.value, e.deadline)
+            ttls = self.field_ttls.of(key) if self.field_ttls.by_key else None
+            if ttls:  # after the fields: the record sets deadlines of existing ones
+                for batch in chunks(ttls.items(), lambda i: len(i[0]) + 12):
+                    yield SetFieldTTLs(key, batch)

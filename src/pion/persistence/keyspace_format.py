@@ -50,10 +50,23 @@ Op codes and payloads::
                    3 SSTORE            as SADD, but the key is first emptied of
                                        whatever it held (and its deadline)
                    4 SMOVE             blob destination, blob member
+                   5 HFIELDTTL         a hash's fields' deadlines (HEXPIRE and its
+                                       family, HPERSIST, HINCRBY of a field that
+                                       has one): u32 n >= 0, n x (blob field,
+                                       deadline: 0 removes it); then u32 m >= 0,
+                                       m x (blob field, blob value) written first,
+                                       keeping their deadlines; fields the hash
+                                       lacks are skipped
                    16..29 a stream's change (``stream_format.py``)
 
-Ops 30 and 31 came with lists and sets; each op's first byte after the key names
-the change, so the keyspace's last two op codes hold both families. Ops 26 to 29
+Change 5 of op 31 came with hash-field expiry (Redis 7.4): no op code was left, and a
+hash's deadlines are one more keyed change; a build without it meets one as a named
+``unknown SET_OF change`` error. Fields reclaimed past their deadline are logged as
+an HDEL (op 21), as Redis 7.4 propagates them, so a restart never revives them; a
+snapshot writes a hash's deadlines after its HSET records.
+
+Ops 30 and 31 came with lists and sets; each op's first byte after the key names the
+change, so the keyspace's last two op codes hold both families. Ops 26 to 29
 came with RENAME, COPY, SETRANGE and APPEND, and the *STORE commands of
 sorted sets (op 29 makes their replace-the-destination one record). 26 to 28 carry the key names and
 the bytes written, not whole values, so appending to a large string costs the log what
@@ -99,6 +112,7 @@ from pion.keyspace import (
     SetAdd,
     SetDeadline,
     SetFields,
+    SetFieldTTLs,
     SetMove,
     SetRange,
     SetRemove,
@@ -391,6 +405,8 @@ def describe(op: int, payload: Buffer) -> str:
         return f"DEL({m.reason})"
     if isinstance(m, StreamChange):
         return "STREAM"
+    if isinstance(m, SetFieldTTLs):
+        return "HFIELDTTL"
     return OPS[op]
 
 
@@ -422,8 +438,10 @@ _OP_BY_TYPE: Final[dict[type, int]] = {
     SetReplace: OP_SET_OF,
     SetMove: OP_SET_OF,
     StreamChange: OP_SET_OF,
+    SetFieldTTLs: OP_SET_OF,
 }
 _SET_CHANGES: Final = {SetAdd: 1, SetRemove: 2, SetReplace: 3}
+_HFIELDTTL: Final = 5
 
 
 def encode_collection(m: KeyMutation, p: _Parts) -> None:
@@ -466,11 +484,33 @@ def encode_collection(m: KeyMutation, p: _Parts) -> None:
         p.blob(m.key)
         p.raw(_U8.pack(8) + _I64.pack(m.count))
         p.blob(m.element)
+    elif isinstance(m, SetFieldTTLs):
+        p.blob(m.key)
+        p.raw(_U8.pack(_HFIELDTTL) + _U32.pack(len(m.items)))
+        for field, deadline in m.items:
+            p.blob(field)
+            p.raw(_I64.pack(deadline))
+        p.raw(_U32.pack(len(m.values)))
+        for field, value in m.values:
+            p.blob(field)
+            p.blob(value)
     elif isinstance(m, StreamChange):
         change, body = encode_stream(m.change)
         p.blob(m.key)
         p.raw(_U8.pack(change))
         p.tail(body, len(body))
+
+
+def _field_ttls(key: bytes, r: _Reader) -> SetFieldTTLs:
+    """Change 5 of op 31 (its counts may be 0, each checked against the bytes left)."""
+    n = r.u32()
+    if n * 12 > r.left():
+        raise FormatError(f"count {n} does not fit the {r.left()} bytes left")
+    items = tuple((r.key(), r.deadline()) for _ in range(n))
+    m = r.u32()
+    if m * 8 > r.left():
+        raise FormatError(f"count {m} does not fit the {r.left()} bytes left")
+    return SetFieldTTLs(key, items, tuple((r.key(), r.blob()) for _ in range(m)))
 
 
 def decode_collection(op: int, r: _Reader) -> KeyMutation:
@@ -489,6 +529,8 @@ def decode_collection(op: int, r: _Reader) -> KeyMutation:
         if change == 4:
             destination = r.key()
             return SetMove(key, destination, r.key())
+        if change == _HFIELDTTL:
+            return _field_ttls(key, r)
         raise FormatError(f"unknown SET_OF change {change}")
     if change in (1, 2):
         return ListPush(key, change == 1, tuple(r.blob() for _ in range(r.count(4))))
