@@ -16,12 +16,10 @@ from pion.server.run import ServerThread
 from support.keyspace import RawClient, RedisServer, read_reply
 
 BUSY = (
-    b"-BUSY Redis is busy running a script. You can only call FUNCTION KILL or SHUTDOWN "
-    b"NOSAVE.\r\n"
+    b"-BUSY Redis is busy running a script. You can only call FUNCTION KILL or SHUTDOWN NOSAVE.\r\n"
 )
 EVAL_BUSY = (
-    b"-BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN "
-    b"NOSAVE.\r\n"
+    b"-BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.\r\n"
 )
 NOTBUSY = b"-NOTBUSY No scripts in execution right now.\r\n"
 UNKILLABLE = (
@@ -73,13 +71,17 @@ def test_busy_function_matches_redis(servers: dict[str, int], server: str) -> No
     stats = other.call("FUNCTION", "STATS").value
     assert isinstance(stats, list) and stats[0] == b"running_script"
     running = stats[1]
-    assert running[:4] == [b"name", b"forever", b"command", [b"FCALL", b"forever", b"1", b"k", b"a"]]
+    assert running[:4] == [
+        b"name",
+        b"forever",
+        b"command",
+        [b"FCALL", b"forever", b"1", b"k", b"a"],
+    ]
     assert running[4] == b"duration_ms" and running[5] >= 50
     assert other.call("SCRIPT", "KILL").raw == BUSY  # not the one to stop a function
     assert other.call("FUNCTION", "KILL").raw == b"+OK\r\n"
     assert read_reply(looping.f).raw == (
-        b"-ERR Script killed by user with SCRIPT KILL... script: forever, "
-        b"on @user_function:3.\r\n"
+        b"-ERR Script killed by user with SCRIPT KILL... script: forever, on @user_function:3.\r\n"
     )
     assert other.call("FUNCTION", "KILL").raw == NOTBUSY
     assert other.call("GET", "k").raw == b"$-1\r\n"  # the refused SET did not run

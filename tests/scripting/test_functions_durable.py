@@ -74,13 +74,16 @@ def test_libraries_survive_a_restart_from_the_log_and_a_snapshot(tmp_path: Path)
 
 def test_a_function_load_inside_exec_is_logged_with_it(tmp_path: Path) -> None:
     server = _server(tmp_path)
-    assert _calls(
-        server,
-        ("MULTI",),
-        ("SET", "k", "v"),
-        ("FUNCTION", "LOAD", _lib("t", "ft", 7)),
-        ("EXEC",),
-    )[-1] == b"*2\r\n+OK\r\n$1\r\nt\r\n"
+    assert (
+        _calls(
+            server,
+            ("MULTI",),
+            ("SET", "k", "v"),
+            ("FUNCTION", "LOAD", _lib("t", "ft", 7)),
+            ("EXEC",),
+        )[-1]
+        == b"*2\r\n+OK\r\n$1\r\nt\r\n"
+    )
     server.stop()
     server = _server(tmp_path)
     assert _calls(server, ("FCALL", "ft", "0"), ("GET", "k")) == [b":7\r\n", b"$1\r\nv\r\n"]

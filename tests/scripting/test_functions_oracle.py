@@ -22,7 +22,8 @@ from support.keyspace import RawClient, RedisServer
 Cmd = tuple[str, ...]
 
 LIB = """#!lua name=lib1
-redis.register_function('setter', function(keys, args) return redis.call('set', keys[1], args[1]) end)
+redis.register_function('setter', function(keys, args)
+  return redis.call('set', keys[1], args[1]) end)
 redis.register_function{function_name='getter', callback=function(keys, args)
   return redis.call('get', keys[1]) end, flags={'no-writes'}, description='reads one key'}
 redis.register_function{function_name='sneaky', callback=function(keys, args)
@@ -66,7 +67,10 @@ CASES: dict[str, list[Cmd]] = {
         ("FUNCTION", "LOAD", "#!LUA name=lib-2\nreturn 1"),
         ("FUNCTION", "LOAD"),
         _load("redis.register_function('setter', function() return 1 end)"),
-        _load("redis.register_function('g', function() end)\nredis.register_function('g', function() end)"),  # noqa: E501
+        _load(
+            "redis.register_function('g', function() end)\n"
+            "redis.register_function('g', function() end)"
+        ),
         _load("redis.register_function('g-1', function() return 1 end)"),
         _load("redis.register_function('', function() return 1 end)"),
         _load("local a = 1"),
@@ -75,7 +79,7 @@ CASES: dict[str, list[Cmd]] = {
         _load("x = 1"),
         _load("local t = type"),
         _load("local m = math.floor"),
-        _load("redis.register_function{function_name='g', callback=function() end, flags={'bad'}}"),  # noqa: E501
+        _load("redis.register_function{function_name='g', callback=function() end, flags={'bad'}}"),
         _load("redis.register_function{function_name='g', callback=function() end, foo=1}"),
         _load("redis.register_function{function_name='g', callback=1}"),
         _load("redis.register_function{function_name=2, callback=function() end}"),
@@ -86,7 +90,10 @@ CASES: dict[str, list[Cmd]] = {
         _load("redis.register_function(1, function() end)"),
         _load("redis.register_function('g', 1)"),
         _load("redis.register_function('g', function() end, 3)"),
-        _load("redis.log(redis.LOG_WARNING, 'at load')\nredis.register_function('g', function() return {redis.REDIS_VERSION_NUM > 0} end)"),  # noqa: E501
+        _load(
+            "redis.log(redis.LOG_WARNING, 'at load')\n"
+            "redis.register_function('g', function() return {redis.REDIS_VERSION_NUM > 0} end)"
+        ),
         ("FCALL", "g", "0"),
     ],
     "fcall": [
@@ -250,7 +257,10 @@ def test_dump_moves_between_redis_and_pion(servers: tuple[int, int]) -> None:
 
 
 def test_list_of_many_libraries(servers: tuple[int, int]) -> None:
-    libs = [_lib(f"redis.register_function('f{i}', function() return {i} end)", f"l{i}") for i in range(4)]  # noqa: E501
+    libs = [
+        _lib(f"redis.register_function('f{i}', function() return {i} end)", f"l{i}")
+        for i in range(4)
+    ]
     got = []
     for port in servers:
         c = RawClient(port)

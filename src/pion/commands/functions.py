@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pion.commands.args import parse_int
 from pion.commands.deferred import Offload
 from pion.commands.scriptbusy import BUSY
-from pion.commands.scripting import _keys_args, _run, scripts_of  # noqa: PLC2701 - EVAL's
+from pion.commands.scripting import _keys_args, _run, scripts_of
 from pion.commands.state import Command, Context
 from pion.errors import PionError
 from pion.keyspace.glob import stringmatch
@@ -32,7 +32,9 @@ _UNKILLABLE = (
 _NOTBUSY = "NOTBUSY No scripts in execution right now."
 
 
-def _fcall(ctx: Context, args: Sequence[bytes], *, readonly: bool = False) -> Reply | Offload[Reply]:
+def _fcall(
+    ctx: Context, args: Sequence[bytes], *, readonly: bool = False
+) -> Reply | Offload[Reply]:
     scripts = scripts_of(ctx)
     fn = scripts.libraries.functions.get(bytes(args[0]).decode("utf-8", "replace"))
     if fn is None:
@@ -46,9 +48,7 @@ def _fcall(ctx: Context, args: Sequence[bytes], *, readonly: bool = False) -> Re
     if readonly and not no_writes:
         raise PionError("Can not execute a script with write flag using *_ro command.")
     command = [b"FCALL_RO" if readonly else b"FCALL", *(bytes(a) for a in args)]
-    return _run(
-        ctx, scripts, fn.name, fn.callback, keys, argv, no_writes, function=command
-    )
+    return _run(ctx, scripts, fn.name, fn.callback, keys, argv, no_writes, function=command)
 
 
 def _fcall_ro(ctx: Context, args: Sequence[bytes]) -> Reply | Offload[Reply]:
@@ -91,7 +91,7 @@ def _list(ctx: Context, args: Sequence[bytes]) -> Reply:
             }
             for fn in lib.functions.values()
         ]
-        entry: dict[str, Reply] = {"library_name": lib.name, "engine": "LUA"}
+        entry: dict[str | bytes, Reply] = {"library_name": lib.name, "engine": "LUA"}
         entry["functions"] = functions
         if with_code:
             entry["library_code"] = lib.code
@@ -110,7 +110,10 @@ def _stats(ctx: Context) -> Reply:
             "duration_ms": int((time.monotonic() - busy.started) * 1000),
         }
     libs = scripts.libraries
-    counts = {"libraries_count": len(libs.libraries), "functions_count": len(libs.functions)}
+    counts: dict[str | bytes, Reply] = {
+        "libraries_count": len(libs.libraries),
+        "functions_count": len(libs.functions),
+    }
     return {"running_script": running, "engines": {"LUA": counts}}
 
 
@@ -239,5 +242,7 @@ _HELP = [
 COMMANDS = (
     Command("FUNCTION", _function, -2, frozenset({"noscript"}), "Manage function libraries"),
     Command("FCALL", _fcall, -3, frozenset({"noscript"}), "Run a function"),
-    Command("FCALL_RO", _fcall_ro, -3, frozenset({"readonly", "noscript"}), "Run a read-only function"),
+    Command(
+        "FCALL_RO", _fcall_ro, -3, frozenset({"readonly", "noscript"}), "Run a read-only function"
+    ),
 )

@@ -126,13 +126,13 @@ def _run(  # noqa: PLR0917 - the parts of one script run, all required
 
     if loop is None or busy is None:
         try:
-            return scripts.run(sha, fn, keys, argv, run_call, function is not None)
+            return scripts.run(sha, fn, keys, argv, run_call, function=function is not None)
         finally:
             end()
     scripts.busy = busy
     channel = Channel(loop, run_call)
     script = scripts.thread.submit(
-        partial(scripts.run, sha, fn, keys, argv, channel.call, function is not None)
+        partial(scripts.run, sha, fn, keys, argv, channel.call, function=function is not None)
     )
 
     def finish(result: Reply | BaseException) -> Reply:

@@ -18,18 +18,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pion.errors import PionError
 from pion.keyspace.rdb import RDB_VERSION, BadFormat, payload_ok
-from pion.keyspace.rdb import _crc64 as crc64  # noqa: PLC2701 - the one CRC-64 of DUMP
-from pion.keyspace.rdb import _put_length as put_length  # noqa: PLC2701
-from pion.keyspace.rdb import _Reader as RdbReader  # noqa: PLC2701
+from pion.keyspace.rdb import _crc64 as crc64
+from pion.keyspace.rdb import _put_length as put_length
+from pion.keyspace.rdb import _Reader as RdbReader
 
-if TYPE_CHECKING:
-    from pion.scripting.runtime import Scripts
-
-__all__ = ["FLAG_ORDER", "Function", "Libraries", "Library", "dump_libraries", "parse_dump"]
+__all__ = [
+    "FLAG_ORDER",
+    "Function",
+    "Libraries",
+    "Library",
+    "Loader",
+    "dump_libraries",
+    "parse_dump",
+]
 
 # The flags a function may carry, in the order FUNCTION LIST names them (Redis's table).
 FLAG_ORDER = ("no-writes", "allow-oom", "allow-stale", "no-cluster", "allow-cross-slot-keys")
@@ -39,6 +44,12 @@ _BAD_NAME = (
     "Library names can only contain letters, numbers, or underscores(_) and must be at "
     "least one character long"
 )
+
+
+class Loader(Protocol):
+    """What runs a library's code (``pion.scripting.runtime.Scripts``)."""
+
+    def load_library(self, code: bytes) -> list[tuple[str, Any, list[str], bytes | None]]: ...
 
 
 @dataclass(frozen=True)
@@ -87,7 +98,7 @@ def parse_metadata(code: bytes) -> str:
 class Libraries:
     """One worker's libraries and the function namespace they share."""
 
-    def __init__(self, scripts: Scripts) -> None:
+    def __init__(self, scripts: Loader) -> None:
         self._scripts = scripts
         self.libraries: dict[str, Library] = {}
         self.functions: dict[str, Function] = {}
@@ -153,7 +164,7 @@ class Libraries:
             self._commit(incoming)
             return
         libraries = dict(self.libraries)
-        for name, lib in incoming.items():
+        for name in incoming:
             if name in libraries and policy != "REPLACE":
                 raise PionError(f"Library {name} already exists")
             libraries.pop(name, None)

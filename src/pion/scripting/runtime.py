@@ -211,6 +211,7 @@ class Scripts:
         keys: Sequence[bytes],
         argv: Sequence[bytes],
         call: Call,
+        *,
         function: bool = False,
     ) -> Reply:
         """Run compiled ``fn`` with KEYS and ARGV (a function's callback: with them as

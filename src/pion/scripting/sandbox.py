@@ -350,7 +350,8 @@ local function named_args(t)
       callback = v
     elseif k == 'flags' then
       if type(v) ~= 'table' then
-        reg_error('flags argument to redis.register_function must be a table representing function flags')
+        reg_error('flags argument to redis.register_function must be a table ' ..
+                  'representing function flags')
       end
       flags = {}
       local i = 1
@@ -372,7 +373,8 @@ local function register(...)
   local name, callback, flags, description
   if n == 1 then
     if type(...) ~= 'table' then
-      reg_error('calling redis.register_function with a single argument is only applicable to Lua table (representing named arguments).')
+      reg_error('calling redis.register_function with a single argument is only applicable ' ..
+                'to Lua table (representing named arguments).')
     end
     name, callback, flags, description = named_args(...)
   elseif n == 2 then
@@ -388,7 +390,8 @@ local function register(...)
   end
   name = tostring(name)
   if not name:find('^[%w_]+$') then  -- redis-server 7.0's text says "Library"
-    reg_error('Library names can only contain letters, numbers, or underscores(_) and must be at least one character long')
+    reg_error('Library names can only contain letters, numbers, or underscores(_) and ' ..
+              'must be at least one character long')
   end
   if registering.seen[name] then reg_error('Function already exists in the library') end
   registering.seen[name] = true
