@@ -78,6 +78,7 @@ CASES: dict[str, list[Cmd]] = {
         _load("return 1 +"),
         _load("x = 1"),
         _load("local t = type"),
+        _load("local i = 0 while true do i = i + 1 end"),  # stopped after 500 ms
         _load("local m = math.floor"),
         _load("redis.register_function{function_name='g', callback=function() end, flags={'bad'}}"),
         _load("redis.register_function{function_name='g', callback=function() end, foo=1}"),
@@ -146,6 +147,21 @@ CASES: dict[str, list[Cmd]] = {
         ("FUNCTION", "LOAD", ONE),
         ("FUNCTION", "FLUSH"),
         ("FUNCTION", "STATS"),
+    ],
+    "with-eval": [
+        ("FUNCTION", "LOAD", LIB),
+        ("EVAL", "return redis.call('function', 'list')", "0"),
+        ("EVAL", "return redis.call('fcall', 'echo', '0')", "0"),
+        ("SCRIPT", "FLUSH"),  # the script cache only: the functions stay
+        ("FCALL", "setter", "1", "k", "after-flush"),
+        ("FCALL_RO", "getter", "1", "k"),
+        ("EVAL", "return KEYS[1]", "1", "x"),
+        ("FCALL", "globals", "0"),
+        ("MULTI",),
+        ("FCALL", "setter", "1", "k", "in-multi"),
+        ("FUNCTION", "DELETE", "lib1"),
+        ("FCALL", "getter", "1", "k"),
+        ("EXEC",),
     ],
     "help-kill-restore-errors": [
         ("FUNCTION", "HELP"),

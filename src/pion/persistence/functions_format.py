@@ -19,8 +19,9 @@ Why a new op code, and why 47: the libraries are not keys (the keyspace's ops 16
 and the sub-codes under ops 30 and 31, each name a key and are applied by the keyspace
 store, into the keyspace's own snapshot), so they need a store of their own with its
 own snapshot file, and a store owns its op codes. 47 is the top of the range 32..47
-(SSM and attention state, none of it used above 33; the attention tier keeps 34..46), so a FUNCTION LOAD inside
-EXEC can be one of a TXN's inner records (ops 1..47, ``txn_format.py``). Ops are only
+(SSM and attention state, none of it used above 33; the attention tier keeps
+34..46), so a FUNCTION LOAD inside EXEC can be one of a TXN's inner records (ops
+1..47, ``txn_format.py``). Ops are only
 added: a log without op 47 reads as before, and a build that predates it meets one as
 the named error ``unknown op code 47``. A snapshot holds one LIBRARIES record when any
 library exists; its END record counts it.

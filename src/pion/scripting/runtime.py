@@ -156,6 +156,7 @@ class Scripts:
         self._compile, self._run_lua, self._load_lua, self._run_function = prelude(
             self._redis_call, _log, libs.sha1, libs.random, libs.seed, libs.json_encode,
             libs.json_decode, libs.struct, libs.bit, VERSION, VERSION_NUM, self._killed,
+            time.monotonic,
         )  # fmt: skip
         self._lua = lua
 
@@ -195,10 +196,11 @@ class Scripts:
         return out
 
     def flush(self) -> None:
-        """SCRIPT FLUSH: forget every script (the Lua state is rebuilt on next use)."""
+        """SCRIPT FLUSH: forget every script (the Lua state is rebuilt on next use,
+        unless function libraries live in it: they are not the script cache's)."""
         self.cache.clear()
         self._functions.clear()
-        if self._current is None:
+        if self._current is None and not self.libraries.libraries:
             self._lua = self._compile = self._run_lua = None
             self._load_lua = self._run_function = None
 

@@ -47,7 +47,7 @@ def new_runtime() -> Any:
 # script can neither reach nor replace it.
 PRELUDE = rb"""
 local pycall, pylog, pysha1, pyrandom, pyseed, pyjson_enc, pyjson_dec, pystruct, pybit,
-      version, version_num, pykilled = ...
+      version, version_num, pykilled, pynow = ...
 local type, error, pairs, load, ipairs, tostring, select, rawget, rawset, setmetatable,
       getmetatable, loadstring, setfenv, pcall, xpcall, unpack =
       type, error, pairs, load, ipairs, tostring, select, rawget, rawset, setmetatable,
@@ -431,6 +431,13 @@ local lib_env = setmetatable({}, {
 })
 readonly[lib_env] = true
 
+-- A library's code that runs past 500 ms at load is stopped, as redis-server's
+-- luaEngineLoadHook does (checked every 100000 instructions).
+local load_deadline = 0
+local function load_hook()
+  if pynow() > load_deadline then error({err = 'ERR FUNCTION LOAD timeout'}) end
+end
+
 -- FUNCTION LOAD: (true, {{name, callback, flags, description}, ...}) or
 -- (false, 'compile' | 'run', message)
 local function load_library(body)
@@ -438,7 +445,10 @@ local function load_library(body)
   if not f then return false, 'compile', msg end
   setfenv(f, lib_env)
   registering = {seen = {}, list = {}}
+  load_deadline = pynow() + 0.5
+  dbg_sethook(load_hook, '', 100000)
   local ok, e = pcall(f)
+  dbg_sethook()
   local got = registering
   registering = nil
   if not ok then
