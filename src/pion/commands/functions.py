@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pion.commands.args import parse_int
 from pion.commands.deferred import Offload
 from pion.commands.scriptbusy import BUSY
-from pion.commands.scripting import _keys_args, _run, scripts_of
+from pion.commands.scripting import keys_args, run_script, scripts_of
 from pion.commands.state import Command, Context
 from pion.errors import PionError
 from pion.keyspace.glob import stringmatch
@@ -43,12 +43,12 @@ def _fcall(
         parse_int(args[1])
     except PionError:
         raise PionError("Bad number of keys provided") from None
-    keys, argv = _keys_args(args)
+    keys, argv = keys_args(args)
     no_writes = "no-writes" in fn.flags
     if readonly and not no_writes:
         raise PionError("Can not execute a script with write flag using *_ro command.")
     command = [b"FCALL_RO" if readonly else b"FCALL", *(bytes(a) for a in args)]
-    return _run(ctx, scripts, fn.name, fn.callback, keys, argv, no_writes, function=command)
+    return run_script(ctx, scripts, fn.name, fn.callback, keys, argv, no_writes, function=command)
 
 
 def _fcall_ro(ctx: Context, args: Sequence[bytes]) -> Reply | Offload[Reply]:

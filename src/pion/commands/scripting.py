@@ -32,7 +32,7 @@ from pion.persistence.stores import FREEING_COMMANDS
 from pion.resp.reply import ErrorReply, Reply, Simple
 from pion.scripting.runtime import Busy, Scripts
 
-__all__ = ["COMMANDS", "scripts_of"]
+__all__ = ["COMMANDS", "keys_args", "run_script", "scripts_of"]
 
 _NOSCRIPT = "NOSCRIPT No matching script. Please use EVAL."
 _UNKILLABLE = (
@@ -59,7 +59,7 @@ def scripts_of(ctx: Context) -> Scripts:
     return state.scripts
 
 
-def _keys_args(args: Sequence[bytes]) -> tuple[list[bytes], list[bytes]]:
+def keys_args(args: Sequence[bytes]) -> tuple[list[bytes], list[bytes]]:
     try:
         numkeys = parse_int(args[1])
     except PionError:
@@ -72,10 +72,10 @@ def _keys_args(args: Sequence[bytes]) -> tuple[list[bytes], list[bytes]]:
 
 
 def _eval(ctx: Context, args: Sequence[bytes], *, readonly: bool = False) -> Reply | Offload[Reply]:
-    keys, argv = _keys_args(args)
+    keys, argv = keys_args(args)
     scripts = scripts_of(ctx)
     sha, fn = scripts.compile(bytes(args[0]))
-    return _run(ctx, scripts, sha, fn, keys, argv, readonly)
+    return run_script(ctx, scripts, sha, fn, keys, argv, readonly)
 
 
 def _evalsha(
@@ -86,12 +86,12 @@ def _evalsha(
     body = scripts.cache.get(sha)
     if body is None:
         return ErrorReply(_NOSCRIPT)
-    keys, argv = _keys_args(args)
+    keys, argv = keys_args(args)
     sha, fn = scripts.compile(body)
-    return _run(ctx, scripts, sha, fn, keys, argv, readonly)
+    return run_script(ctx, scripts, sha, fn, keys, argv, readonly)
 
 
-def _run(  # noqa: PLR0917 - the parts of one script run, all required
+def run_script(  # noqa: PLR0917 - the parts of one script run, all required
     ctx: Context,
     scripts: Scripts,
     sha: str,

@@ -9,12 +9,18 @@ and the library tables are read-only (``Attempt to modify a readonly table``), a
 reading a global that does not exist is an error (``Script attempted to access
 nonexistent global variable``), so one script cannot leave state for the next.
 
+A function library's code (FUNCTION LOAD) runs once in a narrower sandbox, as
+redis-server 7.0's: its globals are only ``redis`` with ``register_function``, ``log``,
+the ``LOG_*`` levels and the version constants; the callbacks it registers later run
+with a script's globals, without ``KEYS`` and ``ARGV`` (they get keys and args as
+arguments).
+
 The Python side is never reachable from Lua: the runtime is built without
 ``python.eval``/``python.builtins`` and the ``python`` table is removed, every
 attribute access on a Python object from Lua is refused (:func:`_no_attributes`),
 and the few Python functions the prelude holds (the command call, the libraries of
-``pion.scripting.libs``) are kept in locals of the prelude, handed only Lua strings,
-numbers and tables, and return only those.
+``pion.scripting.libs``, the clock of FUNCTION LOAD's time limit) are kept in locals
+of the prelude, handed only Lua strings, numbers and tables, and return only those.
 """
 
 from __future__ import annotations
