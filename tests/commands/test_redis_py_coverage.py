@@ -1,5 +1,5 @@
 """Every command redis-py's ``Redis`` class sends for the families Pion serves (strings
-and generic keys, hashes, sorted sets, geo, lists, sets, streams, SCAN, and the server
+and generic keys, hashes, sorted sets, geo, lists, sets, streams, SCAN, functions, and the server
 and connection commands) is either served by pion-server or listed in docs/protocol.md
 "Not yet served" with its reason, and answers ``-ERR unknown command`` there: nothing
 is half-served.
@@ -31,6 +31,7 @@ _FAMILIES = (
     core.ScanCommands,
     core.StreamCommands,
     core.ManagementCommands,
+    core.FunctionCommands,
 )
 _NAME = re.compile(r"^[A-Z][A-Z0-9_]*(?: [A-Z][A-Z0-9_-]*)?$")
 # Option words redis-py appends after the command name (not commands).
@@ -58,6 +59,9 @@ _OPTIONS = frozenset(
         "SAMPLE",
         "SUM",
         "ACLCAT",
+        "LIBRARYNAME",
+        "REPLACE",
+        "WITHCODE",
     }
 )
 
@@ -150,6 +154,18 @@ SUBCOMMAND_CALLS: dict[str, list[str]] = {
     "LATENCY LATEST": [],
     "LATENCY RESET": [],
     "DEBUG OBJECT": [],  # DEBUG is not served at all
+    "FUNCTION DELETE": ["FUNCTION", "DELETE", "nosuch"],
+    "FUNCTION DUMP": ["FUNCTION", "DUMP"],
+    "FUNCTION KILL": ["FUNCTION", "KILL"],
+    "FUNCTION LIST": ["FUNCTION", "LIST"],
+    "FUNCTION LOAD": [
+        "FUNCTION",
+        "LOAD",
+        "#!lua name=l\nredis.register_function('f', function() end)",
+    ],
+    "FUNCTION RESTORE": ["FUNCTION", "RESTORE", "\xf5"],
+    "FUNCTION STATS": ["FUNCTION", "STATS"],
+    "FUNCTION FLUSH": ["FUNCTION", "FLUSH"],  # after LOAD: leaves no library behind
     "XGROUP CREATE": ["XGROUP", "CREATE", "s", "g", "$", "MKSTREAM"],
     "XGROUP CREATECONSUMER": ["XGROUP", "CREATECONSUMER", "s", "g", "c"],
     "XGROUP DELCONSUMER": ["XGROUP", "DELCONSUMER", "s", "g", "c"],

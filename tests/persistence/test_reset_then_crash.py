@@ -16,8 +16,11 @@ import pytest
 import redis
 
 FILES = ("pion.vstore.0", "pion.keyspace.0", "pion.ssm.0", "pion.vstore.wal.0")
-# Every non-empty combination of the worker's files.
+# Every non-empty combination of those files; the function libraries' snapshot alone,
+# and with every other file (not in every combination: each costs a kill -9 cycle).
+FUNCTIONS = "pion.functions.0"
 COMBOS = [c for n in range(1, len(FILES) + 1) for c in itertools.combinations(FILES, n)]
+COMBOS += [(FUNCTIONS,), (*FILES, FUNCTIONS)]
 
 
 def _holds(r: redis.Redis, tag: str) -> dict[str, bool]:
@@ -26,6 +29,7 @@ def _holds(r: redis.Redis, tag: str) -> dict[str, bool]:
         "keyspace": r.get(f"k-{tag}") == tag.encode(),
         "vstore": r.execute_command("KV.PREFIX.LOOKUP", f"ns-{tag}") != b"MISS",
         "ssm": r.execute_command("SSM.PREFIX.FETCH", f"s-{tag}", 0) == tag.encode() * 100,
+        "functions": r.function_list(library=f"lib_{tag}") != [],
     }
 
 
@@ -33,6 +37,8 @@ def _write(r: redis.Redis, tag: str) -> None:
     assert r.set(f"k-{tag}", tag)
     r.execute_command("KV.PREFIX.REGISTER", f"ns-{tag}", 64, "fp16")
     assert r.execute_command("SSM.PREFIX.STORE", f"s-{tag}", 0, tag.encode() * 100) == b"OK"
+    code = f"#!lua name=lib_{tag}\nredis.register_function('f_{tag}', function() return 1 end)"
+    assert r.function_load(code) == f"lib_{tag}".encode()
 
 
 @pytest.mark.parametrize("removed", COMBOS, ids=lambda c: "+".join(f[5:] for f in c))
@@ -50,7 +56,8 @@ def test_reset_then_kill9_restarts_with_every_acknowledged_write(
     _write(r, "before")
     assert r.execute_command("KV.PREFIX.SAVE") == b"OK"
     first.stop()
-    assert sorted(p.name for p in data.glob("pion.*") if p.name != "pion.lock.0") == sorted(FILES)
+    listed = sorted(p.name for p in data.glob("pion.*") if p.name != "pion.lock.0")
+    assert listed == sorted((*FILES, FUNCTIONS))
     for name in removed:
         (data / name).unlink()
 
@@ -59,6 +66,7 @@ def test_reset_then_kill9_restarts_with_every_acknowledged_write(
         "keyspace": "pion.keyspace.0" not in removed,
         "vstore": "pion.vstore.0" not in removed,
         "ssm": "pion.ssm.0" not in removed,
+        "functions": FUNCTIONS not in removed,
     }
     srv = spawn_server(*args)
     r = srv.client()
@@ -69,5 +77,5 @@ def test_reset_then_kill9_restarts_with_every_acknowledged_write(
     # The restart needs no process of its own: an in-process server on the same files.
     again = server_factory(dir=data, appendfsync="always")
     r = redis.Redis(port=again.port)
-    assert _holds(r, "after") == {"keyspace": True, "vstore": True, "ssm": True}
+    assert _holds(r, "after") == {"keyspace": True, "vstore": True, "ssm": True, "functions": True}
     assert _holds(r, "before") == kept

@@ -29,7 +29,8 @@ Reading order:
    ``transactions.py``
    (MULTI/EXEC/WATCH); ``pubsub.py`` (SUBSCRIBE, PUBLISH and the rest); ``scripting.py``
    (EVAL, SCRIPT: the runtime is ``pion.scripting``) with ``scriptbusy.py`` (a long
-   script: other clients wait, then -BUSY); the V-store's ``vstore.py``,
+   script: other clients wait, then -BUSY) and ``functions.py`` (FUNCTION, FCALL); the
+   V-store's ``vstore.py``,
    ``tierfetch.py`` (fetches streamed from a tier fill), ``rollback.py`` and
    ``export.py``; ``prefix.py`` (KV.PREFIX.*),
    ``persist.py``, ``attend.py`` and ``ssm.py``. More of strings: ``bitfield.py``
@@ -49,6 +50,7 @@ from pion.commands import (
     blocking,
     dump,
     export,
+    functions,
     generic,
     geo,
     hashes,
@@ -114,6 +116,7 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     streams_info.COMMANDS,
     pubsub.COMMANDS,
     scripting.COMMANDS,
+    functions.COMMANDS,
     zsets_store.COMMANDS,
     geo.COMMANDS,
     sort.COMMANDS,

@@ -32,9 +32,12 @@ from pion.commands.state import Command, Context
 from pion.errors import PionError
 from pion.resp.reply import ErrorReply, Reply
 
-__all__ = ["BUSY", "Channel", "gate"]
+__all__ = ["BUSY", "FUNCTION_BUSY", "Channel", "gate"]
 
 BUSY = "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE."
+FUNCTION_BUSY = (
+    "BUSY Redis is busy running a script. You can only call FUNCTION KILL or SHUTDOWN NOSAVE."
+)
 # What another client may run while a script is past its threshold.
 _ALLOWED = frozenset({"SHUTDOWN"})
 
@@ -42,6 +45,8 @@ _ALLOWED = frozenset({"SHUTDOWN"})
 def _allowed(cmd: Command, argv: Sequence[bytes]) -> bool:
     if cmd.name in _ALLOWED:
         return True
+    if cmd.name == "FUNCTION" and len(argv) == 2:
+        return bytes(argv[1]).upper() in (b"KILL", b"STATS")
     return cmd.name == "SCRIPT" and len(argv) == 2 and bytes(argv[1]).upper() == b"KILL"
 
 
@@ -54,8 +59,9 @@ def gate(
     busy = scripts.busy if scripts is not None else None
     if busy is None or busy.client_id == ctx.client.id:
         return None
+    refusal = ErrorReply(BUSY if busy.function is None else FUNCTION_BUSY)
     if busy.left() <= 0:
-        return None if _allowed(cmd, argv) else ErrorReply(BUSY)
+        return None if _allowed(cmd, argv) else refusal
 
     mine: list[Callable[[], None]] = []
 
@@ -72,7 +78,7 @@ def gate(
         now = ctx.state.scripts
         if now is None or now.busy is not busy or _allowed(cmd, argv):
             return run()
-        return ErrorReply(BUSY)
+        return refusal
 
     return Wait(ready, run, expired, busy.left(), cancel)
 

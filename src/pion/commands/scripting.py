@@ -25,14 +25,14 @@ from typing import Any
 from pion.commands.args import parse_int
 from pion.commands.deferred import Offload
 from pion.commands.execution import DEFERRED, call, settle
-from pion.commands.scriptbusy import Channel
+from pion.commands.scriptbusy import FUNCTION_BUSY, Channel
 from pion.commands.state import ClientState, Command, Context
 from pion.errors import LoadingError, MisconfError, PionError
 from pion.persistence.stores import FREEING_COMMANDS
 from pion.resp.reply import ErrorReply, Reply, Simple
 from pion.scripting.runtime import Busy, Scripts
 
-__all__ = ["COMMANDS", "scripts_of"]
+__all__ = ["COMMANDS", "keys_args", "run_script", "scripts_of"]
 
 _NOSCRIPT = "NOSCRIPT No matching script. Please use EVAL."
 _UNKILLABLE = (
@@ -59,7 +59,7 @@ def scripts_of(ctx: Context) -> Scripts:
     return state.scripts
 
 
-def _keys_args(args: Sequence[bytes]) -> tuple[list[bytes], list[bytes]]:
+def keys_args(args: Sequence[bytes]) -> tuple[list[bytes], list[bytes]]:
     try:
         numkeys = parse_int(args[1])
     except PionError:
@@ -72,10 +72,10 @@ def _keys_args(args: Sequence[bytes]) -> tuple[list[bytes], list[bytes]]:
 
 
 def _eval(ctx: Context, args: Sequence[bytes], *, readonly: bool = False) -> Reply | Offload[Reply]:
-    keys, argv = _keys_args(args)
+    keys, argv = keys_args(args)
     scripts = scripts_of(ctx)
     sha, fn = scripts.compile(bytes(args[0]))
-    return _run(ctx, scripts, sha, fn, keys, argv, readonly)
+    return run_script(ctx, scripts, sha, fn, keys, argv, readonly)
 
 
 def _evalsha(
@@ -86,12 +86,12 @@ def _evalsha(
     body = scripts.cache.get(sha)
     if body is None:
         return ErrorReply(_NOSCRIPT)
-    keys, argv = _keys_args(args)
+    keys, argv = keys_args(args)
     sha, fn = scripts.compile(body)
-    return _run(ctx, scripts, sha, fn, keys, argv, readonly)
+    return run_script(ctx, scripts, sha, fn, keys, argv, readonly)
 
 
-def _run(  # noqa: PLR0917 - the parts of one script run, all required
+def run_script(  # noqa: PLR0917 - the parts of one script run, all required
     ctx: Context,
     scripts: Scripts,
     sha: str,
@@ -99,16 +99,20 @@ def _run(  # noqa: PLR0917 - the parts of one script run, all required
     keys: list[bytes],
     argv: list[bytes],
     readonly: bool,
+    function: list[bytes] | None = None,
 ) -> Reply | Offload[Reply]:
     """Run the script with its calls as a client of its own (the caller's id and name,
     RESP2 until redis.setresp), its writes one unit in the log: on a live connection
-    off the loop (``scriptbusy``), else here."""
+    off the loop (``scriptbusy``), else here. ``function``: FCALL's command, when
+    ``fn`` is a function's callback (``sha`` its name)."""
     caller = ctx.client
     inner = ClientState(id=caller.id, proto=2, authenticated=True, name=caller.name)
     script_ctx = Context(ctx.state, inner, ctx.table)
     state = ctx.state
     loop = _running_loop() if ctx.may_wait else None
-    busy = Busy(caller.id, scripts.busy_ms) if loop is not None else None
+    busy = None
+    if loop is not None:
+        busy = Busy(caller.id, scripts.busy_ms, sha if function else None, function or [])
     run_call = partial(_script_call, script_ctx, readonly, busy)
     persistence = state.persistence if not state.in_unit else None
     if persistence is not None:
@@ -122,12 +126,14 @@ def _run(  # noqa: PLR0917 - the parts of one script run, all required
 
     if loop is None or busy is None:
         try:
-            return scripts.run(sha, fn, keys, argv, run_call)
+            return scripts.run(sha, fn, keys, argv, run_call, function=function is not None)
         finally:
             end()
     scripts.busy = busy
     channel = Channel(loop, run_call)
-    script = scripts.thread.submit(partial(scripts.run, sha, fn, keys, argv, channel.call))
+    script = scripts.thread.submit(
+        partial(scripts.run, sha, fn, keys, argv, channel.call, function=function is not None)
+    )
 
     def finish(result: Reply | BaseException) -> Reply:
         scripts.busy = None
@@ -250,6 +256,8 @@ def _script(ctx: Context, args: Sequence[bytes]) -> Reply:
         busy = scripts.busy
         if busy is None:
             return ErrorReply("NOTBUSY No scripts in execution right now.")
+        if busy.function is not None:  # FUNCTION KILL's to stop, as Redis answers
+            return ErrorReply(FUNCTION_BUSY)
         if busy.wrote:
             return ErrorReply(_UNKILLABLE)
         scripts.kill()

@@ -3,7 +3,8 @@
 Reading order: ``stores.py`` (what a durable store provides: the V-store, the
 keyspace), ``format.py`` (the byte-level specification of both files, with each
 store's records in ``vstore_format.py``, ``keyspace_format.py`` (with
-``stream_format.py``: a stream's changes) and ``txn_format.py``: an EXEC's writes as
+``stream_format.py``: a stream's changes), ``functions_format.py`` (Redis functions'
+libraries, with their store's adapter) and ``txn_format.py``: an EXEC's writes as
 one record),
 ``reader.py`` (reading records back; torn tail versus corruption), ``wal.py``
 (appending and fsync policies), ``snapshot.py`` (atomic snapshots), ``recovery.py``
@@ -14,7 +15,8 @@ MISCONF and the way back), ``check.py`` and ``cli.py`` (``pion check-wal``). ``f
 ``keyspace_durable.py`` and ``ssm_durable.py`` adapt the stores to the durable-store
 protocol.
 
-Depends on ``vstore``, ``keyspace`` and ``ssm`` (the stores it keeps), ``codecs``,
+Depends on ``vstore``, ``keyspace``, ``ssm`` and ``scripting.functions`` (the stores
+it keeps), ``codecs``,
 ``config`` and ``errors`` only: it never imports ``pion.server``.
 """
 

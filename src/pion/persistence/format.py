@@ -48,8 +48,10 @@ The header has its own CRC so that a length is trusted only when it is intact: a
 flip in a length can never make a reader skip valid records or swallow the tail.
 
 Op-code ranges, one per store, frozen (``stores.py``): 1..15 the V-store (specified in
-``vstore_format.py``), 16..31 the plain keyspace (``keyspace_format.py``), 32..47 SSM
-and attention state, 48..63 log-only framing records that no store owns (48 TXN, below),
+``vstore_format.py``), 16..31 the plain keyspace (``keyspace_format.py``), 32..46 SSM
+and attention state, 47 Redis functions' libraries (``functions_format.py``, which says
+why they took the top of the SSM range: a store of their own, and a TXN's inner ops
+stop at 47), 48..63 log-only framing records that no store owns (48 TXN, below),
 127 END (a snapshot's last record: u64 records before it, u64 units). Every store's
 records share this framing and the log's one sequence; each store has its own snapshot
 file, ``pion.<store>.<w>``, with the header above; END counts the store's units

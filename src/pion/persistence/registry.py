@@ -14,6 +14,11 @@ from types import MappingProxyType
 
 from pion.persistence import keyspace_format
 from pion.persistence.format import Buffer, FormatError
+from pion.persistence.functions_format import (
+    FUNCTIONS_OPS,
+    FUNCTIONS_UNIT_OPS,
+    describe_functions,
+)
 from pion.persistence.ssm_durable import SSM_OPS, SSM_UNIT_OPS, describe_ssm
 from pion.persistence.txn_format import TXN_OPS, describe_txn
 from pion.persistence.vstore_format import OPS as VSTORE_OPS
@@ -48,6 +53,7 @@ FAMILIES: tuple[RecordFamily, ...] = (
     RecordFamily(
         "keyspace", keyspace_format.OPS, keyspace_format.UNIT_OPS, keyspace_format.describe
     ),
+    RecordFamily("functions", FUNCTIONS_OPS, FUNCTIONS_UNIT_OPS, describe_functions),
     # Not a store: an EXEC's records as one (txn_format.py); recovery unpacks it.
     RecordFamily("txn", TXN_OPS, frozenset(), describe_txn),
 )

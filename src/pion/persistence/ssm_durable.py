@@ -10,9 +10,10 @@ is ``[u16 n][n bytes]``, n in 1..MAX_SID_LEN; all integers little-endian)::
     33  SSM_DROP   sid, u8 scope (1: every layer of sid, 2: one layer), u16 layer
                    (0 when the scope is every layer)
 
-34..47 are reserved for the attention tier's state (the WARM slots themselves are
-memory only: their durable copy is the V-store's prefix rows). A snapshot holds one
-SSM_STORE per blob; its END record counts them.
+34..46 are reserved for the attention tier's state (the WARM slots themselves are
+memory only: their durable copy is the V-store's prefix rows); 47 went to Redis
+functions' libraries (``functions_format.py``). A snapshot holds one SSM_STORE per
+blob; its END record counts them.
 """
 
 from __future__ import annotations

@@ -14,11 +14,13 @@ three rules:
   snapshot covers it; so a crash between two of SAVE's renames (one file new, the other
   old) replays exactly what each file lacks.
 * **Frozen op-code ranges.** Each store owns a range of record op codes
-  (``format.py`` lists them): 1..15 the V-store, 16..31 the keyspace, 32..47 SSM and
-  attention state. A record's op code alone says which store it belongs to.
+  (``format.py`` lists them): 1..15 the V-store, 16..31 the keyspace, 32..46 SSM and
+  attention state, 47 the function libraries. A record's op code alone says which
+  store it belongs to.
 
 A store joins by implementing :class:`DurableStore` (``vstore_durable.py``,
-``keyspace_durable.py`` and ``ssm_durable.py`` are the ones there are) and being handed
+``keyspace_durable.py``, ``ssm_durable.py`` and ``functions_format.py``'s
+``FunctionsDurable`` are the ones there are) and being handed
 to ``Persistence``. The protocol is small on purpose: a store turns its state into
 :class:`Frame` records (a snapshot), applies one record (replay), and sends the records
 of its own mutations to a :class:`FrameSink` (the log) before applying them. A store

@@ -9,4 +9,6 @@ Reading order:
    globals, no way to Python).
 3. ``convert.py``: replies to Lua values and a script's value to the reply.
 4. ``libs.py``: cjson, struct, bit and math.random's generator.
+5. ``functions.py``: FUNCTION LOAD's libraries (part of the dataset) and FUNCTION
+   DUMP's payload.
 """

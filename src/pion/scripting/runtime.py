@@ -28,6 +28,7 @@ from pion.errors import PionError
 from pion.resp.encoder import encode_reply
 from pion.resp.reply import ErrorReply, Reply
 from pion.scripting.convert import from_lua, resp_to_lua
+from pion.scripting.functions import Libraries
 
 __all__ = ["Busy", "Call", "ScriptThread", "Scripts", "sha1hex"]
 
@@ -65,6 +66,10 @@ class Busy:
 
     client_id: int
     threshold_ms: int
+    # FCALL's: the function's name and the command that called it (FUNCTION STATS,
+    # FUNCTION KILL, and the BUSY reply's text); None for EVAL's
+    function: str | None = None
+    argv: list[bytes] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     wrote: bool = False
     waiters: list[Callable[[], None]] = field(default_factory=list)
@@ -120,8 +125,15 @@ class Scripts:
     _lua: Any = None
     _compile: Any = None
     _run_lua: Any = None
+    _load_lua: Any = None
+    _run_function: Any = None
     _functions: dict[str, Any] = field(default_factory=dict)
     _current: _Run | None = None
+    # FUNCTION LOAD's libraries (part of the dataset, unlike the cache above)
+    libraries: Libraries = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.libraries = Libraries(self)
 
     @property
     def running(self) -> bool:
@@ -141,9 +153,10 @@ class Scripts:
         lua = new_runtime()
         libs = Libraries(lua)
         prelude = lua.execute(b"return loadstring(...)", PRELUDE, b"=prelude")
-        self._compile, self._run_lua = prelude(
+        self._compile, self._run_lua, self._load_lua, self._run_function = prelude(
             self._redis_call, _log, libs.sha1, libs.random, libs.seed, libs.json_encode,
             libs.json_decode, libs.struct, libs.bit, VERSION, VERSION_NUM, self._killed,
+            time.monotonic,
         )  # fmt: skip
         self._lua = lua
 
@@ -163,26 +176,56 @@ class Scripts:
             self.cache[sha] = body
         return sha, fn
 
+    def load_library(self, code: bytes) -> list[tuple[str, Any, list[str], bytes | None]]:
+        """Run a library's code in the load-time sandbox (``pion.scripting.functions``):
+        the functions it registered as (name, callback, flags, description); PionError
+        with Redis's text for code that does not compile or fails."""
+        self._state()
+        got = self._load_lua(code)
+        if got[0] is not True:
+            kind, message = got[1], got[2]
+            text = message.decode("utf-8", "replace") if isinstance(message, bytes) else ""
+            if kind == b"compile":
+                raise PionError(f"Error compiling function: {text}")
+            raise PionError(f"Error registering functions: {text}")
+        out = []
+        for entry in got[1].values():
+            flags = [bytes(f).decode() for f in entry[3].values()]
+            desc = entry[4]
+            out.append((bytes(entry[1]).decode(), entry[2], flags, desc))
+        return out
+
     def flush(self) -> None:
-        """SCRIPT FLUSH: forget every script (the Lua state is rebuilt on next use)."""
+        """SCRIPT FLUSH: forget every script (the Lua state is rebuilt on next use,
+        unless function libraries live in it: they are not the script cache's)."""
         self.cache.clear()
         self._functions.clear()
-        if self._current is None:
+        if self._current is None and not self.libraries.libraries:
             self._lua = self._compile = self._run_lua = None
+            self._load_lua = self._run_function = None
 
     # -- running -------------------------------------------------------------------
 
     def run(
-        self, sha: str, fn: Any, keys: Sequence[bytes], argv: Sequence[bytes], call: Call
+        self,
+        sha: str,
+        fn: Any,
+        keys: Sequence[bytes],
+        argv: Sequence[bytes],
+        call: Call,
+        *,
+        function: bool = False,
     ) -> Reply:
-        """Run compiled ``fn`` with KEYS and ARGV, its commands through ``call``; the
-        reply it returns, or its error as Redis words it."""
+        """Run compiled ``fn`` with KEYS and ARGV (a function's callback: with them as
+        its two arguments), its commands through ``call``; the reply it returns, or its
+        error as Redis words it (``sha``: the function's name for a function)."""
         if self._current is not None:  # a script cannot run a script (noscript refuses)
             raise PionError("a script is already running")
         lua = self._lua
         run = self._current = _Run(call)
         try:
-            result = self._run_lua(fn, lua.table_from(list(keys)), lua.table_from(list(argv)))
+            runner = self._run_function if function else self._run_lua
+            result = runner(fn, lua.table_from(list(keys)), lua.table_from(list(argv)))
         finally:
             self._current = None
         ok, value = (result[0], result[1]) if isinstance(result, tuple) else (result, None)

@@ -9,12 +9,18 @@ and the library tables are read-only (``Attempt to modify a readonly table``), a
 reading a global that does not exist is an error (``Script attempted to access
 nonexistent global variable``), so one script cannot leave state for the next.
 
+A function library's code (FUNCTION LOAD) runs once in a narrower sandbox, as
+redis-server 7.0's: its globals are only ``redis`` with ``register_function``, ``log``,
+the ``LOG_*`` levels and the version constants; the callbacks it registers later run
+with a script's globals, without ``KEYS`` and ``ARGV`` (they get keys and args as
+arguments).
+
 The Python side is never reachable from Lua: the runtime is built without
 ``python.eval``/``python.builtins`` and the ``python`` table is removed, every
 attribute access on a Python object from Lua is refused (:func:`_no_attributes`),
 and the few Python functions the prelude holds (the command call, the libraries of
-``pion.scripting.libs``) are kept in locals of the prelude, handed only Lua strings,
-numbers and tables, and return only those.
+``pion.scripting.libs``, the clock of FUNCTION LOAD's time limit) are kept in locals
+of the prelude, handed only Lua strings, numbers and tables, and return only those.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ def new_runtime() -> Any:
 # script can neither reach nor replace it.
 PRELUDE = rb"""
 local pycall, pylog, pysha1, pyrandom, pyseed, pyjson_enc, pyjson_dec, pystruct, pybit,
-      version, version_num, pykilled = ...
+      version, version_num, pykilled, pynow = ...
 local type, error, pairs, load, ipairs, tostring, select, rawget, rawset, setmetatable,
       getmetatable, loadstring, setfenv, pcall, xpcall, unpack =
       type, error, pairs, load, ipairs, tostring, select, rawget, rawset, setmetatable,
@@ -320,5 +326,152 @@ local function run(f, keys, argv)
   return ok, v
 end
 
-return compile, run
+-- Functions (FUNCTION LOAD, FCALL), as redis-server 7.0 runs them: a library's chunk
+-- runs once, at load, seeing only redis.register_function, redis.log and the version
+-- constants; its callbacks later run with the scripts' globals, without KEYS and ARGV.
+local registering = nil
+local FLAGS = {['no-writes'] = true, ['allow-oom'] = true, ['allow-stale'] = true,
+               ['no-cluster'] = true, ['allow-cross-slot-keys'] = true}
+local function reg_error(msg) error({err = 'ERR ' .. msg}) end
+local function is_string(v) return type(v) == 'string' or type(v) == 'number' end
+local function named_args(t)
+  local name, callback, flags, description
+  for k, v in pairs(t) do
+    if type(k) ~= 'string' then
+      reg_error('named argument key given to redis.register_function is not a string')
+    elseif k == 'function_name' then
+      if not is_string(v) then
+        reg_error('function_name argument given to redis.register_function must be a string')
+      end
+      name = tostring(v)
+    elseif k == 'description' then
+      if not is_string(v) then
+        reg_error('description argument given to redis.register_function must be a string')
+      end
+      description = tostring(v)
+    elseif k == 'callback' then
+      if type(v) ~= 'function' then
+        reg_error('callback argument given to redis.register_function must be a function')
+      end
+      callback = v
+    elseif k == 'flags' then
+      if type(v) ~= 'table' then
+        reg_error('flags argument to redis.register_function must be a table ' ..
+                  'representing function flags')
+      end
+      flags = {}
+      local i = 1
+      while v[i] ~= nil do
+        if type(v[i]) ~= 'string' or not FLAGS[v[i]] then reg_error('unknown flag given') end
+        flags[#flags + 1] = v[i]
+        i = i + 1
+      end
+    else
+      reg_error('unknown argument given to redis.register_function')
+    end
+  end
+  if name == nil then reg_error('redis.register_function must get a function name argument') end
+  if callback == nil then reg_error('redis.register_function must get a callback argument') end
+  return name, callback, flags, description
+end
+local function register(...)
+  local n = select('#', ...)
+  local name, callback, flags, description
+  if n == 1 then
+    if type(...) ~= 'table' then
+      reg_error('calling redis.register_function with a single argument is only applicable ' ..
+                'to Lua table (representing named arguments).')
+    end
+    name, callback, flags, description = named_args(...)
+  elseif n == 2 then
+    name, callback = ...
+    if not is_string(name) then
+      reg_error('first argument to redis.register_function must be a string')
+    end
+    if type(callback) ~= 'function' then
+      reg_error('second argument to redis.register_function must be a function')
+    end
+  else
+    reg_error('wrong number of arguments to redis.register_function')
+  end
+  name = tostring(name)
+  if not name:find('^[%w_]+$') then  -- redis-server 7.0's text says "Library"
+    reg_error('Library names can only contain letters, numbers, or underscores(_) and ' ..
+              'must be at least one character long')
+  end
+  if registering.seen[name] then reg_error('Function already exists in the library') end
+  registering.seen[name] = true
+  registering.list[#registering.list + 1] = {name, callback, flags or {}, description}
+end
+local load_redis = {register_function = register, log = redis.log,
+                    REDIS_VERSION = version, REDIS_VERSION_NUM = version_num}
+for _, k in ipairs({'LOG_DEBUG', 'LOG_VERBOSE', 'LOG_NOTICE', 'LOG_WARNING'}) do
+  load_redis[k] = redis[k]
+end
+local function nonexistent(k)
+  error("Script attempted to access nonexistent global variable '" .. tostring(k) .. "'", 3)
+end
+local load_redis_view = setmetatable({}, {
+  __index = function(_, k)
+    local v = load_redis[k]
+    if v == nil then nonexistent(k) end
+    return v
+  end,
+  __newindex = ro_error,
+  __metatable = false,
+})
+readonly[load_redis_view] = true
+local lib_env = setmetatable({}, {
+  __index = function(_, k)
+    if registering then
+      if k == 'redis' then return load_redis_view end
+    elseif k == 'rawset' then
+      return cowrap(checked_rawset)
+    elseif k ~= 'KEYS' and k ~= 'ARGV' and env[k] ~= nil then
+      return env[k]
+    end
+    nonexistent(k)
+  end,
+  __newindex = ro_error,
+  __metatable = {},
+})
+readonly[lib_env] = true
+
+-- A library's code that runs past 500 ms at load is stopped, as redis-server's
+-- luaEngineLoadHook does (checked every 100000 instructions).
+local load_deadline = 0
+local function load_hook()
+  if pynow() > load_deadline then error({err = 'ERR FUNCTION LOAD timeout'}) end
+end
+
+-- FUNCTION LOAD: (true, {{name, callback, flags, description}, ...}) or
+-- (false, 'compile' | 'run', message)
+local function load_library(body)
+  local f, msg = loadstring(body, '@user_function')
+  if not f then return false, 'compile', msg end
+  setfenv(f, lib_env)
+  registering = {seen = {}, list = {}}
+  load_deadline = pynow() + 0.5
+  dbg_sethook(load_hook, '', 100000)
+  local ok, e = pcall(f)
+  dbg_sethook()
+  local got = registering
+  registering = nil
+  if not ok then
+    if type(e) == 'table' and type(rawget(e, 'err')) == 'string' then
+      return false, 'run', rawget(e, 'err')
+    end
+    return false, 'run', 'ERR ' .. tostring(e)
+  end
+  return true, got.list
+end
+
+local function run_function(f, keys, args)
+  dbg_sethook(kill_hook, '', 10000)
+  local ok, v = xpcall(function() return f(keys, args) end, handler)
+  dbg_sethook()
+  return ok, v
+end
+
+return compile, run, load_library, run_function
 """

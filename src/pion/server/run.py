@@ -28,9 +28,11 @@ from pion.errors import PionError
 from pion.export.cache import ExportCache
 from pion.keyspace import SWEEP_INTERVAL_S, SWEEP_MAX_KEYS
 from pion.persistence import Persistence, RecoveryAborted
+from pion.persistence.functions_format import FunctionsDurable
 from pion.persistence.keyspace_durable import KeyspaceDurable
 from pion.persistence.ssm_durable import SsmDurable
 from pion.prefix.receipt import Receipt
+from pion.scripting.runtime import Scripts
 from pion.server.app import PionServer
 from pion.server.binary import BinaryLane
 from pion.server.fdlimit import fit_maxclients
@@ -74,8 +76,13 @@ def build_state(config: ServerConfig) -> ServerState:
         exports = ExportCache(config.export_directory, config.export_max_bytes)
         vstore.change_listeners.append(exports.invalidate)
         state.exports = exports
+    state.scripts = scripts = Scripts()  # its libraries are part of the dataset
     persistence = Persistence(
-        config, vstore, SsmDurable(state.ssm), KeyspaceDurable(state.keyspace)
+        config,
+        vstore,
+        SsmDurable(state.ssm),
+        KeyspaceDurable(state.keyspace),
+        FunctionsDurable(scripts.libraries),
     )
     persistence.open()
     state.persistence = persistence
