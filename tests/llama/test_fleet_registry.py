@@ -162,6 +162,25 @@ def test_taking_a_slot_over_drops_the_prefix_it_held(tmp_path: Path, pion_store:
     assert counts["dropped"] == 1
 
 
+def test_a_plain_redis_store_keeps_the_places(tmp_path: Path, redis_store: str) -> None:
+    """A real redis-server as the store: no KV.PREFIX, so no namespaces (counted), but
+    the places and their take-over work the same."""
+    r = redis.Redis.from_url(redis_store)
+    with fakes(tmp_path, 1) as (a,):
+        proxy = proxy_for([a], tmp_path / "A", redis_store, slots=())
+        with running_proxy(proxy) as url:
+            post(url, session("one", 1))
+            assert proxy.flush()
+            (old,) = places(r)
+            post(url, session("two", 1))
+            assert proxy.flush()
+            counts = registry_status(url)["counts"]
+    (new,) = places(r)
+    assert new != old and places(r)[new] == Place(a.url, 0)
+    assert counts["dropped"] == 1 and counts["register_errors"] == 3
+    assert not counts.get("errors")
+
+
 def test_a_down_registry_never_fails_a_request(tmp_path: Path) -> None:
     """Nothing listens where the store should be: every request is answered, and the
     registry's failures are counted."""

@@ -458,6 +458,9 @@ class Fleet:
             slots = leases.slots if leases is not None else (config.slots or (config.slot,))
             if up.url != place.server or place.slot not in slots:
                 continue
+            known = up.warmer.ctx.slots.get(place.slot)
+            if known is not None and known.fingerprint != fp:
+                return None  # this proxy put another prefix there since: the place is stale
             busy = leases is not None and leases.holder(place.slot) is not None
             held = len(request.tokens or ()) or 1
             views[i] = dataclasses.replace(views[i], held_tokens=held, held_busy=busy)

@@ -168,21 +168,26 @@ class PrefixRegistry:
         return Place.decode(self._redis.get(self._at_key(fingerprint)))
 
     def _publish(self, fingerprint: str, place: Place, tokens: Sequence[int] | None) -> None:
+        """One round trip for a hit (the claim renewed); a new placement also registers
+        the namespace (its log records are written once, not per request) and drops the
+        place of the prefix the slot held."""
         ttl_ms = max(1, round(self.ttl * 1000))
         pipe = self._redis.pipeline(transaction=False)
         pipe.set(self._slot_key(place), fingerprint, px=ttl_ms, get=True)
         pipe.set(self._at_key(fingerprint), place.encode(), px=ttl_ms)
-        pipe.execute_command(*_register_args(fingerprint, tokens))  # type: ignore[no-untyped-call]
-        old, _, registered = pipe.execute(raise_on_error=False)
-        if isinstance(old, Exception):
-            raise old
+        old = pipe.execute()[0]
         with self._lock:
             self._held[place] = fingerprint
             self.counts["published"] += 1
-            if isinstance(registered, Exception):
-                # A plain Redis store has no KV.PREFIX: the places still work.
+        if old == fingerprint.encode():
+            return
+        try:
+            self._redis.execute_command(*_register_args(fingerprint, tokens))  # type: ignore[no-untyped-call]
+        except redis.ResponseError:
+            # A plain Redis store has no KV.PREFIX: the places work all the same.
+            with self._lock:
                 self.counts["register_errors"] += 1
-        if isinstance(old, bytes) and old.decode("ascii", "replace") != fingerprint:
+        if isinstance(old, bytes):
             self._drop(old.decode("ascii", "replace"), place)
 
     def _drop(self, fingerprint: str, place: Place) -> None:
@@ -194,9 +199,13 @@ class PrefixRegistry:
         pipe = self._redis.pipeline(transaction=False)
         pipe.delete(key)
         pipe.execute_command("KV.PREFIX.DROP", blocks_namespace(fingerprint))  # type: ignore[no-untyped-call]
-        pipe.execute()
+        deleted, dropped = pipe.execute(raise_on_error=False)
+        if isinstance(deleted, Exception):
+            raise deleted
         with self._lock:
             self.counts["dropped"] += 1
+            if isinstance(dropped, Exception):  # a plain Redis store, as in _publish
+                self.counts["register_errors"] += 1
         self.log(f"REGISTRY {place.server} slot {place.slot}: {fingerprint[:16]}… taken over")
 
     def _refresh_held(self) -> None:
