@@ -8,6 +8,7 @@ to), the keys in the registry, and the proxies' counters in ``/pion/status``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +19,11 @@ import pytest
 import redis
 from pion_testing.llama_samples import pi_chat_body
 
+from pion.client.hashing import block_hashes, hashes_to_blob
 from pion.llama.fleet import Fleet
 from pion.llama.proxy import PrefixProxy, running_proxy
-from pion.llama.registry import Place, blocks_namespace
+from pion.llama.registry import BLOCK_SIZE, Place, PrefixRegistry, blocks_namespace
+from pion.llama.store import StoreConfig
 from support.fake_llama import FakeLlamaServer, fake_llama_server
 from support.fake_llama_proxy import (
     BYTES_PER_TOKEN,
@@ -179,6 +182,33 @@ def test_a_plain_redis_store_keeps_the_places(tmp_path: Path, redis_store: str) 
     assert new != old and places(r)[new] == Place(a.url, 0)
     assert counts["dropped"] == 1 and counts["register_errors"] == 3
     assert not counts.get("errors")
+
+
+def test_a_token_prefix_publishes_its_block_hashes(pion_store: Any) -> None:
+    """A prefix known as tokens: its namespace holds its block hashes, so MEMBERSHIP
+    tells how much of a longer request it covers; a malformed place reads as none."""
+    store = StoreConfig(url=f"redis://{pion_store.host}:{pion_store.port}")
+    tokens = list(range(1000, 1000 + 5 * BLOCK_SIZE + 3))  # five whole blocks
+    longer = tokens + list(range(7, 7 + 3 * BLOCK_SIZE))
+    lines: list[str] = []
+
+    async def publish() -> Place | None:
+        registry = PrefixRegistry(store, 30.0, lines.append)
+        try:
+            await registry.publish("f" * 64, Place("http://gpu0:8080", 2), tokens)
+            return await registry.locate("f" * 64)
+        finally:
+            await registry.aclose()
+
+    assert asyncio.run(publish()) == Place("http://gpu0:8080", 2)
+    r = redis.Redis(host=pion_store.host, port=pion_store.port)
+    probes = block_hashes(longer, BLOCK_SIZE)
+    bitmap = r.execute_command(
+        "KV.PREFIX.MEMBERSHIP", blocks_namespace("f" * 64), len(probes), hashes_to_blob(probes)
+    )
+    assert bitmap == bytes([0b00011111])  # the five blocks of the prefix, not the rest
+    assert 0 < r.pttl(PREFIX + "at:" + "f" * 64) <= 30_000 and not lines
+    assert Place.decode(b"no slot") is None and Place.decode(b"http://x\nslot") is None
 
 
 def test_a_down_registry_never_fails_a_request(tmp_path: Path) -> None:
