@@ -25,6 +25,10 @@ every request to it, the warmer's own :meth:`~PrefixWarmer.claim`.
   server back in may have restarted with an empty cache: none of its slots is trusted
   without ``GET /slots`` (the warmer's unpinned epoch moves), so its prefixes come back
   lazily, as requests need them.
+- **Several proxies** (with a store): where a warm-up left each prefix is published to
+  the store's registry (:mod:`pion.llama.registry`), in the background; a prefix none of
+  this proxy's slots holds is looked up there, and the server and slot it names count as
+  holding it, so every proxy sends it to the same slot.
 
 Runs on the proxy's event loop; nothing here blocks it (slot-dir reads and store look-ups
 go to worker threads). The forwarding itself is :mod:`pion.llama.proxy`'s.
