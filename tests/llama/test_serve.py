@@ -121,6 +121,44 @@ def test_serve_restarts_llama_server_restores_and_stops_on_sigint(
             proc.wait(10)
 
 
+def test_serve_runs_several_llama_servers_behind_one_proxy(
+    llama_bin: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    """``--servers 2``: two llama-servers, a port and a slot dir each, the proxy routing
+    between them (two sessions, one per server); SIGINT stops all three."""
+    slot_dir = tmp_path / "slots"
+    args = [sys.executable, "-m", "pion", "llama", "serve", "-m", str(tiny_model)]
+    args += ["--servers", "2", "--port", "0", "--llama-server", str(llama_bin)]
+    args += ["--slot-dir", str(slot_dir), "--log", str(tmp_path / "prefix-cache.log")]
+    args += ["--ctx", "4096", "--", "-t", "1"]
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ
+    )
+    try:
+        lines = Lines(proc)
+        url = lines.wait(r"^base URL: (http://\S+)")[1]
+        ready = [re.search(r"llama-server (\d+) ready on (http://\S+)", x) for x in lines.seen]
+        servers = [(int(m[1]), m[2]) for m in ready if m]
+        assert len(servers) == 2 and servers[0][1] != servers[1][1]
+        for name in ("one", "two"):
+            chat(url, pi_chat_body("What first?", variant=f"Session {name}.", max_tokens=4))
+        fleet = status(url)["fleet"]
+        assert isinstance(fleet, dict)
+        assert [s["url"] for s in fleet["servers"]] == [u for _, u in servers]
+        assert [s["routed"] for s in fleet["servers"]] == [{"cold": 1}, {"cold": 1}]
+        for i in range(2):
+            assert len(list((slot_dir / f"server-{i}").glob("pi-prefix-*.bin"))) == 1
+
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+        lines.wait(r"^stopped$")
+        assert not any(_alive(pid) for pid, _ in servers)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
 def _alive(pid: int) -> bool:
     """Whether ``pid`` is a running process (a zombie waiting for its reaper is not)."""
     try:
@@ -137,6 +175,8 @@ def test_serve_refuses_flags_it_sets_and_a_bad_binary(tmp_path: Path) -> None:
         ServeOptions(model=model, llama_args=("--slot-save-path", "/tmp"))
     with pytest.raises(ValueError, match="slots"):
         ServeOptions(model=model, slots=0)
+    with pytest.raises(ValueError, match="--servers"):
+        ServeOptions(model=model, servers=0)
     with pytest.raises(LlamaServerNotFoundError, match="not an executable"):
         find_llama_server(tmp_path / "nope")
     run = subprocess.run(
@@ -160,6 +200,11 @@ def test_serve_command_line(tmp_path: Path) -> None:
     args = llama_server_args(Path("/bin/llama-server"), own_ctx, 5555)
     assert args.count("-c") == 1 and args[-4:] == ["-c", "8192", "-t", "2"]
     assert own_ctx.slot_context() == 4096
+    several = ServeOptions(model=model, servers=2, slot_dir=tmp_path, llama_port=9000)
+    assert several.slot_dirs() == [tmp_path / "server-0", tmp_path / "server-1"]
+    assert several.llama_ports() == [9000, 9001]
+    args = llama_server_args(Path("/bin/llama-server"), several, 9001, several.slot_dirs()[1])
+    assert args[args.index("--slot-save-path") + 1] == str(tmp_path / "server-1")
 
 
 def test_find_llama_server_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,6 +32,7 @@ The pi-prefix-cache behaviour in Python (docs/llama.md). Reading order:
 - :mod:`~pion.llama.steps`       the state machine in a slot: hit / restore / cold, answers
 - :mod:`~pion.llama.warmer`      routing, leases, the public API
 - :mod:`~pion.llama.route`       which llama-server of a fleet a request goes to (pure)
+- :mod:`~pion.llama.registry`    where prefixes are, shared by several proxies via the store
 - :mod:`~pion.llama.fleet`       several llama-servers: health, load, routing
 - :mod:`~pion.llama.status`      ``/pion/status`` data
 - :mod:`~pion.llama.storelist`   ``pion llama status --store``: what a store holds

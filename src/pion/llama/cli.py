@@ -105,6 +105,12 @@ def _warmer_options(func: F) -> F:
             "--store-ttl", type=int, help="seconds slot files live in the store [..._STORE_TTL]"
         ),
         click.option(
+            "--registry-ttl",
+            type=float,
+            help="seconds this proxy's prefix places live in the store's registry unless "
+            "refreshed; 0: none [..._REGISTRY_TTL]",
+        ),
+        click.option(
             "--divergence-excerpts/--no-divergence-excerpts",
             default=None,
             help="show excerpts of the prompt where a request left the learned prefix "
@@ -157,6 +163,7 @@ def _config(**flags: Any) -> WarmerConfig:
         store_tls_ca=flags.get("store_tls_ca"),
         store_timeout=flags.get("store_timeout"),
         store_ttl=flags.get("store_ttl"),
+        registry_ttl=flags.get("registry_ttl"),
         base_url=_first(flags.get("upstream")),
         slot=flags.get("slot"),
         persist=flags.get("persist"),

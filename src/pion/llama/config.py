@@ -28,6 +28,7 @@ PI_PREFIX_CACHE_STORE_USERNAME     store AUTH user                             (
 PI_PREFIX_CACHE_STORE_TLS_CA       CA bundle for a rediss:// store             (system)
 PI_PREFIX_CACHE_STORE_TIMEOUT      seconds per store operation                 2
 PI_PREFIX_CACHE_STORE_TTL          seconds slot files live in the store        604800
+PI_PREFIX_CACHE_REGISTRY_TTL       seconds a proxy's registry claims live      30
 PI_PREFIX_CACHE_KEEP_BILLING_HEADER  1 = leave Claude Code's billing header in     0
 PI_PREFIX_CACHE_DIVERGENCE_EXCERPTS  0 = no prompt text in divergence reports   1
 PI_PREFIX_CACHE_LEASE_WAIT         seconds a request waits for a slot          30
@@ -118,6 +119,9 @@ class WarmerConfig:
     # A pull that takes longer than this is abandoned (the prefix is built cold).
     store_deadline: float = 120.0
     store_prefix: str = "pion:llama:"
+    # Seconds a proxy's claims in the store's prefix registry live unless refreshed (a
+    # dead proxy's are gone after this); 0: no registry (docs/llama.md, "Several proxies").
+    registry_ttl: float = 30.0
     # Claude Code's per-prompt ``x-anthropic-billing-header`` system block is removed from
     # /v1/messages requests unless this is set (docs/llama.md, "Claude Code's billing header").
     keep_billing_header: bool = False
@@ -151,6 +155,8 @@ class WarmerConfig:
             raise ValueError("checkpoint tokens must be >= 0 (0: no checkpoints)")
         if self.store_timeout <= 0 or self.store_deadline <= 0 or self.store_ttl < 0:
             raise ValueError("store timeout and deadline must be > 0, ttl >= 0")
+        if self.registry_ttl < 0:
+            raise ValueError("registry ttl must be >= 0 (0: no registry)")
 
     @property
     def multi_slot(self) -> bool:
@@ -214,6 +220,7 @@ class WarmerConfig:
             if (t := flt("STORE_TIMEOUT", default.store_timeout)) > 0
             else default.store_timeout,
             "store_ttl": max(0, num("STORE_TTL", default.store_ttl)),
+            "registry_ttl": max(0.0, flt("REGISTRY_TTL", default.registry_ttl)),
             "slot": max(0, num("SLOT", default.slot)),
             "persist": (get("PERSIST") or "0").lower() in ("1", "true", "yes", "on"),
             "keep_billing_header": (get("KEEP_BILLING_HEADER") or "0").lower()

@@ -25,6 +25,10 @@ every request to it, the warmer's own :meth:`~PrefixWarmer.claim`.
   server back in may have restarted with an empty cache: none of its slots is trusted
   without ``GET /slots`` (the warmer's unpinned epoch moves), so its prefixes come back
   lazily, as requests need them.
+- **Several proxies** (with a store): where a warm-up left each prefix is published to
+  the store's registry (:mod:`pion.llama.registry`), in the background; a prefix none of
+  this proxy's slots holds is looked up there, and the server and slot it names count as
+  holding it, so every proxy sends it to the same slot.
 
 Runs on the proxy's event loop; nothing here blocks it (slot-dir reads and store look-ups
 go to worker threads). The forwarding itself is :mod:`pion.llama.proxy`'s.
@@ -48,6 +52,7 @@ from pion.llama.eventlog import EventLog
 from pion.llama.fingerprint import file_name, model_file_identity
 from pion.llama.learn import BoundaryLearner
 from pion.llama.prefix import WarmRequest
+from pion.llama.registry import Place, PrefixRegistry
 from pion.llama.route import Reason, Route, ServerView, route
 from pion.llama.serverinfo import ServerInfo
 from pion.llama.store import StoreError
@@ -148,12 +153,18 @@ class _Choice:
     up: Upstream
     reason: Reason
     request: WarmRequest
+    slot: int | None = None  # the registry's slot for the prefix on ``up``
 
 
 class Fleet:
     """The llama-servers of one proxy (see the module docstring)."""
 
-    def __init__(self, warmers: Sequence[PrefixWarmer], log: EventLog | None = None) -> None:
+    def __init__(
+        self,
+        warmers: Sequence[PrefixWarmer],
+        log: EventLog | None = None,
+        registry: PrefixRegistry | None = None,
+    ) -> None:
         if not warmers:
             raise ValueError("a fleet needs at least one llama-server")
         self.log = log or warmers[0].log
@@ -164,6 +175,9 @@ class Fleet:
         self._placed: OrderedDict[str, str] = OrderedDict()
         self._learners: dict[str, BoundaryLearner] = {}
         self._probe: asyncio.Task[None] | None = None
+        # Where other proxies placed prefixes (docs/llama.md, "Several proxies").
+        self.registry = registry
+        self._publishing: set[asyncio.Task[None]] = set()
 
     @classmethod
     def from_config(
@@ -187,7 +201,14 @@ class Fleet:
             )
             for i, url in enumerate(upstreams or (config.base_url,))
         ]
-        return cls(warmers, log)
+        store = config.store_config()
+        registry = None
+        if store is not None and config.registry_ttl > 0:
+            try:
+                registry = PrefixRegistry(store, config.registry_ttl, log)
+            except ValueError as exc:  # a bad URL: the store says so too
+                log(f"registry disabled: {exc}")
+        return cls(warmers, log, registry)
 
     @property
     def single(self) -> bool:
@@ -203,6 +224,8 @@ class Fleet:
         """Start the health probes (on the running loop; none for one upstream)."""
         if not self.single and self._probe is None:
             self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
+        if self.registry is not None:
+            self.registry.start()
 
     async def aclose(self) -> None:
         """Stop the probes; close every warmer (its post-answer work first)."""
@@ -210,9 +233,15 @@ class Fleet:
         if probe is not None:
             probe.cancel()
             await asyncio.wait({probe})
+        if self._publishing:
+            await asyncio.wait(set(self._publishing))
+        if self.registry is not None:
+            await self.registry.aclose()
         await asyncio.gather(*(u.warmer.aclose() for u in self.servers))
 
     async def flush(self, timeout: float = 60.0) -> bool:
+        if self._publishing:
+            await asyncio.wait(set(self._publishing), timeout=timeout)
         done = await asyncio.gather(*(u.warmer.flush(timeout) for u in self.servers))
         return all(done)
 
@@ -291,7 +320,9 @@ class Fleet:
         :meth:`PrefixWarmer.claim`): the server to forward it to and the ticket."""
         if self.single:
             up = self.servers[0]
-            return up, await up.warmer.claim(kind, body, harness, pinnable=pinnable)
+            warmed = await up.warmer.claim(kind, body, harness, pinnable=pinnable)
+            self._publish(up, warmed, None)
+            return up, warmed
         t0 = time.monotonic()
         tried: set[str] = set()
         while len(tried) < len(self.servers):
@@ -307,7 +338,7 @@ class Fleet:
             up, choice = found
             if isinstance(choice, Ticket):
                 return up, choice
-            ticket = await self._claim_unless_down(up, choice.request, t0, pinnable)
+            ticket = await self._claim_unless_down(up, choice, t0, pinnable)
             failed = ticket is not None and ticket.outcome.kind == "disabled"
             if ticket is not None and failed and not await self._answers(up):
                 up.warmer.release(ticket)
@@ -316,12 +347,13 @@ class Fleet:
             if ticket is None:
                 tried.add(up.url)
                 continue
+            self._publish(up, ticket, choice.request.tokens)
             return up, ticket
         up = self.plain()
         return up, Ticket(up.warmer.skipped("no llama-server of the fleet answers"))
 
     async def _claim_unless_down(
-        self, up: Upstream, request: WarmRequest, t0: float, pinnable: bool
+        self, up: Upstream, choice: _Choice, t0: float, pinnable: bool
     ) -> Ticket | None:
         """The warmer's claim on ``up``, abandoned (None) when ``up`` is taken out
         meanwhile: a wedged server holds a warm-up until its timeout (600 s), the
@@ -330,7 +362,7 @@ class Fleet:
         async def release(ticket: Ticket) -> None:
             up.warmer.release(ticket)
 
-        claim = up.warmer.claim_found(request, t0, pinnable=pinnable)
+        claim = up.warmer.claim_found(choice.request, t0, pinnable=pinnable, slot=choice.slot)
         ticket = await unless_down(up, claim, release)
         if ticket is None:
             self.log(f"fleet: gave up a warm-up on {up.url} (taken out) → routed again")
@@ -394,6 +426,7 @@ class Fleet:
         files = await asyncio.to_thread(_files, members)
         last = self._placed.get(fp)
         views = [u.view(fp, request, files[u.url], u.url == last) for u in members]
+        place = await self._registered(fp, request, members, views)
         decision = route(views, in_store=False)
         if decision is None:  # members is never empty
             raise RuntimeError("no server to route to")
@@ -408,7 +441,46 @@ class Fleet:
             gone = next((u for u in self.servers if u.url == last), None)
             if gone is not None and not gone.healthy:
                 self.decisions["failover"] += 1
-        return _Choice(up, decision.reason, request)
+        slot = None
+        if place is not None and place.server == up.url and decision.reason == "hit":
+            slot = place.slot
+        return _Choice(up, decision.reason, request, slot)
+
+    async def _registered(
+        self, fp: str, request: WarmRequest, members: list[Upstream], views: list[ServerView]
+    ) -> Place | None:
+        """The registry's place for ``fp`` when no server holds it as far as this proxy
+        knows: that server's view then holds it (``views`` is updated), so a proxy routes
+        a prefix another placed to the same server, and the same slot."""
+        if self.registry is None or any(v.held_tokens for v in views):
+            return None
+        place = await self.registry.locate(fp)
+        if place is None:
+            return None
+        for i, up in enumerate(members):
+            leases, config = up.warmer.leases, up.warmer.config
+            slots = leases.slots if leases is not None else (config.slots or (config.slot,))
+            if up.url != place.server or place.slot not in slots:
+                continue
+            known = up.warmer.ctx.slots.get(place.slot)
+            if known is not None and known.fingerprint != fp:
+                return None  # this proxy put another prefix there since: the place is stale
+            busy = leases is not None and leases.holder(place.slot) is not None
+            held = len(request.tokens or ()) or 1
+            views[i] = dataclasses.replace(views[i], held_tokens=held, held_busy=busy)
+            return place
+        return None
+
+    def _publish(self, up: Upstream, ticket: Ticket, tokens: Sequence[int] | None) -> None:
+        """Tell the registry where the ticket's warm-up left its prefix, in the
+        background: the request does not wait on it (:meth:`flush` does)."""
+        outcome = ticket.outcome
+        if self.registry is None or outcome.kind not in _REASONS or not outcome.fingerprint:
+            return
+        publish = self.registry.publish(outcome.fingerprint, Place(up.url, outcome.slot), tokens)
+        task = asyncio.get_running_loop().create_task(publish)
+        self._publishing.add(task)
+        task.add_done_callback(self._publishing.discard)
 
     async def _with_store(self, views: list[ServerView], members: list[Upstream], fp: str) -> Route:
         store = next((u.warmer.store for u in members if u.warmer.store is not None), None)
@@ -477,6 +549,7 @@ class Fleet:
             "servers": servers,
             "decisions": dict(self.decisions),
             "placed": len(self._placed),
+            "registry": self.registry.status() if self.registry is not None else None,
             "probe_interval_s": PROBE_INTERVAL if not self.single else None,
         }
 

@@ -1,4 +1,4 @@
-"""`pion llama serve`: llama-server and the proxy in front of it, as one command.
+"""`pion llama serve`: llama-server (or several) and the proxy in front, as one command.
 
 Owns finding the llama-server binary (an explicit path, ``PATH``, the build cache of
 ``scripts/build-llama-server``, or building it with that script when this is a source
@@ -6,7 +6,8 @@ checkout), the :class:`LlamaSupervisor` that runs it with ``--slot-save-path`` a
 slots and starts it again when it dies, and :func:`run`, which puts the proxy
 (:class:`~pion.llama.proxy.PrefixProxy`, persisting) in front, prints the base URL and
 each harness's configuration (:mod:`pion.llama.agents`) and stops both on SIGINT or
-SIGTERM.
+SIGTERM. With ``--servers N``, N llama-servers of the same model (a port, a slot dir and a
+supervisor each) behind one proxy, which routes among them (:mod:`pion.llama.fleet`).
 
 After a restart the slots are empty; the next request of each prefix restores it from
 the slot dir (the proxy's usual restore, verified by that request), so only the restore
@@ -34,6 +35,7 @@ import httpx
 
 from pion.llama.agents import AgentConfig, configuration_text
 from pion.llama.config import WarmerConfig
+from pion.llama.fleet import Fleet
 from pion.llama.modelkind import ModelKind, classify_metadata, read_gguf_metadata
 from pion.llama.paths import cache_dir, default_log_path
 from pion.llama.proxy import PrefixProxy, running_proxy
@@ -111,6 +113,7 @@ class ServeOptions:
 
     model: Path
     slots: int = 1
+    servers: int = 1  # llama-servers behind the proxy
     host: str = "127.0.0.1"
     port: int = 8089
     llama_port: int = 0  # 0: a free port
@@ -124,6 +127,8 @@ class ServeOptions:
     def __post_init__(self) -> None:
         if self.slots < 1:
             raise ValueError(f"--slots must be >= 1, got {self.slots}")
+        if self.servers < 1:
+            raise ValueError(f"--servers must be >= 1, got {self.servers}")
         if self.context < 1:
             raise ValueError(f"--ctx must be >= 1, got {self.context}")
         own = sorted(_OWN_FLAGS.intersection(self.llama_args))
@@ -132,6 +137,20 @@ class ServeOptions:
                 f"llama-server flags {', '.join(own)} are set by pion llama serve "
                 "(use -m, --slots, --slot-dir, --llama-port)"
             )
+
+    def slot_dirs(self) -> list[Path]:
+        """One slot dir per llama-server: ``slot_dir`` itself for one, ``server-<i>``
+        under it for several (two servers must not share one: llama-server saves under a
+        scratch name per slot)."""
+        if self.servers == 1:
+            return [self.slot_dir]
+        return [self.slot_dir / f"server-{i}" for i in range(self.servers)]
+
+    def llama_ports(self) -> list[int]:
+        """One port per llama-server: from ``llama_port`` on, else free ones."""
+        if self.llama_port:
+            return [self.llama_port + i for i in range(self.servers)]
+        return [_free_port() for _ in range(self.servers)]
 
     def slot_context(self) -> int:
         """Tokens per slot: ``-c`` of the llama-server flags divided by the slots, or
@@ -161,8 +180,11 @@ def swa_full_reason(options: ServeOptions) -> str | None:
     return f"{state.arch} uses sliding-window attention ({state.sliding_window} tokens)"
 
 
-def llama_server_args(binary: Path, options: ServeOptions, port: int) -> list[str]:
-    """The llama-server command line: the model, loopback, the slots, the slot dir,
+def llama_server_args(
+    binary: Path, options: ServeOptions, port: int, slot_dir: Path | None = None
+) -> list[str]:
+    """The llama-server command line: the model, loopback, the slots, the slot dir
+    (``slot_dir``, else ``options.slot_dir``),
     ``--swa-full`` for a sliding-window model (:func:`swa_full_reason`) and, unless the
     extra flags set it, ``-c`` for ``context`` tokens per slot."""
     args = [
@@ -171,7 +193,7 @@ def llama_server_args(binary: Path, options: ServeOptions, port: int) -> list[st
         "--host", "127.0.0.1",
         "--port", str(port),
         "-np", str(options.slots),
-        "--slot-save-path", str(options.slot_dir),
+        "--slot-save-path", str(slot_dir or options.slot_dir),
     ]  # fmt: skip
     if not _CTX_FLAGS.intersection(options.llama_args):
         args += ["-c", str(options.context * options.slots)]
@@ -314,16 +336,15 @@ def run(
     binary: Path,
     echo: Callable[[str], None] = print,
 ) -> int:
-    """Run llama-server and the proxy until SIGINT/SIGTERM (or llama-server gives up);
-    print the base URL and the harness configurations. The exit status."""
-    options.slot_dir.mkdir(parents=True, exist_ok=True)
-    llama_port = options.llama_port or _free_port()
-    supervisor = LlamaSupervisor(
-        llama_server_args(binary, options, llama_port),
-        llama_port,
-        options.slot_dir.parent / f"llama-server-{llama_port}.log",
-        echo,
-    )
+    """Run the llama-server(s) and the proxy until SIGINT/SIGTERM (or a llama-server
+    gives up); print the base URL and the harness configurations. The exit status."""
+    dirs = options.slot_dirs()
+    supervisors = []
+    for port, slot_dir in zip(options.llama_ports(), dirs, strict=True):
+        slot_dir.mkdir(parents=True, exist_ok=True)
+        log = options.slot_dir.parent / f"llama-server-{port}.log"
+        args = llama_server_args(binary, options, port, slot_dir)
+        supervisors.append(LlamaSupervisor(args, port, log, echo))
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -331,35 +352,46 @@ def run(
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        echo(f"starting {binary} on {supervisor.url} (log {supervisor.log_path})")
         if (why := swa_full_reason(options)) is not None:
             echo(f"--swa-full: {why}; slot files keep the whole cache (more memory)")
-        supervisor.start()
-        echo(f"llama-server {supervisor.pid} ready on {supervisor.url}")
-        config = WarmerConfig(
-            base_url=supervisor.url,
-            persist=True,
-            slot_dir=options.slot_dir,
-            slots=tuple(range(options.slots)) if options.slots > 1 else (),
-            log_path=options.log_path,
-        )
-        with running_proxy(PrefixProxy(config), options.host, options.port) as url:
+        for supervisor in supervisors:
+            echo(f"starting {binary} on {supervisor.url} (log {supervisor.log_path})")
+            supervisor.start()
+            echo(f"llama-server {supervisor.pid} ready on {supervisor.url}")
+        with running_proxy(_proxy(options, supervisors), options.host, options.port) as url:
             context = options.slot_context()
             agent = AgentConfig(url, context=context, max_tokens=_answer_cap(context))
-            echo(f"pion llama proxy on {url} → {supervisor.url} (log {options.log_path})")
+            upstreams = ", ".join(s.url for s in supervisors)
+            echo(f"pion llama proxy on {url} → {upstreams} (log {options.log_path})")
             echo(f"base URL: {url}\n")
             echo(configuration_text(agent))
             echo("Ctrl-C stops the proxy and llama-server.")
             sys.stdout.flush()
             while not stop.wait(0.2):
-                if supervisor.failed:
+                if any(s.failed for s in supervisors):
                     return 1
         return 0
     finally:
-        supervisor.stop()
+        for supervisor in supervisors:
+            supervisor.stop()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         echo("stopped")
+
+
+def _proxy(options: ServeOptions, supervisors: Sequence[LlamaSupervisor]) -> PrefixProxy:
+    """The persisting proxy in front of the supervised llama-server(s)."""
+    config = WarmerConfig(
+        base_url=supervisors[0].url,
+        persist=True,
+        slot_dir=options.slot_dirs()[0],
+        slots=tuple(range(options.slots)) if options.slots > 1 else (),
+        log_path=options.log_path,
+    )
+    if len(supervisors) == 1:
+        return PrefixProxy(config)
+    urls = [s.url for s in supervisors]
+    return PrefixProxy(config, fleet=Fleet.from_config(config, urls, options.slot_dirs()))
 
 
 def _answer_cap(context: int) -> int:

@@ -1,8 +1,8 @@
 """``pion llama serve``: the command-line face of :mod:`pion.llama.serve` (thin).
 
-``pion llama serve -m MODEL.gguf [--slots N] [-- llama-server flags]`` parses its flags
-into a :class:`~pion.llama.serve.ServeOptions`, finds llama-server and runs both
-processes until Ctrl-C. :mod:`pion.llama.cli` registers the command in its group.
+``pion llama serve -m MODEL.gguf [--slots N] [--servers N] [-- llama-server flags]``
+parses its flags into a :class:`~pion.llama.serve.ServeOptions`, finds llama-server and
+runs them until Ctrl-C. :mod:`pion.llama.cli` registers the command in its group.
 """
 
 from __future__ import annotations
@@ -35,9 +35,21 @@ def _echo(line: str) -> None:
     help="the GGUF model llama-server loads",
 )
 @click.option("--slots", type=int, default=1, show_default=True, help="prefixes kept hot")
+@click.option(
+    "--servers",
+    type=int,
+    default=1,
+    show_default=True,
+    help="llama-servers of the model behind the proxy (a port and slot dir each)",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="where the proxy listens")
 @click.option("--port", type=int, default=8089, show_default=True, help="proxy port (0: free)")
-@click.option("--llama-port", type=int, default=0, help="llama-server's port [a free one]")
+@click.option(
+    "--llama-port",
+    type=int,
+    default=0,
+    help="llama-server's port; several: from it on [free ones]",
+)
 @click.option(
     "--ctx",
     type=int,
@@ -69,6 +81,7 @@ def serve_command(
     *,
     model: Path,
     slots: int,
+    servers: int,
     host: str,
     port: int,
     llama_port: int,
@@ -79,12 +92,14 @@ def serve_command(
     swa_full: bool | None,
     llama_args: tuple[str, ...],
 ) -> None:
-    """Run llama-server (restarted if it dies) and the proxy in front of it; print the
-    base URL and each agent's configuration. Flags after `--` go to llama-server."""
+    """Run llama-server (restarted if it dies; --servers N: N of them) and the proxy in
+    front of it; print the base URL and each agent's configuration. Flags after `--` go
+    to llama-server."""
     try:
         options = ServeOptions(
             model=model.resolve(),
             slots=slots,
+            servers=servers,
             host=host,
             port=port,
             llama_port=llama_port,

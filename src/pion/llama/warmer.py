@@ -269,14 +269,17 @@ class PrefixWarmer(WarmerSteps):
             return Ticket(self.skipped(found.reason))
         return found
 
-    async def claim_found(self, found: WarmRequest, t0: float, *, pinnable: bool) -> Ticket:
+    async def claim_found(
+        self, found: WarmRequest, t0: float, *, pinnable: bool, slot: int | None = None
+    ) -> Ticket:
         """:meth:`claim` for a prefix already found (:meth:`find`, by this warmer or by
-        another of the same (build, model), as a fleet routes it)."""
+        another of the same (build, model), as a fleet routes it); ``slot``: the slot it
+        must take (the fleet's registry says the prefix is there), waiting for it."""
         exclusive = not pinnable and self.config.multi_slot
         # A fleet routes before it claims: the slots are checked as in claim(), here.
         token = SLOTS_SNAPSHOT.set(SLOTS_SNAPSHOT.get() or self._shared_snapshot())
         try:
-            return await self._claim(found, None, t0, exclusive=exclusive, pinnable=pinnable)
+            return await self._claim(found, slot, t0, exclusive=exclusive, pinnable=pinnable)
         finally:
             SLOTS_SNAPSHOT.reset(token)
 
