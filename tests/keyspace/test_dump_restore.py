@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pion.config import ServerConfig
-from pion.keyspace.rdb import _crc64, dump_payload
+from pion.keyspace.rdb import crc64, dump_payload
 from pion.server.run import ServerThread
 from support.keyspace import RawClient, RedisServer
 
@@ -220,7 +220,7 @@ def test_hostile_payloads_get_an_error_and_the_server_goes_on(
             body[at:at] = rng.randbytes(rng.randint(1, 8))
         # Sealed with the same checksum, so the decoder itself meets the damage.
         sealed = bytes(body) + (10).to_bytes(2, "little")
-        sealed += _crc64(sealed).to_bytes(8, "little")
+        sealed += crc64(sealed).to_bytes(8, "little")
         try:
             pion.restore("h", 0, sealed, replace=True)
         except redis.ResponseError as exc:

@@ -31,7 +31,16 @@ from pion.keyspace.numbers import parse_int64
 from pion.keyspace.rdb_compact import BadFormat, intset, listpack, lzf_decompress, ziplist
 from pion.keyspace.sortedset import SortedSet
 
-__all__ = ["RDB_VERSION", "BadFormat", "dump_payload", "load_payload", "payload_ok"]
+__all__ = [
+    "RDB_VERSION",
+    "BadFormat",
+    "Reader",
+    "crc64",
+    "dump_payload",
+    "load_payload",
+    "payload_ok",
+    "put_length",
+]
 
 # What Redis 7.0 writes and the newest it reads.
 RDB_VERSION = 10
@@ -53,10 +62,10 @@ def payload_ok(payload: bytes) -> bool:
         return False
     version = int.from_bytes(payload[-10:-8], "little")
     crc = int.from_bytes(payload[-8:], "little")
-    return version <= _NEWEST_READ and _crc64(payload[:-8]) == crc
+    return version <= _NEWEST_READ and crc64(payload[:-8]) == crc
 
 
-def _crc64(data: bytes) -> int:
+def crc64(data: bytes) -> int:
     return int(_CRC64.calc(data))
 
 
@@ -77,24 +86,24 @@ def dump_payload(value: Value) -> bytes:
         _put_strings(out, value, len(value))
     elif isinstance(value, dict):
         out.append(_HASH)
-        _put_length(out, len(value))
+        put_length(out, len(value))
         for field, item in value.items():
             _put_string(out, field)
             _put_string(out, item)
     elif isinstance(value, SortedSet):
         out.append(_ZSET_2)
-        _put_length(out, len(value))
+        put_length(out, len(value))
         for score, member in value:
             _put_string(out, member)
             out += _DOUBLE.pack(score)
     else:
         raise BadFormat("streams are not written in DUMP's format by this build")
     out += RDB_VERSION.to_bytes(2, "little")
-    out += _crc64(bytes(out)).to_bytes(8, "little")
+    out += crc64(bytes(out)).to_bytes(8, "little")
     return bytes(out)
 
 
-def _put_length(out: bytearray, n: int) -> None:
+def put_length(out: bytearray, n: int) -> None:
     if n < 1 << 6:
         out.append(n)
     elif n < 1 << 14:
@@ -115,12 +124,12 @@ def _put_string(out: bytearray, s: bytes) -> None:
         out.append(0xC0 | {1: 0, 2: 1, 4: 2}[width])
         out += n.to_bytes(width, "little", signed=True)
         return
-    _put_length(out, len(s))
+    put_length(out, len(s))
     out += s
 
 
 def _put_strings(out: bytearray, items: deque[bytes] | set[bytes], n: int) -> None:
-    _put_length(out, n)
+    put_length(out, n)
     for item in items:
         _put_string(out, item)
 
@@ -128,7 +137,7 @@ def _put_strings(out: bytearray, items: deque[bytes] | set[bytes], n: int) -> No
 # -- reading -------------------------------------------------------------------------
 
 
-class _Reader:
+class Reader:
     """A cursor over the payload's body; every read is bounds-checked."""
 
     def __init__(self, body: bytes) -> None:
@@ -191,7 +200,7 @@ class _Reader:
 
 def load_payload(payload: bytes) -> Value:
     """The value a payload holds (which ``payload_ok`` accepted); raises BadFormat."""
-    r = _Reader(payload[:-10])
+    r = Reader(payload[:-10])
     kind = r.byte()
     loader = _LOADERS.get(kind)
     if loader is None:
@@ -204,15 +213,15 @@ def load_payload(payload: bytes) -> Value:
     return value
 
 
-def _list(r: _Reader) -> Value:
+def _list(r: Reader) -> Value:
     return deque(r.string() for _ in range(r.count()))
 
 
-def _quicklist(r: _Reader) -> Value:
+def _quicklist(r: Reader) -> Value:
     return deque(item for _ in range(r.count()) for item in ziplist(r.string()))
 
 
-def _quicklist2(r: _Reader) -> Value:
+def _quicklist2(r: Reader) -> Value:
     out: deque[bytes] = deque()
     for _ in range(r.count()):
         container = r.count()
@@ -261,7 +270,7 @@ def _compact_zset(items: list[bytes]) -> Value:
         raise BadFormat("a score is not a number") from None
 
 
-_LOADERS: dict[int, Callable[[_Reader], Value]] = {
+_LOADERS: dict[int, Callable[[Reader], Value]] = {
     _STRING: lambda r: r.string(),
     _LIST: _list,
     _LIST_ZIPLIST: lambda r: deque(ziplist(r.string())),

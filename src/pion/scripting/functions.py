@@ -21,10 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pion.errors import PionError
-from pion.keyspace.rdb import RDB_VERSION, BadFormat, payload_ok
-from pion.keyspace.rdb import _crc64 as crc64
-from pion.keyspace.rdb import _put_length as put_length
-from pion.keyspace.rdb import _Reader as RdbReader
+from pion.keyspace.rdb import RDB_VERSION, BadFormat, crc64, payload_ok, put_length
+from pion.keyspace.rdb import Reader as RdbReader
 
 __all__ = [
     "FLAG_ORDER",
