@@ -39,7 +39,7 @@ def _losses(data: Result) -> list[str]:
     if figures.get("reuse_over_oracle", 0.0) < floor:
         out.append(
             f"pion reused {runs['pion']['reused_tokens']:,} tokens against the oracle's "
-            f"{runs['oracle']['reused_tokens']:,} ({_pct(figures['reuse_over_oracle'])}, "
+            f"{runs['oracle']['reused_tokens']:,} ({figures['reuse_over_oracle']:.2%}, "
             f"target >= {_pct(floor)})"
         )
     ceiling = targets.get("ttft_p50_over_round_robin", 0.3)

@@ -90,7 +90,7 @@ def test_misses_are_named(tmp_path: Path) -> None:
     assert "| pion llama proxy | 45.0% | 1,800 of 4,000 | 60.0% | 3.25 | 0.400 | 1.200 |" in md
     assert "| oracle | 90.0% | 3,600 of 4,000 |" in md
     assert "| pion, a server killed | 75.0% |" in md
-    assert "Pion reused 1,800 tokens against the oracle's 3,600 (50.0%, target >= 95.0%)" in md
+    assert "Pion reused 1,800 tokens against the oracle's 3,600 (50.00%, target >= 95.0%)" in md
     assert "TTFT p50 was 0.400 s against round robin's 0.500 s (0.80x, target <= 0.30x)" in md
     assert "its sessions waited up to 7.50 s for an answer (target <= 5 s)" in md
     assert "over 4 sessions (1 saw a failed request)" in md
