@@ -95,6 +95,7 @@ SECTIONS: list[Entry] = [
     _entry("llama_store.llama_store", "llama_store"),
     _entry("agents.agents", "agents"),
     _entry("llama_sessions.llama_sessions", "llama_sessions"),
+    _entry("fleet.fleet", "fleet"),
     _entry("llama_status.llama_status", "llama_status"),
     _entry("features.export_fetch", "export_fetch"),
     _entry("features.attend", "attend"),

@@ -30,6 +30,7 @@ BENCHES = [
     "llama_store",
     "agents",
     "llama_sessions",
+    "fleet",
     "llama_status",
     "client_memory",
     "attend",
