@@ -18,6 +18,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 from pion_testing.llama_samples import pi_chat_body
+from prometheus_client.parser import text_string_to_metric_families
 
 from pion.llama.cli import llama_group
 from pion.llama.fleet import Fleet
@@ -385,3 +386,45 @@ def test_without_a_copy_elsewhere_a_busy_prefix_waits_for_its_slot(tmp_path: Pat
             fleet = fleet_status(url)
     assert ran(a) == ["turn 1", "turn 2", "turn 3"] and not ran(b)
     assert fleet["decisions"] == {"cold": 1, "hit": 2}
+
+
+def _samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``GET /pion/metrics`` parsed by prometheus_client: (name, labels) -> value."""
+    response = httpx.get(url + "/pion/metrics", timeout=30)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+
+
+def test_metrics_count_routing_decisions_health_and_reuse(tmp_path: Path) -> None:
+    """The Prometheus page says what /pion/status says: decisions (a failover included),
+    each server's health, what it took and the tokens it reused."""
+    with fakes(tmp_path, None, None) as (a, b):
+        proxy = fleet_proxy([a, b], tmp_path)
+        with running_proxy(proxy) as url:
+            post(url, session("one", 1))
+            a.kill()
+            post(url, session("one", 2))
+            post(url, session("one", 3))
+            assert proxy.flush()
+            fleet = fleet_status(url)
+            samples = _samples(url)
+    decision = "pion_llama_routing_decisions_total"
+    assert {d: samples[(decision, (("decision", d),))] for d in ("cold", "hit", "failover")} == {
+        "cold": 2,
+        "hit": 1,
+        "failover": 1,
+    }
+    assert samples[(decision, (("decision", "pull"),))] == 0
+    assert samples[("pion_llama_server_up", (("server", a.url),))] == 0
+    assert samples[("pion_llama_server_up", (("server", b.url),))] == 1
+    assert samples[("pion_llama_server_downs_total", (("server", a.url),))] == 1
+    routed = (("decision", "hit"), ("server", b.url))
+    assert samples[("pion_llama_server_routed_total", routed)] == 1
+    reused = samples[("pion_llama_server_tokens_reused_total", (("server", b.url),))]
+    assert reused == fleet["servers"][1]["tokens_reused"] > 0
+    assert samples[("pion_llama_upstream_errors_total", (("kind", "unreachable"),))] == 0

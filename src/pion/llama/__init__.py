@@ -35,6 +35,7 @@ The pi-prefix-cache behaviour in Python (docs/llama.md). Reading order:
 - :mod:`~pion.llama.registry`    where prefixes are, shared by several proxies via the store
 - :mod:`~pion.llama.fleet`       several llama-servers: health, load, routing
 - :mod:`~pion.llama.status`      ``/pion/status`` data
+- :mod:`~pion.llama.metrics`     ``/pion/metrics``: routing for Prometheus
 - :mod:`~pion.llama.storelist`   ``pion llama status --store``: what a store holds
 - :mod:`~pion.llama.httpserver`  uvicorn, with limits on slow and idle clients
 - :mod:`~pion.llama.proxy`       the OpenAI-compatible reverse proxy

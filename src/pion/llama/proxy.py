@@ -15,7 +15,9 @@ Owns the HTTP side of `pion llama` (docs/llama.md; a starlette app, run by uvico
 - every other method and path (``/v1/models``, ``/health``, ``/slots``, ``HEAD /``,
   ``/v1/messages/count_tokens``, ...) is forwarded untouched.
 - ``GET /pion/status``: the warmer's state as JSON (``pion llama status --proxy URL``);
-  it never waits on a lease or on llama-server.
+  it never waits on a lease or on llama-server. ``GET /pion/metrics``: the routing
+  decisions, each server's health, load and tokens reused, for Prometheus
+  (:mod:`pion.llama.metrics`).
 - several upstreams: :class:`~pion.llama.fleet.Fleet` picks the server for each request
   (the others go to the least loaded); a server that refuses the connection is taken
   out and a request read whole is routed again, one that is taken out while a request
@@ -57,6 +59,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from pion.llama import metrics
 from pion.llama.config import WarmerConfig
 from pion.llama.endpoints import ENDPOINTS, EndpointKind, strip_billing_header
 from pion.llama.fleet import CONNECT_TIMEOUT, Fleet, Upstream, unless_down
@@ -80,6 +83,7 @@ T = TypeVar("T")
 
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 STATUS_PATH = "/pion/status"
+METRICS_PATH = "/pion/metrics"
 
 # The endpoints whose id_slot llama-server b11434 honours (its Anthropic conversion builds
 # a new body from the fields it knows and drops id_slot; the Responses conversion copies
@@ -191,6 +195,7 @@ class PrefixProxy:
         self.app = Starlette(
             routes=[
                 Route(STATUS_PATH, self._status, methods=["GET"]),
+                Route(METRICS_PATH, self._metrics, methods=["GET"]),
                 Route(
                     "/{path:path}",
                     self._forward,
@@ -238,6 +243,10 @@ class PrefixProxy:
 
     async def _status(self, _request: Request) -> Response:
         return JSONResponse(await self._status_data())
+
+    async def _metrics(self, _request: Request) -> Response:
+        body = metrics.render(self.fleet, self.upstream_errors)
+        return Response(body, media_type=metrics.CONTENT_TYPE_LATEST)
 
     async def _status_data(self) -> dict[str, Any]:
         data = await self.warmer.status()
