@@ -177,6 +177,10 @@ def test_serve_refuses_flags_it_sets_and_a_bad_binary(tmp_path: Path) -> None:
         ServeOptions(model=model, slots=0)
     with pytest.raises(ValueError, match="--servers"):
         ServeOptions(model=model, servers=0)
+    with pytest.raises(ValueError, match="one per server"):
+        ServeOptions(model=model, servers=2, devices=("CUDA0",))
+    with pytest.raises(ValueError, match="pick one"):
+        ServeOptions(model=model, devices=("CUDA0",), llama_args=("--device", "CUDA1"))
     with pytest.raises(LlamaServerNotFoundError, match="not an executable"):
         find_llama_server(tmp_path / "nope")
     run = subprocess.run(
@@ -205,6 +209,10 @@ def test_serve_command_line(tmp_path: Path) -> None:
     assert several.llama_ports() == [9000, 9001]
     args = llama_server_args(Path("/bin/llama-server"), several, 9001, several.slot_dirs()[1])
     assert args[args.index("--slot-save-path") + 1] == str(tmp_path / "server-1")
+    assert "--device" not in args
+    gpus = ServeOptions(model=model, servers=2, devices=("CUDA0", "CUDA1"))
+    args = llama_server_args(Path("/bin/llama-server"), gpus, 9001, None, gpus.devices[1])
+    assert args[args.index("--device") + 1] == "CUDA1"
 
 
 def test_find_llama_server_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

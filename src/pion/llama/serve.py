@@ -123,6 +123,8 @@ class ServeOptions:
     llama_args: tuple[str, ...] = ()
     # --swa-full for sliding-window models: None = when the GGUF says so, False = never.
     swa_full: bool | None = None
+    # --devices: one llama-server ``--device`` per server (one GPU each); () = as set
+    devices: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.slots < 1:
@@ -131,6 +133,13 @@ class ServeOptions:
             raise ValueError(f"--servers must be >= 1, got {self.servers}")
         if self.context < 1:
             raise ValueError(f"--ctx must be >= 1, got {self.context}")
+        if self.devices and len(self.devices) != self.servers:
+            raise ValueError(
+                f"--devices names {len(self.devices)} device(s) for {self.servers} "
+                "server(s): one per server"
+            )
+        if self.devices and "--device" in self.llama_args:
+            raise ValueError("--device among the llama-server flags and --devices: pick one")
         own = sorted(_OWN_FLAGS.intersection(self.llama_args))
         if own:
             raise ValueError(
@@ -181,10 +190,14 @@ def swa_full_reason(options: ServeOptions) -> str | None:
 
 
 def llama_server_args(
-    binary: Path, options: ServeOptions, port: int, slot_dir: Path | None = None
+    binary: Path,
+    options: ServeOptions,
+    port: int,
+    slot_dir: Path | None = None,
+    device: str | None = None,
 ) -> list[str]:
     """The llama-server command line: the model, loopback, the slots, the slot dir
-    (``slot_dir``, else ``options.slot_dir``),
+    (``slot_dir``, else ``options.slot_dir``), ``--device`` when one is given,
     ``--swa-full`` for a sliding-window model (:func:`swa_full_reason`) and, unless the
     extra flags set it, ``-c`` for ``context`` tokens per slot."""
     args = [
@@ -195,6 +208,8 @@ def llama_server_args(
         "-np", str(options.slots),
         "--slot-save-path", str(slot_dir or options.slot_dir),
     ]  # fmt: skip
+    if device is not None:
+        args += ["--device", device]
     if not _CTX_FLAGS.intersection(options.llama_args):
         args += ["-c", str(options.context * options.slots)]
     if swa_full_reason(options) is not None:
@@ -340,10 +355,11 @@ def run(
     gives up); print the base URL and the harness configurations. The exit status."""
     dirs = options.slot_dirs()
     supervisors = []
-    for port, slot_dir in zip(options.llama_ports(), dirs, strict=True):
+    devices: Sequence[str | None] = options.devices or [None] * options.servers
+    for port, slot_dir, device in zip(options.llama_ports(), dirs, devices, strict=True):
         slot_dir.mkdir(parents=True, exist_ok=True)
         log = options.slot_dir.parent / f"llama-server-{port}.log"
-        args = llama_server_args(binary, options, port, slot_dir)
+        args = llama_server_args(binary, options, port, slot_dir, device)
         supervisors.append(LlamaSupervisor(args, port, log, echo))
     stop = threading.Event()
 

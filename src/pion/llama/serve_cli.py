@@ -42,6 +42,11 @@ def _echo(line: str) -> None:
     show_default=True,
     help="llama-servers of the model behind the proxy (a port and slot dir each)",
 )
+@click.option(
+    "--devices",
+    default="",
+    help="one llama-server --device per server, comma-separated (e.g. CUDA0,CUDA1)",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="where the proxy listens")
 @click.option("--port", type=int, default=8089, show_default=True, help="proxy port (0: free)")
 @click.option(
@@ -82,6 +87,7 @@ def serve_command(
     model: Path,
     slots: int,
     servers: int,
+    devices: str,
     host: str,
     port: int,
     llama_port: int,
@@ -100,6 +106,7 @@ def serve_command(
             model=model.resolve(),
             slots=slots,
             servers=servers,
+            devices=tuple(d.strip() for d in devices.split(",") if d.strip()),
             host=host,
             port=port,
             llama_port=llama_port,
