@@ -75,6 +75,24 @@ def _per_harness(runs: Mapping[str, Result]) -> list[list[str]]:
     return rows
 
 
+def _ttft_parts(runs: Mapping[str, Result]) -> list[list[str]]:
+    """What bounds TTFT: the answered requests' own prefill (llama-server's
+    ``prompt_ms``) against all prefill (warm-ups and restores included), and the TTFT
+    left once a request's own prefill is taken out (waiting: for a slot, a warm-up, the
+    other requests on the server)."""
+    rows = []
+    for name, run in runs.items():
+        done = [r for r in run["requests"] if r.get("ttft_s") is not None]
+        own = [(r.get("prompt_ms") or 0.0) / 1000 for r in done]
+        rest = sorted(r["ttft_s"] - o for r, o in zip(done, own, strict=True))
+        median = rest[len(rest) // 2] if rest else 0.0
+        rows.append([
+            ROUTERS.get(name, name), f"{sum(own):.2f}", f"{run['prefill_s'] - sum(own):.2f}",
+            f"{run['ttft_p50_s']:.3f}", f"{median:.3f}",
+        ])  # fmt: skip
+    return rows
+
+
 def fleet(results: Mapping[str, Result]) -> Section:
     data = results["fleet"]
     runs = data.get("runs", {})
@@ -144,6 +162,12 @@ def fleet(results: Mapping[str, Result]) -> Section:
         extra_tables=[(
             "Reuse the answers report (cache_n), per harness:",
             ["harness", *labels], _per_harness(runs),
+        ), (
+            "Where the time to first byte goes: the answered requests' own prefill against "
+            "the prefill done outside them (the proxy's warm-ups and restores), and TTFT "
+            "less a request's own prefill (waiting for a slot, a warm-up, the server):",
+            ["router", "own prefill s", "other prefill s", "TTFT p50 s",
+             "TTFT less own prefill, p50 s"], _ttft_parts(runs),
         )],
     )  # fmt: skip
 

@@ -18,8 +18,22 @@ import sections  # noqa: E402, F401  (registers the renderers)
 
 def _run(reused: int, ttft: float, errors: int = 0) -> dict[str, Any]:
     requests = [
-        {"harness": "pi", "cache_n": 900, "prompt": 1000, "status": 200},
-        {"harness": "claude", "cache_n": 1500, "prompt": 3000, "status": 200},
+        {
+            "harness": "pi",
+            "cache_n": 900,
+            "prompt": 1000,
+            "status": 200,
+            "ttft_s": ttft,
+            "prompt_ms": 50.0,
+        },
+        {
+            "harness": "claude",
+            "cache_n": 1500,
+            "prompt": 3000,
+            "status": 200,
+            "ttft_s": ttft + 0.5,
+            "prompt_ms": 250.0,
+        },
         {"harness": "claude", "status": 0, "failures": [[1.0, 1.2, 0, "ReadError"]]},
     ]
     return {
@@ -97,6 +111,8 @@ def test_misses_are_named(tmp_path: Path) -> None:
     # Per harness, the answers' own cache_n: Pi 900 of 1000, Claude 1500 of 3000.
     assert "| Pi | 90.0% | 90.0% | 90.0% | 90.0% |" in md
     assert "| Claude Code | 50.0% |" in md
+    # Own prefill 0.05 + 0.25 s of 3.25; TTFT less own prefill: 0.35 and 0.65 (p50 the upper).
+    assert "| pion llama proxy | 0.30 | 2.95 | 0.400 | 0.650 |" in md
     (figure,) = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
     assert (out.parent / figure).stat().st_size > 1000
 
