@@ -36,6 +36,9 @@ __all__ = [
     "LlamaServerError",
 ]
 
+# How long an idle connection to llama-server is kept (its server closes one at 5 s).
+KEEPALIVE_S = 2.0
+
 
 class LlamaServerError(Exception):
     """llama-server answered with an error, or could not be reached (``status`` None)."""
@@ -92,6 +95,7 @@ class LlamaClient:
             timeout=httpx.Timeout(timeout, connect=min(5.0, timeout)),
             headers=headers,
             transport=transport,
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),  # see AsyncLlamaClient
         )
 
     def close(self) -> None:
@@ -223,7 +227,12 @@ class AsyncLlamaClient:
             timeout=httpx.Timeout(timeout, connect=min(5.0, timeout)),
             transport=transport,
             # Many concurrent sessions: the pool must never be what a request waits on.
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            # llama-server (cpp-httplib) closes a connection idle for 5 s, httpx keeps one
+            # 5 s by default: a request sent on it in that instant is lost ("Server
+            # disconnected without sending a response"). Idle connections go after 2 s.
+            limits=httpx.Limits(
+                max_connections=None, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_S
+            ),
         )
         self.http.headers.clear()
 
