@@ -303,6 +303,35 @@ def test_proxy_takes_several_upstreams(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert one.exit_code == 0 and calls[-1]["upstreams"] == ()
 
 
+def test_proxy_reads_its_flags_from_a_config_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--config fleet.toml``: the fleet in a file (lists for repeatable flags), a flag on
+    the command line wins, an unknown key or bad TOML is a usage error naming it."""
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        "pion.llama.cli.serve", lambda config, **kwargs: calls.append({"config": config, **kwargs})
+    )
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(
+        'upstream = ["http://a:1", "http://b:2"]\n'
+        f'slot-dir = ["{tmp_path / "a"}", "{tmp_path / "b"}"]\n'
+        'persist = true\nslots = "all"\nport = 9001\nregistry_ttl = 12.5\n'
+    )
+    result = CliRunner().invoke(llama_group, ["proxy", "--config", str(fleet), "--port", "9002"])
+    assert result.exit_code == 0, result.output
+    (call,) = calls
+    assert call["upstreams"] == ("http://a:1", "http://b:2")
+    assert call["slot_dirs"] == (tmp_path / "a", tmp_path / "b")
+    assert call["port"] == 9002  # the command line wins
+    config = call["config"]
+    assert config.persist and config.all_slots and config.registry_ttl == 12.5
+    for text, error in (("colour = 1\n", "unknown setting 'colour'"), ("upstream = [", "fleet")):
+        fleet.write_text(text)
+        bad = CliRunner().invoke(llama_group, ["proxy", "--config", str(fleet)])
+        assert bad.exit_code == 2 and error in bad.output and "--config" in bad.output
+
+
 def test_a_request_waiting_on_a_wedged_server_is_routed_again(tmp_path: Path) -> None:
     """A stops answering (every request there waits 30 s) while a request for its
     session is checking A's slot: once the probes take A out, the request gives up on A

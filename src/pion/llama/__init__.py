@@ -40,6 +40,7 @@ The pi-prefix-cache behaviour in Python (docs/llama.md). Reading order:
 - :mod:`~pion.llama.httpserver`  uvicorn, with limits on slow and idle clients
 - :mod:`~pion.llama.proxy`       the OpenAI-compatible reverse proxy
 - :mod:`~pion.llama.cli`         ``pion llama proxy|warm|status|gc``
+- :mod:`~pion.llama.configfile`  ``pion llama proxy --config FILE``: its flags in TOML
 - :mod:`~pion.llama.serve`       ``pion llama serve``: llama-server and the proxy as one command
 - :mod:`~pion.llama.serve_cli`   its command-line face
 - :mod:`~pion.llama.agents`      the configuration that points each harness at the proxy

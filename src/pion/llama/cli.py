@@ -31,6 +31,7 @@ from rich.table import Table
 
 from pion.llama.client import LlamaClient, LlamaServerError
 from pion.llama.config import WarmerConfig
+from pion.llama.configfile import config_option
 from pion.llama.index import SlotIndex
 from pion.llama.outcome import Outcome
 from pion.llama.prefix import WarmRequest, split_prefix
@@ -192,6 +193,7 @@ def llama_group() -> None:
 @_warmer_options
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8089, show_default=True)
+@config_option
 def proxy(host: str, port: int, **flags: Any) -> None:
     """Run the OpenAI-compatible proxy; point the harness's baseUrl at it. With several
     --upstream, each request goes to the llama-server that holds its prefix, else to the
