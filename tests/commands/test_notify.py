@@ -8,23 +8,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from pion.config import ServerConfig
 from pion.server.run import ServerThread
-from support.keyspace import RawClient, RedisServer, read_reply
+from support.keyspace import RawClient, oracle_pair, read_reply
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
-    work = tmp_path_factory.mktemp("notify-oracle")
-    oracle = RedisServer(work)
-    pion = ServerThread(ServerConfig(port=0, dir=Path(work) / "pion", appendfsync="no")).start()
-    yield oracle.port, pion.port
-    pion.stop()
-    oracle.stop()
+    with oracle_pair(tmp_path_factory.mktemp("notify-oracle")) as ports:
+        yield ports
 
 
 # Commands run before notifications are enabled (their events are not compared).

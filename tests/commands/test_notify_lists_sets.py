@@ -10,24 +10,17 @@ after the push's, as Redis does once the pushing command is done."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from pion.config import ServerConfig
-from pion.server.run import ServerThread
 from support import wait_until
-from support.keyspace import RawClient, RedisServer, read_reply
+from support.keyspace import RawClient, oracle_pair, read_reply
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
-    work = tmp_path_factory.mktemp("notify-lists-oracle")
-    oracle = RedisServer(work)
-    pion = ServerThread(ServerConfig(port=0, dir=Path(work) / "pion", appendfsync="no")).start()
-    yield oracle.port, pion.port
-    pion.stop()
-    oracle.stop()
+    with oracle_pair(tmp_path_factory.mktemp("notify-lists-oracle")) as ports:
+        yield ports
 
 
 # A command whose reply is random (SPOP of some of a set): only its events compare.

@@ -10,16 +10,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from pion.config import ServerConfig
 from pion.pubsub import OutputLimit
 from pion.server.run import ServerThread
-from support.keyspace import RawClient, RedisServer, read_reply
+from support.keyspace import RawClient, oracle_pair, read_reply
 
 
 def _wait_for(predicate: Callable[[], bool], what: str) -> None:
@@ -207,12 +205,8 @@ def test_client_kill_type_pubsub(server: ServerThread) -> None:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
-    work = tmp_path_factory.mktemp("pubsub-config")
-    oracle = RedisServer(work)
-    pion = ServerThread(ServerConfig(port=0, dir=Path(work) / "pion", appendfsync="no")).start()
-    yield oracle.port, pion.port
-    pion.stop()
-    oracle.stop()
+    with oracle_pair(tmp_path_factory.mktemp("pubsub-config")) as ports:
+        yield ports
 
 
 CONFIG_STEPS = [

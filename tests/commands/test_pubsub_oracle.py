@@ -16,16 +16,13 @@ other connections (several matching patterns), and PUBSUB CHANNELS.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pion.config import ServerConfig
-from pion.server.run import ServerThread
-from support.keyspace import RawClient, RedisServer, read_reply
+from support.keyspace import RawClient, oracle_pair, read_reply
 
 Step = tuple[int, list[bytes]]
 _UNSUBS = (b"UNSUBSCRIBE", b"PUNSUBSCRIBE", b"SUNSUBSCRIBE")
@@ -33,12 +30,8 @@ _UNSUBS = (b"UNSUBSCRIBE", b"PUNSUBSCRIBE", b"SUNSUBSCRIBE")
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
-    work = tmp_path_factory.mktemp("pubsub-oracle")
-    oracle = RedisServer(work)
-    pion = ServerThread(ServerConfig(port=0, dir=Path(work) / "pion", appendfsync="no")).start()
-    yield oracle.port, pion.port
-    pion.stop()
-    oracle.stop()
+    with oracle_pair(tmp_path_factory.mktemp("pubsub-oracle")) as ports:
+        yield ports
 
 
 def _marker(value: Any, marker: bytes) -> bool:

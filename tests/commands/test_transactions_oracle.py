@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pion.config import ServerConfig
-from pion.server.run import ServerThread
-from support.keyspace import RawClient, RedisServer, encode_command
+from support.keyspace import RawClient, encode_command, oracle_pair
 
 Step = tuple[int, list[bytes]]
 
@@ -187,13 +184,8 @@ def _until_end(c: RawClient) -> bytes:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
-    work = tmp_path_factory.mktemp("oracle")
-    oracle = RedisServer(work)
-    config = ServerConfig(port=0, dir=Path(work) / "pion", appendfsync="no")
-    pion = ServerThread(config).start()
-    yield oracle.port, pion.port
-    pion.stop()
-    oracle.stop()
+    with oracle_pair(tmp_path_factory.mktemp("oracle")) as ports:
+        yield ports
 
 
 def _flush(port: int) -> None:

@@ -21,20 +21,16 @@ from hypothesis import strategies as st
 from pion.config import ServerConfig
 from pion.keyspace.rdb import crc64, dump_payload
 from pion.server.run import ServerThread
-from support.keyspace import RawClient, RedisServer
+from support.keyspace import RawClient, oracle_pair
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[redis.Redis, redis.Redis]]:
-    work = tmp_path_factory.mktemp("oracle-dump")
-    oracle = RedisServer(work)
-    pion = ServerThread(ServerConfig(port=0, dir=Path(work) / "pion", appendfsync="no")).start()
-    clients = (redis.Redis(port=oracle.port), redis.Redis(port=pion.port))
-    yield clients
-    for c in clients:
-        c.close()
-    pion.stop()
-    oracle.stop()
+    with oracle_pair(tmp_path_factory.mktemp("oracle-dump")) as ports:
+        clients = (redis.Redis(port=ports[0]), redis.Redis(port=ports[1]))
+        yield clients
+        for c in clients:
+            c.close()
 
 
 def _read(r: redis.Redis, key: str) -> Any:

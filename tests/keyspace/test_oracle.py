@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pion.config import ServerConfig
-from pion.server.run import ServerThread
-from support.keyspace import Err, RawClient, RedisServer, Reply, scan_all
+from support.keyspace import Err, RawClient, Reply, oracle_pair, scan_all
 
 KEYS = [b"k0", b"k1", b"k2", b"k\x00\r\n", b"", b"{x}@y/z"]
 FIELDS = [b"f0", b"f1", b"\x00\xff", b""]
@@ -477,13 +474,8 @@ class Pair:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
-    work = tmp_path_factory.mktemp("oracle")
-    oracle = RedisServer(work)
-    config = ServerConfig(port=0, dir=Path(work) / "pion", appendfsync="no")
-    pion = ServerThread(config).start()
-    yield oracle.port, pion.port
-    pion.stop()
-    oracle.stop()
+    with oracle_pair(tmp_path_factory.mktemp("oracle")) as ports:
+        yield ports
 
 
 @pytest.mark.parametrize("proto", [2, 3])

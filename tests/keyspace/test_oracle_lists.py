@@ -14,16 +14,13 @@ its random picks are tested on their own in ``test_lists_sets.py``.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pion.config import ServerConfig
-from pion.server.run import ServerThread
-from support.keyspace import Err, RawClient, RedisServer, Reply
+from support.keyspace import Err, RawClient, Reply, oracle_pair
 
 KEYS = [b"l0", b"l1", b"s0", b"s1", b"str"]
 ELEMENTS = [b"a", b"b", b"c", b"", b"\x00\r\n", b"1", b"2", b"10", b"-3", b"007"]
@@ -177,13 +174,8 @@ def _same(cmd: list[bytes], want: Reply, got: Reply) -> bool:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
-    work = tmp_path_factory.mktemp("oracle-lists")
-    oracle = RedisServer(work)
-    config = ServerConfig(port=0, dir=Path(work) / "pion", appendfsync="no")
-    pion = ServerThread(config).start()
-    yield oracle.port, pion.port
-    pion.stop()
-    oracle.stop()
+    with oracle_pair(tmp_path_factory.mktemp("oracle-lists")) as ports:
+        yield ports
 
 
 def _run(ports: tuple[int, int], proto: int, commands: st.SearchStrategy[list[bytes]]) -> None:

@@ -17,16 +17,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pion.config import ServerConfig
-from pion.server.run import ServerThread
-from support.keyspace import Err, RawClient, RedisServer, Reply
+from support.keyspace import Err, RawClient, Reply, oracle_pair
 
 KEYS = [b"s0", b"s1", b"str"]
 IDS = [b"1-1", b"1-2", b"2", b"2-*", b"3-0", b"5", b"5-*", b"0-1", b"0-0", b"7-3", b"x", b"-1"]
@@ -229,13 +226,8 @@ def _same(cmd: list[bytes], want: Reply, got: Reply) -> bool:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
-    work = tmp_path_factory.mktemp("oracle-streams")
-    oracle = RedisServer(work)
-    config = ServerConfig(port=0, dir=Path(work) / "pion", appendfsync="no")
-    pion = ServerThread(config).start()
-    yield oracle.port, pion.port
-    pion.stop()
-    oracle.stop()
+    with oracle_pair(tmp_path_factory.mktemp("oracle-streams")) as ports:
+        yield ports
 
 
 _PROBES = (

@@ -9,15 +9,12 @@ redis-server on this machine is 7.0: what 7.2 changed for scripts (``os.clock``,
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pion.config import ServerConfig
-from pion.server.run import ServerThread
-from support.keyspace import RawClient, RedisServer
+from support.keyspace import RawClient, oracle_pair
 
 Cmd = tuple[str, ...]
 
@@ -195,13 +192,8 @@ CASES: dict[str, list[Cmd]] = {
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
-    work = tmp_path_factory.mktemp("oracle")
-    oracle = RedisServer(work)
-    config = ServerConfig(port=0, dir=Path(work) / "pion", appendfsync="no")
-    pion = ServerThread(config).start()
-    yield oracle.port, pion.port
-    pion.stop()
-    oracle.stop()
+    with oracle_pair(tmp_path_factory.mktemp("oracle")) as ports:
+        yield ports
 
 
 def _replies(port: int, proto: int, commands: list[Cmd]) -> list[bytes]:

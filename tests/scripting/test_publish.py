@@ -7,23 +7,16 @@ the messages it publishes are flushed by the loop once the script is done."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from pion.config import ServerConfig
-from pion.server.run import ServerThread
-from support.keyspace import RawClient, RedisServer, read_reply
+from support.keyspace import RawClient, oracle_pair, read_reply
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
-    work = tmp_path_factory.mktemp("script-publish-oracle")
-    oracle = RedisServer(work)
-    pion = ServerThread(ServerConfig(port=0, dir=Path(work) / "pion", appendfsync="no")).start()
-    yield oracle.port, pion.port
-    pion.stop()
-    oracle.stop()
+    with oracle_pair(tmp_path_factory.mktemp("script-publish-oracle")) as ports:
+        yield ports
 
 
 SCRIPT = (

@@ -4,6 +4,7 @@ redis-server on a free port, and small wire utilities."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import time
@@ -11,6 +12,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from pion.config import ServerConfig
+from pion.server.run import ServerThread
 
 Arg = bytes | str | int
 
@@ -167,6 +171,21 @@ class RedisServer:
         if self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=20)
+
+
+@contextlib.contextmanager
+def oracle_pair(workdir: Path) -> Iterator[tuple[int, int]]:
+    """A real redis-server (the oracle) and a pion-server (no fsync), data under
+    ``workdir``: their ports, in that order; both stopped on exit."""
+    oracle = RedisServer(workdir)
+    try:
+        pion = ServerThread(ServerConfig(port=0, dir=workdir / "pion", appendfsync="no")).start()
+        try:
+            yield oracle.port, pion.port
+        finally:
+            pion.stop()
+    finally:
+        oracle.stop()
 
 
 def scan_all(c: RawClient, *options: Arg) -> Iterator[bytes]:
