@@ -176,11 +176,11 @@ def lzf_decompress(data: bytes, size: int) -> bytes:
         n += 2
         if back < 0 or len(out) + n > size:
             raise BadFormat("an LZF back reference points outside the output")
-        if back + n <= len(out):
+        period = len(out) - back
+        if n <= period:
             out += out[back : back + n]
-        else:  # overlapping: the reference repeats bytes it is producing
-            for i in range(n):
-                out.append(out[back + i])
+        else:  # overlapping: the reference repeats its last ``period`` bytes
+            out += (out[back:] * (n // period + 1))[:n]
     if len(out) != size:
         raise BadFormat("LZF output is not the length the payload claims")
     return bytes(out)
