@@ -12,16 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pion.commands.args import parse_int
 from pion.commands.state import Command, Context
 from pion.errors import PionError
-from pion.keyspace.numbers import parse_int64
 from pion.keyspace.rdb import BadFormat, dump_payload, load_payload, payload_ok
 from pion.notify import GENERIC, notify
 from pion.resp.reply import Reply, Simple
 
 __all__ = ["COMMANDS"]
 
-_NOT_INTEGER = "value is not an integer or out of range"
 _OK = Simple("OK")
 
 
@@ -47,13 +46,6 @@ def _dump(ctx: Context, args: Sequence[bytes]) -> Reply:
         raise PionError(f"DUMP is not served for this value: {exc}") from None
 
 
-def _integer(raw: bytes) -> int:
-    n = parse_int64(raw)
-    if n is None:
-        raise PionError(_NOT_INTEGER)
-    return n
-
-
 def _options(args: Sequence[bytes]) -> tuple[bool, bool, int | None]:
     """REPLACE, ABSTTL, IDLETIME (seconds) as ``restoreCommand`` reads them: IDLETIME
     and FREQ exclude each other (the second one is a syntax error)."""
@@ -69,12 +61,12 @@ def _options(args: Sequence[bytes]) -> tuple[bool, bool, int | None]:
         elif word == b"ABSTTL":
             absttl = True
         elif word == b"IDLETIME" and more and freq is None:
-            idle = _integer(args[i + 1])
+            idle = parse_int(args[i + 1])
             if idle < 0:
                 raise PionError("Invalid IDLETIME value, must be >= 0")
             i += 1
         elif word == b"FREQ" and more and idle is None:
-            freq = _integer(args[i + 1])
+            freq = parse_int(args[i + 1])
             if not 0 <= freq <= 255:
                 raise PionError("Invalid FREQ value, must be >= 0 and <= 255")
             i += 1
@@ -90,7 +82,7 @@ def _restore(ctx: Context, args: Sequence[bytes]) -> Reply:
     ks = ctx.state.keyspace
     if not replace and ks.exists(key):
         raise BusyKeyError("Target key name already exists.")
-    ttl = _integer(args[1])
+    ttl = parse_int(args[1])
     if ttl < 0:
         raise PionError("Invalid TTL value, must be >= 0")
     if not payload_ok(payload):
