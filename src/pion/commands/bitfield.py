@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pion.commands.args import parse_int
 from pion.commands.state import Command, Context
 from pion.errors import PionError
 from pion.keyspace.bits import MAX_BIT_OFFSET
@@ -96,10 +97,7 @@ def _parse(args: Sequence[bytes]) -> list[_Op]:
         offset = _offset(args[j + 2], bits)
         value = 0
         if sub != b"GET":
-            parsed = parse_int64(args[j + 3])
-            if parsed is None:
-                raise PionError("value is not an integer or out of range")
-            value = parsed
+            value = parse_int(args[j + 3])
         ops.append(_Op(sub.decode(), signed, bits, offset, value, overflow))
         j += 3 if sub == b"GET" else 4
     return ops

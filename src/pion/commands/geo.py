@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
+from pion.commands.args import parse_int
 from pion.commands.state import Command, Context
 from pion.commands.zsets import keyword
 from pion.errors import PionError
@@ -34,7 +35,7 @@ from pion.keyspace.geo import (
     geohash_text,
     search,
 )
-from pion.keyspace.numbers import parse_int64, parse_score
+from pion.keyspace.numbers import parse_score
 from pion.keyspace.sort import partial_sort
 from pion.keyspace.sortedset import SortedSet
 from pion.keyspace.zsets import ZAddFlags, zadd
@@ -204,9 +205,7 @@ def _options(q: _Query, z: SortedSet | None, opts: Sequence[bytes], kind: str) -
         elif word in ("ASC", "DESC"):
             q.sort = word
         elif word == "COUNT" and left >= 1:
-            count = parse_int64(opts[i + 1])
-            if count is None:
-                raise PionError("value is not an integer or out of range")
+            count = parse_int(opts[i + 1])
             if count <= 0:
                 raise PionError("COUNT must be > 0")
             q.count = count

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pion.commands.args import parse_int
 from pion.commands.state import Command, Context
 from pion.errors import PionError
 from pion.keyspace.hashttl import MAX_FIELD_DEADLINE_MS, Condition, hexpire, hpersist, httl
@@ -50,9 +51,7 @@ def _fields(args: Sequence[bytes], at: int, count_error: str) -> list[bytes]:
 
 def _deadline(name: str, raw: bytes, base: int, seconds: bool) -> int:
     """The absolute deadline in ms, with Redis 7.4's bounds (48-bit ms)."""
-    value = parse_int64(raw)
-    if value is None:
-        raise PionError("value is not an integer or out of range")
+    value = parse_int(raw)
     if value < 0:
         raise PionError("invalid expire time, must be >= 0")
     invalid = PionError(f"invalid expire time in '{name}' command")

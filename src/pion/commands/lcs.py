@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from pion.commands.args import parse_int
 from pion.commands.chunked import work_steps
 from pion.commands.deferred import Steps
 from pion.commands.state import Command, Context
 from pion.errors import PionError, WrongTypeError
-from pion.keyspace.numbers import parse_int64
 from pion.resp.reply import Reply
 
 __all__ = ["COMMANDS", "STEP_CELLS", "STEP_WALK"]
@@ -143,10 +143,7 @@ def _lcs_command(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
         elif opt == b"WITHMATCHLEN":
             withlen = True
         elif opt == b"MINMATCHLEN" and j + 1 < len(args):
-            n = parse_int64(args[j + 1])
-            if n is None:
-                raise PionError("value is not an integer or out of range")
-            minlen = max(n, 0)
+            minlen = max(parse_int(args[j + 1]), 0)
             j += 1
         else:
             raise PionError("syntax error")

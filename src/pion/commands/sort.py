@@ -16,10 +16,10 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pion.commands.args import parse_int
 from pion.commands.state import Command, Context
 from pion.commands.zsets import keyword
 from pion.errors import PionError, WrongTypeError
-from pion.keyspace.numbers import parse_int64
 from pion.keyspace.sort import by_pattern, elements_of, sort_elements, store_list
 from pion.keyspace.sortedset import SortedSet
 from pion.notify import GENERIC, LIST, notify
@@ -51,10 +51,7 @@ def _options(args: Sequence[bytes], readonly: bool) -> _Options:
         elif word == "ALPHA":
             o.alpha = True
         elif word == "LIMIT" and left >= 2:
-            start, count = parse_int64(args[j + 1]), parse_int64(args[j + 2])
-            if start is None or count is None:
-                raise PionError("value is not an integer or out of range")
-            o.start, o.count = start, count
+            o.start, o.count = parse_int(args[j + 1]), parse_int(args[j + 2])
             j += 2
         elif word == "STORE" and left >= 1 and not readonly:
             o.store = args[j + 1]
