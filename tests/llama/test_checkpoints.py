@@ -142,9 +142,11 @@ def test_checkpoints_are_rate_limited_by_new_tokens(
     config = config_for(fake, tmp_path, checkpoint_tokens=60)
     chat = Conversation(words=40)
     saved: list[int] = []
-    with running_proxy(PrefixProxy(config)) as url:
+    proxy = PrefixProxy(config)
+    with running_proxy(proxy) as url:
         for _ in range(5):
             chat.turn(url)
+            assert proxy.flush(60)  # the checkpoint is saved after the answer went back
             saved.append(status(url)["events"].get("checkpoints_saved", 0))
         skipped = status(url)["events"].get("checkpoints_skipped", 0)
     growth = [len(chat.tokens(i + 1)) - len(chat.tokens(i)) for i in range(4)]
@@ -179,10 +181,12 @@ def test_budget_eviction_keeps_the_newest(
     conversations of three turns (two prefix files and a checkpoint each), four kept."""
     config = config_for(fake, tmp_path, checkpoint_tokens=16, max_files=4)
     chats = [Conversation(agent=f"agent-{i}/1.0", tag=f"x{i}") for i in range(3)]
-    with running_proxy(PrefixProxy(config)) as url:
+    proxy = PrefixProxy(config)
+    with running_proxy(proxy) as url:
         for chat in chats:
             for _ in range(3):
                 chat.turn(url)
+        assert proxy.flush(60)  # the last checkpoint is saved after its answer went back
         events = status(url)["events"]
     assert events["checkpoints_saved"] == 3
     files = index_files(fake)
