@@ -88,6 +88,7 @@ def test_side_request_waits_for_the_main_answer_on_one_slot(
         fake.unhold(held)
         assert main.result().status_code == 200
         assert side.result().status_code == 200
+        until(lambda: status(url)["leases"]["held"] == {})  # the side's post-answer work
         final = status(url)
     assert final["counts"] == {"cold": 2}
     assert final["events"].get("saves_refused", 0) == 0
