@@ -263,6 +263,9 @@ def strip_billing_header(body: dict[str, Any]) -> str | None:
 
 
 def _responses_item(item: Any, messages: list[dict[str, Any]]) -> None:
+    """Append one ``/v1/responses`` input item to ``messages`` as llama-server's own
+    conversion does (its errors word for word): an assistant item right after an
+    assistant message merges into it."""
     if not isinstance(item, Mapping):
         raise ValueError("Cannot determine type of 'item'")
     item = dict(item)
@@ -271,49 +274,9 @@ def _responses_item(item: Any, messages: list[dict[str, Any]]) -> None:
         item["content"] = [{"text": item["content"], "type": "input_text"}]
     role, kind = item.get("role"), item.get("type")
     if isinstance(item.get("content"), list) and role in ("user", "system", "developer"):
-        parts: list[dict[str, Any]] = []
-        for part in item["content"]:
-            ptype = part.get("type") if isinstance(part, Mapping) else None
-            if ptype == "input_text" and isinstance(part, Mapping):
-                if "text" not in part:
-                    raise ValueError("'Input text' requires 'text'")
-                parts.append({"text": part["text"], "type": "text"})
-            elif ptype == "input_image" and isinstance(part, Mapping):
-                if "image_url" not in part:
-                    raise ValueError("'image_url' is required")
-                parts.append({"image_url": {"url": part["image_url"]}, "type": "image_url"})
-            else:
-                raise ValueError("unsupported input content type")
-        item.pop("type", None)
-        item.pop("status", None)
-        item["content"] = parts
-        messages.append(item)
+        _input_message(item, messages)
     elif role == "assistant" and kind == "message":
-        parts = []
-        content = item.get("content")
-        if isinstance(content, list):
-            for part in content:
-                ptype = part.get("type") if isinstance(part, Mapping) else None
-                if ptype in ("output_text", "input_text") and isinstance(part, Mapping):
-                    if not isinstance(part.get("text"), str):
-                        raise ValueError("'Output text' requires 'text'")
-                    parts.append({"text": part["text"], "type": "text"})
-                elif ptype == "refusal" and isinstance(part, Mapping):
-                    if not isinstance(part.get("refusal"), str):
-                        raise ValueError("'Refusal' requires 'refusal'")
-                    parts.append({"refusal": part["refusal"], "type": "refusal"})
-                else:
-                    raise ValueError("'type' must be one of 'output_text' or 'refusal'")
-        if merge_prev:
-            prev = messages[-1]
-            if not isinstance(prev.get("content"), list):
-                prev["content"] = []
-            prev["content"].extend(parts)
-        else:
-            item.pop("status", None)
-            item.pop("type", None)
-            item["content"] = parts
-            messages.append(item)
+        _assistant_message(item, messages, merge_prev)
     elif kind == "function_call" and all(
         isinstance(item.get(k), str) for k in ("arguments", "call_id", "name")
     ):
@@ -327,42 +290,103 @@ def _responses_item(item: Any, messages: list[dict[str, Any]]) -> None:
         else:
             messages.append({"role": "assistant", "tool_calls": [call]})
     elif kind == "function_call_output" and isinstance(item.get("call_id"), str):
-        output = item.get("output")
-        if isinstance(output, str):
-            messages.append({"content": output, "role": "tool", "tool_call_id": item["call_id"]})
-        elif isinstance(output, list):
-            outputs = []
-            for given in output:
-                if not isinstance(given, Mapping) or given.get("type") not in (
-                    "input_text",
-                    "input_image",
-                ):
-                    raise ValueError("Output of tool call should be 'Input text' or 'Input image'")
-                part = dict(given)
-                if part["type"] == "input_text":
-                    part["type"] = "text"
-                else:
-                    part["type"] = "image_url"
-                    part["image_url"] = {"url": part.get("image_url")}
-                outputs.append(part)
-            messages.append({"content": outputs, "role": "tool", "tool_call_id": item["call_id"]})
-        else:
-            raise ValueError("Cannot determine type of 'item'")
+        messages.append(
+            {
+                "content": _tool_output(item.get("output")),
+                "role": "tool",
+                "tool_call_id": item["call_id"],
+            }
+        )
     elif kind == "reasoning" and isinstance(item.get("summary"), list):
-        content = item.get("content")
-        if not isinstance(content, list) or not content:
-            raise ValueError("item['content'] is not a non-empty array")
-        first = content[0]
-        if not isinstance(first, Mapping) or not isinstance(first.get("text"), str):
-            raise ValueError("item['content']['text'] is not a string")
-        if merge_prev:
-            messages[-1]["reasoning_content"] = first["text"]
-        else:
-            messages.append(
-                {"role": "assistant", "content": [], "reasoning_content": first["text"]}
-            )
+        _reasoning(item, messages, merge_prev)
     else:
         raise ValueError("Cannot determine type of 'item'")
+
+
+def _input_message(item: dict[str, Any], messages: list[dict[str, Any]]) -> None:
+    parts: list[dict[str, Any]] = []
+    for part in item["content"]:
+        ptype = part.get("type") if isinstance(part, Mapping) else None
+        if ptype == "input_text" and isinstance(part, Mapping):
+            if "text" not in part:
+                raise ValueError("'Input text' requires 'text'")
+            parts.append({"text": part["text"], "type": "text"})
+        elif ptype == "input_image" and isinstance(part, Mapping):
+            if "image_url" not in part:
+                raise ValueError("'image_url' is required")
+            parts.append({"image_url": {"url": part["image_url"]}, "type": "image_url"})
+        else:
+            raise ValueError("unsupported input content type")
+    item.pop("type", None)
+    item.pop("status", None)
+    item["content"] = parts
+    messages.append(item)
+
+
+def _assistant_message(
+    item: dict[str, Any], messages: list[dict[str, Any]], merge_prev: bool
+) -> None:
+    parts: list[dict[str, Any]] = []
+    content = item.get("content")
+    if isinstance(content, list):
+        for part in content:
+            ptype = part.get("type") if isinstance(part, Mapping) else None
+            if ptype in ("output_text", "input_text") and isinstance(part, Mapping):
+                if not isinstance(part.get("text"), str):
+                    raise ValueError("'Output text' requires 'text'")
+                parts.append({"text": part["text"], "type": "text"})
+            elif ptype == "refusal" and isinstance(part, Mapping):
+                if not isinstance(part.get("refusal"), str):
+                    raise ValueError("'Refusal' requires 'refusal'")
+                parts.append({"refusal": part["refusal"], "type": "refusal"})
+            else:
+                raise ValueError("'type' must be one of 'output_text' or 'refusal'")
+    if merge_prev:
+        prev = messages[-1]
+        if not isinstance(prev.get("content"), list):
+            prev["content"] = []
+        prev["content"].extend(parts)
+    else:
+        item.pop("status", None)
+        item.pop("type", None)
+        item["content"] = parts
+        messages.append(item)
+
+
+def _tool_output(output: Any) -> str | list[dict[str, Any]]:
+    """A ``function_call_output``'s output as a tool message's content."""
+    if isinstance(output, str):
+        return output
+    if not isinstance(output, list):
+        raise ValueError("Cannot determine type of 'item'")
+    outputs = []
+    for given in output:
+        if not isinstance(given, Mapping) or given.get("type") not in (
+            "input_text",
+            "input_image",
+        ):
+            raise ValueError("Output of tool call should be 'Input text' or 'Input image'")
+        part = dict(given)
+        if part["type"] == "input_text":
+            part["type"] = "text"
+        else:
+            part["type"] = "image_url"
+            part["image_url"] = {"url": part.get("image_url")}
+        outputs.append(part)
+    return outputs
+
+
+def _reasoning(item: dict[str, Any], messages: list[dict[str, Any]], merge_prev: bool) -> None:
+    content = item.get("content")
+    if not isinstance(content, list) or not content:
+        raise ValueError("item['content'] is not a non-empty array")
+    first = content[0]
+    if not isinstance(first, Mapping) or not isinstance(first.get("text"), str):
+        raise ValueError("item['content']['text'] is not a string")
+    if merge_prev:
+        messages[-1]["reasoning_content"] = first["text"]
+    else:
+        messages.append({"role": "assistant", "content": [], "reasoning_content": first["text"]})
 
 
 def _responses_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
