@@ -46,97 +46,96 @@ __all__ = ["llama_group", "main"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# Flags shared by proxy and warm; each defaults to its PI_PREFIX_CACHE_* env var.
+_WARMER_OPTIONS = [
+    click.option(
+        "--upstream",
+        multiple=True,
+        help="llama-server URL [env PI_PREFIX_CACHE_BASE_URL]; proxy: repeat it for "
+        "several llama-servers",
+    ),
+    click.option("--slot", type=int, help="slot holding the prefix [PI_PREFIX_CACHE_SLOT]"),
+    click.option("--persist/--no-persist", default=None, help="save/restore on disk [..._PERSIST]"),
+    click.option(
+        "--slot-dir",
+        multiple=True,
+        type=click.Path(file_okay=False, path_type=Path),
+        help="llama-server's --slot-save-path [..._SLOT_DIR]; proxy: one per --upstream",
+    ),
+    click.option("--log", "log_path", type=click.Path(path_type=Path), help="[..._LOG]"),
+    click.option("--server-id", help="bump to force a clean rebuild [..._SERVER_ID]"),
+    click.option("--verify", type=click.Choice(["fast", "probe"]), help="[PI_PREFIX_CACHE_VERIFY]"),
+    click.option("--max-files", type=int, help="slot files kept [..._MAX_FILES]"),
+    click.option("--max-bytes", type=int, help="bytes of slot files kept [..._MAX_BYTES]"),
+    click.option("--harness", help="harness id in the fingerprint [..._HARNESS]"),
+    click.option("--api-key", help="llama-server --api-key for warm-ups [..._API_KEY]"),
+    click.option(
+        "--keep-billing-header/--strip-billing-header",
+        default=None,
+        help="leave Claude Code's x-anthropic-billing-header system block in /v1/messages "
+        "requests (default: removed) [..._KEEP_BILLING_HEADER]",
+    ),
+    click.option(
+        "--slots",
+        "slots_spec",
+        help="several prefixes, one per slot: ids like 0,1,2 or 'all' [..._SLOTS]",
+    ),
+    click.option(
+        "--store",
+        help="redis://HOST:PORT (rediss:// for TLS) of pion-server: shared slot files "
+        "and the receipt [..._STORE]",
+    ),
+    click.option(
+        "--store-password", help="store AUTH password [..._STORE_PASSWORD, PION_PASSWORD]"
+    ),
+    click.option("--store-username", help="store AUTH user [..._STORE_USERNAME]"),
+    click.option(
+        "--store-tls-ca",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help="CA bundle for a rediss:// store [..._STORE_TLS_CA]",
+    ),
+    click.option(
+        "--store-timeout", type=float, help="seconds per store operation [..._STORE_TIMEOUT]"
+    ),
+    click.option(
+        "--store-ttl", type=int, help="seconds slot files live in the store [..._STORE_TTL]"
+    ),
+    click.option(
+        "--registry-ttl",
+        type=float,
+        help="seconds this proxy's prefix places live in the store's registry unless "
+        "refreshed; 0: none [..._REGISTRY_TTL]",
+    ),
+    click.option(
+        "--divergence-excerpts/--no-divergence-excerpts",
+        default=None,
+        help="show excerpts of the prompt where a request left the learned prefix "
+        "(default: on) [..._DIVERGENCE_EXCERPTS]",
+    ),
+    click.option(
+        "--lease-wait",
+        type=click.FloatRange(min=0),
+        help="seconds a request waits for a slot another request holds, then it is "
+        "forwarded unwarmed [..._LEASE_WAIT]",
+    ),
+    click.option(
+        "--checkpoint-tokens",
+        type=click.IntRange(min=0),
+        help="save a checkpoint of a conversation once it grew by this many tokens "
+        "(0: none; default 1024) [..._CHECKPOINT_TOKENS]",
+    ),
+    click.option(
+        "--upstream-timeout",
+        type=click.FloatRange(min=0, min_open=True),
+        help="seconds without a byte from llama-server before a request gets 504 "
+        "[..._UPSTREAM_TIMEOUT]",
+    ),
+]
+
+
 def _warmer_options(func: F) -> F:
-    """Flags shared by proxy and warm; each defaults to its PI_PREFIX_CACHE_* env var."""
-    options = [
-        click.option(
-            "--upstream",
-            multiple=True,
-            help="llama-server URL [env PI_PREFIX_CACHE_BASE_URL]; proxy: repeat it for "
-            "several llama-servers",
-        ),
-        click.option("--slot", type=int, help="slot holding the prefix [PI_PREFIX_CACHE_SLOT]"),
-        click.option(
-            "--persist/--no-persist", default=None, help="save/restore on disk [..._PERSIST]"
-        ),
-        click.option(
-            "--slot-dir",
-            multiple=True,
-            type=click.Path(file_okay=False, path_type=Path),
-            help="llama-server's --slot-save-path [..._SLOT_DIR]; proxy: one per --upstream",
-        ),
-        click.option("--log", "log_path", type=click.Path(path_type=Path), help="[..._LOG]"),
-        click.option("--server-id", help="bump to force a clean rebuild [..._SERVER_ID]"),
-        click.option(
-            "--verify", type=click.Choice(["fast", "probe"]), help="[PI_PREFIX_CACHE_VERIFY]"
-        ),
-        click.option("--max-files", type=int, help="slot files kept [..._MAX_FILES]"),
-        click.option("--max-bytes", type=int, help="bytes of slot files kept [..._MAX_BYTES]"),
-        click.option("--harness", help="harness id in the fingerprint [..._HARNESS]"),
-        click.option("--api-key", help="llama-server --api-key for warm-ups [..._API_KEY]"),
-        click.option(
-            "--keep-billing-header/--strip-billing-header",
-            default=None,
-            help="leave Claude Code's x-anthropic-billing-header system block in /v1/messages "
-            "requests (default: removed) [..._KEEP_BILLING_HEADER]",
-        ),
-        click.option(
-            "--slots",
-            "slots_spec",
-            help="several prefixes, one per slot: ids like 0,1,2 or 'all' [..._SLOTS]",
-        ),
-        click.option(
-            "--store",
-            help="redis://HOST:PORT (rediss:// for TLS) of pion-server: shared slot files "
-            "and the receipt [..._STORE]",
-        ),
-        click.option(
-            "--store-password", help="store AUTH password [..._STORE_PASSWORD, PION_PASSWORD]"
-        ),
-        click.option("--store-username", help="store AUTH user [..._STORE_USERNAME]"),
-        click.option(
-            "--store-tls-ca",
-            type=click.Path(exists=True, dir_okay=False, path_type=Path),
-            help="CA bundle for a rediss:// store [..._STORE_TLS_CA]",
-        ),
-        click.option(
-            "--store-timeout", type=float, help="seconds per store operation [..._STORE_TIMEOUT]"
-        ),
-        click.option(
-            "--store-ttl", type=int, help="seconds slot files live in the store [..._STORE_TTL]"
-        ),
-        click.option(
-            "--registry-ttl",
-            type=float,
-            help="seconds this proxy's prefix places live in the store's registry unless "
-            "refreshed; 0: none [..._REGISTRY_TTL]",
-        ),
-        click.option(
-            "--divergence-excerpts/--no-divergence-excerpts",
-            default=None,
-            help="show excerpts of the prompt where a request left the learned prefix "
-            "(default: on) [..._DIVERGENCE_EXCERPTS]",
-        ),
-        click.option(
-            "--lease-wait",
-            type=click.FloatRange(min=0),
-            help="seconds a request waits for a slot another request holds, then it is "
-            "forwarded unwarmed [..._LEASE_WAIT]",
-        ),
-        click.option(
-            "--checkpoint-tokens",
-            type=click.IntRange(min=0),
-            help="save a checkpoint of a conversation once it grew by this many tokens "
-            "(0: none; default 1024) [..._CHECKPOINT_TOKENS]",
-        ),
-        click.option(
-            "--upstream-timeout",
-            type=click.FloatRange(min=0, min_open=True),
-            help="seconds without a byte from llama-server before a request gets 504 "
-            "[..._UPSTREAM_TIMEOUT]",
-        ),
-    ]
-    for option in reversed(options):
+    """Add :data:`_WARMER_OPTIONS` to ``func``, in their listed order."""
+    for option in reversed(_WARMER_OPTIONS):
         func = option(func)
     return func
 
