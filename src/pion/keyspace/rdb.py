@@ -11,7 +11,9 @@ picks a compact encoding (listpack, intset) and LZF-compresses strings over 20 b
 reproducing liblzf's compressor byte for byte buys nothing a RESTORE needs.
 
 Streams (``rdb_stream``) are written as RDB type 19, Redis 7.0's, with their consumer
-groups, and read from types 15, 19 and 21.
+groups, and read from types 15, 19 and 21. A hash with field deadlines
+(``rdb_hashttl``) is written as Redis 7.4's type 24 under version 12 (so only Redis 7.4
+and later restore it) and read from types 22 to 25.
 
 Reading takes every encoding Redis 2.8 to 7.4 writes for strings, lists, sets, hashes,
 sorted sets and streams (``rdb_compact`` holds the compact ones) and versions up to 12.
@@ -25,7 +27,7 @@ from __future__ import annotations
 import math
 import struct
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 
 import anycrc
@@ -40,6 +42,7 @@ from pion.keyspace.rdb_compact import (
     put_length,
     ziplist,
 )
+from pion.keyspace.rdb_hashttl import HASH_TTL_TYPES, HASH_TTL_VERSION, load_hash_ttl, put_hash_ttl
 from pion.keyspace.rdb_stream import STREAM_TYPES, load_stream, put_stream
 from pion.keyspace.sortedset import SortedSet
 from pion.keyspace.streamtype import Stream
@@ -85,10 +88,15 @@ def crc64(data: bytes) -> int:
 # -- writing -------------------------------------------------------------------------
 
 
-def dump_payload(value: Value) -> bytes:
-    """``value`` as DUMP answers it."""
+def dump_payload(value: Value, field_ttls: Mapping[bytes, int] | None = None) -> bytes:
+    """``value`` as DUMP answers it; ``field_ttls``: a hash's field deadlines (Unix
+    ms), which make it Redis 7.4's type 24 under version 12."""
     out = bytearray()
-    if isinstance(value, bytes):
+    version = RDB_VERSION
+    if isinstance(value, dict) and field_ttls:
+        put_hash_ttl(out, value, field_ttls)
+        version = HASH_TTL_VERSION
+    elif isinstance(value, bytes):
         out.append(_STRING)
         _put_string(out, value)
     elif isinstance(value, deque):
@@ -111,7 +119,7 @@ def dump_payload(value: Value) -> bytes:
             out += _DOUBLE.pack(score)
     else:
         put_stream(out, value)
-    out += RDB_VERSION.to_bytes(2, "little")
+    out += version.to_bytes(2, "little")
     out += crc64(bytes(out)).to_bytes(8, "little")
     return bytes(out)
 
@@ -137,19 +145,25 @@ def _put_strings(out: bytearray, items: deque[bytes] | set[bytes], n: int) -> No
 # -- reading -------------------------------------------------------------------------
 
 
-def load_payload(payload: bytes) -> Value:
-    """The value a payload holds (which ``payload_ok`` accepted); raises BadFormat."""
+def load_payload(payload: bytes) -> tuple[Value, dict[bytes, int]]:
+    """The value a payload holds (which ``payload_ok`` accepted) and, for a hash of
+    Redis 7.4's, its fields' deadlines (else empty); raises BadFormat."""
     r = Reader(payload[:-10])
     kind = r.byte()
     loader = _LOADERS.get(kind)
-    if loader is None:
+    ttls: dict[bytes, int] = {}
+    if kind in HASH_TTL_TYPES:
+        pairs, ttls = load_hash_ttl(r, kind)
+        value = _hash(pairs)
+    elif loader is None:
         raise BadFormat(f"values of RDB type {kind} are not served")
-    value = loader(r)
+    else:
+        value = loader(r)
     if r.at != len(r.body):
         raise BadFormat("bytes follow the value")
     if not value and not isinstance(value, (bytes, Stream)):
         raise BadFormat("an empty container")  # (a stream may be empty, as in Redis)
-    return value
+    return value, ttls
 
 
 def _list(r: Reader) -> Value:
