@@ -1,7 +1,8 @@
 """Helpers shared by the test packages: the one support package, on pytest's
 ``pythonpath`` (``from support import ...``). Beside the helpers below, its modules
 ``support.attend`` (a float64 attention reference), ``support.keyspace`` (a raw RESP
-client and a redis-server oracle), ``support.transport`` (a fake asyncio transport) and
+client and a redis-server oracle), ``support.rdb_streams`` (streams' DUMP payloads
+built from the format's layout), ``support.transport`` (a fake asyncio transport) and
 ``support.workers`` (helpers for workers, TLS certificates and metrics).
 
 - V-store: :func:`make_store`, :func:`rows`, :func:`durable_state` (everything durable

@@ -5,7 +5,9 @@ redis-server and pion-server in either direction.
 RESTORE's ``FREQ`` is accepted and, as in Redis under an LRU policy, has no effect
 (the policy here is always LRU); ``IDLETIME`` sets what OBJECT IDLETIME answers.
 RESTORE is journaled as the records that build the value, so the log and snapshots
-never hold a DUMP payload.
+never hold a DUMP payload. A hash with field deadlines is dumped as Redis 7.4 dumps it
+(RDB type 24, version 12); restoring one sets the deadlines still ahead, as HPEXPIREAT
+would, and leaves out the fields whose deadline has passed.
 """
 
 from __future__ import annotations
@@ -33,17 +35,7 @@ def _dump(ctx: Context, args: Sequence[bytes]) -> Reply:
     value = ks.lookup(args[0])
     if value is None:
         return None
-    if ks.field_ttls.of(args[0]):
-        # Redis 7.4 writes such a hash as RDB_TYPE_HASH_METADATA (type 22), which
-        # Redis 7.0's RESTORE cannot read; this build does not write it.
-        raise PionError(
-            "DUMP is not served for this value: a hash with field expiry "
-            "(Redis 7.4's RDB type 22) is not written by this build"
-        )
-    try:
-        return dump_payload(value)
-    except BadFormat as exc:
-        raise PionError(f"DUMP is not served for this value: {exc}") from None
+    return dump_payload(value, ks.field_ttls.of(args[0]))
 
 
 def _options(args: Sequence[bytes]) -> tuple[bool, bool, int | None]:
@@ -88,16 +80,28 @@ def _restore(ctx: Context, args: Sequence[bytes]) -> Reply:
     if not payload_ok(payload):
         raise PionError("DUMP payload version or checksum are wrong")
     try:
-        value = load_payload(payload)
+        value, field_ttls = load_payload(payload)
     except BadFormat:
         raise PionError("Bad data format") from None
-    deadline = ttl if absttl or not ttl else ks.clock() + ttl
-    if deadline and deadline <= ks.clock():
+    now = ks.clock()
+    if isinstance(value, dict):
+        # A field already past its deadline is not restored (a hash left with none:
+        # nothing is, as for a key already past its own).
+        for field in [f for f, d in field_ttls.items() if d <= now]:
+            del field_ttls[field], value[field]
+    deadline = ttl if absttl or not ttl else now + ttl
+    if (deadline and deadline <= now) or (isinstance(value, dict) and not value):
         # Already expired: Redis stores nothing, deleting what REPLACE would replace.
         if replace and ks.delete((key,)):
             notify(ctx.state, GENERIC, "del", key)
         return _OK
     ks.restore(key, value, deadline)
+    if field_ttls:
+        try:
+            ks.hash_field_ttls(key, list(field_ttls.items()))
+        except PionError:  # -OOM: the hash without its deadlines is not kept
+            ks.delete((key,))
+            raise
     if idle is not None:
         entry = ks.peek(key)
         if entry is not None:

@@ -16,8 +16,9 @@ some), ``streamtype.py`` (the stream value) with
 ``streamops.py`` (a stream's changes as records) and ``streamtable.py`` (their
 primitive and replay), ``sortedset.py``, ``scan.py`` (SCAN cursors), ``glob.py``
 (KEYS/SCAN patterns), ``numbers.py`` (Redis's integer and float parsing), ``hll.py``
-(HyperLogLog in Redis's own encoding), ``rdb.py`` with ``rdb_compact.py`` (Redis's DUMP
-payload, for DUMP and RESTORE).
+(HyperLogLog in Redis's own encoding), ``rdb.py`` with ``rdb_compact.py`` and
+``rdb_stream.py`` and ``rdb_hashttl.py`` (Redis's DUMP payload, for DUMP and RESTORE;
+streams, and hashes with field deadlines, in the last two).
 
 Synchronous and pure: imports only ``errors`` and ``watch`` (WATCH's bookkeeping) of
 Pion's packages.

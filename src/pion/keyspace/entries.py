@@ -23,8 +23,18 @@ from pion.keyspace.mutations import (
     SetFields,
     SetScores,
     SetString,
+    StreamChange,
 )
 from pion.keyspace.sortedset import SortedSet
+from pion.keyspace.streamops import (
+    Claim,
+    ConsumerCreate,
+    GroupCreate,
+    StreamCreate,
+    StreamEntries,
+    StreamId,
+    StreamSetId,
+)
 from pion.keyspace.streamtype import Stream
 
 __all__ = [
@@ -42,6 +52,7 @@ __all__ = [
     "kind_of",
     "own",
     "records",
+    "stream_records",
     "value_size",
 ]
 
@@ -143,9 +154,8 @@ def chunks(items: Iterable[_T], size_of: Callable[[_T], int]) -> Iterator[tuple[
 
 
 def records(key: bytes, v: Value, deadline: int) -> Iterator[KeyMutation]:
-    """The records that create ``key`` holding ``v`` (not a stream) from nothing: what
-    a snapshot writes per key and what RESTORE journals. A large container comes in
-    chunks."""
+    """The records that create ``key`` holding ``v`` from nothing: what a snapshot
+    writes per key and what RESTORE journals. A large container comes in chunks."""
     if isinstance(v, bytes):
         yield SetString(key, v, deadline)
     elif isinstance(v, dict):
@@ -164,5 +174,26 @@ def records(key: bytes, v: Value, deadline: int) -> Iterator[KeyMutation]:
         yield NewKey(key, "zset", deadline)
         for members in chunks(iter(v), lambda i: len(i[1]) + 8):
             yield SetScores(key, members)
-    else:  # a stream's records are its own (streamops.stream_records)
-        raise TypeError("records() of a stream")
+    else:
+        yield from stream_records(key, v, deadline)
+
+
+def _item_size(item: tuple[StreamId, tuple[bytes, ...]]) -> int:
+    return 24 + sum(len(f) + 4 for f in item[1])
+
+
+def stream_records(key: bytes, s: Stream, deadline: int) -> Iterator[KeyMutation]:
+    """The records that rebuild ``s`` at ``key`` from nothing (a snapshot): its
+    entries in chunks, its counters, then each group with its consumers and PEL."""
+    yield StreamChange(key, StreamCreate(deadline))
+    for batch in chunks(((i, s.entries[i]) for i in s.ids), _item_size):
+        yield StreamChange(key, StreamEntries(batch))
+    yield StreamChange(key, StreamSetId(s.last_id, s.entries_added, s.max_deleted))
+    for name, g in s.groups.items():
+        yield StreamChange(key, GroupCreate(name, g.last_id, g.entries_read))
+        for cname, c in g.consumers.items():
+            yield StreamChange(key, ConsumerCreate(name, cname, c.seen))
+            owned = sorted(c.pending)
+            for batch_ids in chunks(owned, lambda _: 24):
+                claimed = tuple((i, g.pel[i].time, g.pel[i].count) for i in batch_ids)
+                yield StreamChange(key, Claim(name, cname, claimed))

@@ -10,11 +10,16 @@ what we dump. The bytes differ from redis-server's own DUMP of the same value, w
 picks a compact encoding (listpack, intset) and LZF-compresses strings over 20 bytes:
 reproducing liblzf's compressor byte for byte buys nothing a RESTORE needs.
 
-Reading takes every encoding Redis 2.8 to 7.4 writes for strings, lists, sets, hashes
-and sorted sets (``rdb_compact`` holds the compact ones) and versions up to 12.
-Streams and module values are refused ("Bad data format"), as is anything a correct
-DUMP never holds: an empty container, a repeated member or field, a NaN score, bytes
-after the value.
+Streams (``rdb_stream``) are written as RDB type 19, Redis 7.0's, with their consumer
+groups, and read from types 15, 19 and 21. A hash with field deadlines
+(``rdb_hashttl``) is written as Redis 7.4's type 24 under version 12 (so only Redis 7.4
+and later restore it) and read from types 22 to 25.
+
+Reading takes every encoding Redis 2.8 to 7.4 writes for strings, lists, sets, hashes,
+sorted sets and streams (``rdb_compact`` holds the compact ones) and versions up to 12.
+Module values are refused ("Bad data format"), as is anything a correct DUMP never
+holds: an empty container (but a stream, which may be empty), a repeated member or
+field, a NaN score, bytes after the value.
 """
 
 from __future__ import annotations
@@ -22,14 +27,25 @@ from __future__ import annotations
 import math
 import struct
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
 
 import anycrc
 
 from pion.keyspace.entries import Value
 from pion.keyspace.numbers import parse_int64
-from pion.keyspace.rdb_compact import BadFormat, intset, listpack, lzf_decompress, ziplist
+from pion.keyspace.rdb_compact import (
+    BadFormat,
+    Reader,
+    intset,
+    listpack,
+    put_length,
+    ziplist,
+)
+from pion.keyspace.rdb_hashttl import HASH_TTL_TYPES, HASH_TTL_VERSION, load_hash_ttl, put_hash_ttl
+from pion.keyspace.rdb_stream import STREAM_TYPES, load_stream, put_stream
 from pion.keyspace.sortedset import SortedSet
+from pion.keyspace.streamtype import Stream
 
 __all__ = [
     "RDB_VERSION",
@@ -72,10 +88,15 @@ def crc64(data: bytes) -> int:
 # -- writing -------------------------------------------------------------------------
 
 
-def dump_payload(value: Value) -> bytes:
-    """``value`` as DUMP answers it; BadFormat for a stream (not written yet)."""
+def dump_payload(value: Value, field_ttls: Mapping[bytes, int] | None = None) -> bytes:
+    """``value`` as DUMP answers it; ``field_ttls``: a hash's field deadlines (Unix
+    ms), which make it Redis 7.4's type 24 under version 12."""
     out = bytearray()
-    if isinstance(value, bytes):
+    version = RDB_VERSION
+    if isinstance(value, dict) and field_ttls:
+        put_hash_ttl(out, value, field_ttls)
+        version = HASH_TTL_VERSION
+    elif isinstance(value, bytes):
         out.append(_STRING)
         _put_string(out, value)
     elif isinstance(value, deque):
@@ -97,23 +118,10 @@ def dump_payload(value: Value) -> bytes:
             _put_string(out, member)
             out += _DOUBLE.pack(score)
     else:
-        raise BadFormat("streams are not written in DUMP's format by this build")
-    out += RDB_VERSION.to_bytes(2, "little")
+        put_stream(out, value)
+    out += version.to_bytes(2, "little")
     out += crc64(bytes(out)).to_bytes(8, "little")
     return bytes(out)
-
-
-def put_length(out: bytearray, n: int) -> None:
-    if n < 1 << 6:
-        out.append(n)
-    elif n < 1 << 14:
-        out += bytes((0x40 | n >> 8, n & 0xFF))
-    elif n < 1 << 32:
-        out.append(0x80)
-        out += n.to_bytes(4, "big")
-    else:
-        out.append(0x81)
-        out += n.to_bytes(8, "big")
 
 
 def _put_string(out: bytearray, s: bytes) -> None:
@@ -137,80 +145,25 @@ def _put_strings(out: bytearray, items: deque[bytes] | set[bytes], n: int) -> No
 # -- reading -------------------------------------------------------------------------
 
 
-class Reader:
-    """A cursor over the payload's body; every read is bounds-checked."""
-
-    def __init__(self, body: bytes) -> None:
-        self.body = body
-        self.at = 0
-
-    def take(self, n: int) -> bytes:
-        if n < 0 or self.at + n > len(self.body):
-            raise BadFormat("a length runs past the end of the payload")
-        self.at += n
-        return self.body[self.at - n : self.at]
-
-    def byte(self) -> int:
-        return self.take(1)[0]
-
-    def length(self) -> tuple[int, bool]:
-        """``rdbLoadLenByRef``: (the length, or the special encoding; is it special)."""
-        b = self.byte()
-        kind = b >> 6
-        if kind == 0:
-            return b & 0x3F, False
-        if kind == 1:
-            return (b & 0x3F) << 8 | self.byte(), False
-        if kind == 3:
-            return b & 0x3F, True
-        if b == 0x80:
-            return int.from_bytes(self.take(4), "big"), False
-        if b == 0x81:
-            return int.from_bytes(self.take(8), "big"), False
-        raise BadFormat(f"unknown length encoding {b:#x}")
-
-    def count(self) -> int:
-        n, special = self.length()
-        if special:
-            raise BadFormat("a count is encoded as a string")
-        return n
-
-    def string(self) -> bytes:
-        n, special = self.length()
-        if not special:
-            return self.take(n)
-        if n in (0, 1, 2):
-            width = 1 << n
-            return str(int.from_bytes(self.take(width), "little", signed=True)).encode()
-        if n == 3:
-            packed, size = self.count(), self.count()
-            return lzf_decompress(self.take(packed), size)
-        raise BadFormat(f"unknown string encoding {n}")
-
-    def text_double(self) -> float:
-        """``rdbLoadDoubleValue``: the old ``ZSET`` score, a length byte then ASCII."""
-        n = self.byte()
-        if n in (253, 254, 255):
-            return {253: math.nan, 254: math.inf, 255: -math.inf}[n]
-        try:
-            return float(self.take(n))
-        except ValueError:
-            raise BadFormat("a score is not a number") from None
-
-
-def load_payload(payload: bytes) -> Value:
-    """The value a payload holds (which ``payload_ok`` accepted); raises BadFormat."""
+def load_payload(payload: bytes) -> tuple[Value, dict[bytes, int]]:
+    """The value a payload holds (which ``payload_ok`` accepted) and, for a hash of
+    Redis 7.4's, its fields' deadlines (else empty); raises BadFormat."""
     r = Reader(payload[:-10])
     kind = r.byte()
     loader = _LOADERS.get(kind)
-    if loader is None:
+    ttls: dict[bytes, int] = {}
+    if kind in HASH_TTL_TYPES:
+        pairs, ttls = load_hash_ttl(r, kind)
+        value = _hash(pairs)
+    elif loader is None:
         raise BadFormat(f"values of RDB type {kind} are not served")
-    value = loader(r)
+    else:
+        value = loader(r)
     if r.at != len(r.body):
         raise BadFormat("bytes follow the value")
-    if not value and not isinstance(value, bytes):
-        raise BadFormat("an empty container")
-    return value
+    if not value and not isinstance(value, (bytes, Stream)):
+        raise BadFormat("an empty container")  # (a stream may be empty, as in Redis)
+    return value, ttls
 
 
 def _list(r: Reader) -> Value:
@@ -289,3 +242,5 @@ _LOADERS: dict[int, Callable[[Reader], Value]] = {
     _ZSET_ZIPLIST: lambda r: _compact_zset(ziplist(r.string())),
     _ZSET_LISTPACK: lambda r: _compact_zset(listpack(r.string())),
 }
+# Types 15, 19 and 21: Redis 5-6's streams, 7.0's, 7.2's.
+_LOADERS.update({t: partial(load_stream, kind=t) for t in STREAM_TYPES})

@@ -1,5 +1,7 @@
 """Reading the compact encodings inside a Redis DUMP payload: listpack (Redis 7),
-ziplist (Redis 6 and older), intset, and LZF-compressed strings.
+ziplist (Redis 6 and older), intset, and LZF-compressed strings; and the payload's
+length encoding, both ways (:func:`put_length`, :class:`Reader`), which every value
+type's reader and writer (``rdb.py``, ``rdb_stream.py``) shares.
 
 Sans-IO and bounds-checked: every length is checked against the bytes that are really
 there before anything is allocated, so a hostile payload raises :class:`BadFormat`
@@ -9,9 +11,18 @@ Integers come back as their decimal bytes, as Redis hands them to its commands.
 
 from __future__ import annotations
 
+import math
 import struct
 
-__all__ = ["BadFormat", "intset", "listpack", "lzf_decompress", "ziplist"]
+__all__ = [
+    "BadFormat",
+    "Reader",
+    "intset",
+    "listpack",
+    "lzf_decompress",
+    "put_length",
+    "ziplist",
+]
 
 
 class BadFormat(ValueError):
@@ -184,3 +195,77 @@ def lzf_decompress(data: bytes, size: int) -> bytes:
     if len(out) != size:
         raise BadFormat("LZF output is not the length the payload claims")
     return bytes(out)
+
+
+def put_length(out: bytearray, n: int) -> None:
+    if n < 1 << 6:
+        out.append(n)
+    elif n < 1 << 14:
+        out += bytes((0x40 | n >> 8, n & 0xFF))
+    elif n < 1 << 32:
+        out.append(0x80)
+        out += n.to_bytes(4, "big")
+    else:
+        out.append(0x81)
+        out += n.to_bytes(8, "big")
+
+
+class Reader:
+    """A cursor over the payload's body; every read is bounds-checked."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.at = 0
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or self.at + n > len(self.body):
+            raise BadFormat("a length runs past the end of the payload")
+        self.at += n
+        return self.body[self.at - n : self.at]
+
+    def byte(self) -> int:
+        return self.take(1)[0]
+
+    def length(self) -> tuple[int, bool]:
+        """``rdbLoadLenByRef``: (the length, or the special encoding; is it special)."""
+        b = self.byte()
+        kind = b >> 6
+        if kind == 0:
+            return b & 0x3F, False
+        if kind == 1:
+            return (b & 0x3F) << 8 | self.byte(), False
+        if kind == 3:
+            return b & 0x3F, True
+        if b == 0x80:
+            return int.from_bytes(self.take(4), "big"), False
+        if b == 0x81:
+            return int.from_bytes(self.take(8), "big"), False
+        raise BadFormat(f"unknown length encoding {b:#x}")
+
+    def count(self) -> int:
+        n, special = self.length()
+        if special:
+            raise BadFormat("a count is encoded as a string")
+        return n
+
+    def string(self) -> bytes:
+        n, special = self.length()
+        if not special:
+            return self.take(n)
+        if n in (0, 1, 2):
+            width = 1 << n
+            return str(int.from_bytes(self.take(width), "little", signed=True)).encode()
+        if n == 3:
+            packed, size = self.count(), self.count()
+            return lzf_decompress(self.take(packed), size)
+        raise BadFormat(f"unknown string encoding {n}")
+
+    def text_double(self) -> float:
+        """``rdbLoadDoubleValue``: the old ``ZSET`` score, a length byte then ASCII."""
+        n = self.byte()
+        if n in (253, 254, 255):
+            return {253: math.nan, 254: math.inf, 255: -math.inf}[n]
+        try:
+            return float(self.take(n))
+        except ValueError:
+            raise BadFormat("a score is not a number") from None

@@ -8,39 +8,28 @@ WATCH and marks the key ready for the clients blocked on it (XREAD and XREADGROU
 with BLOCK) when it gained an entry. A stream never disappears by itself: XDEL and
 XTRIM may leave it empty, as in Redis. The store's writes (``streams.py``) validate,
 budget and journal, then call it; :meth:`StreamTable.apply` replays a record through
-it. :func:`stream_records` is a stream as the records that rebuild it (a snapshot).
+it. :func:`stream_records` (``entries.py``'s) is a stream as the records that rebuild it
+(a snapshot).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import cast
 
 from pion.errors import PionError
-from pion.keyspace.entries import Value, chunks
+from pion.keyspace.entries import Value, stream_records
 from pion.keyspace.listset import ListSetTable
 from pion.keyspace.mutations import KeyMutation, StreamChange
 from pion.keyspace.streamops import (
-    Claim,
-    ConsumerCreate,
     GroupCreate,
     GroupDestroy,
     StreamAdd,
     StreamCreate,
     StreamEffect,
-    StreamEntries,
-    StreamId,
-    StreamSetId,
 )
 from pion.keyspace.streamtype import Stream
 
 __all__ = ["StreamTable", "stream_records"]
-
-_Item = tuple[StreamId, tuple[bytes, ...]]
-
-
-def _item_size(item: _Item) -> int:
-    return 24 + sum(len(f) + 4 for f in item[1])
 
 
 class StreamTable(ListSetTable):
@@ -78,20 +67,3 @@ class StreamTable(ListSetTable):
         self._grown(e, s.apply(change))
         if self.waiting and isinstance(change, (StreamAdd, GroupDestroy)):
             self._signal(key)
-
-
-def stream_records(key: bytes, s: Stream, deadline: int) -> Iterator[KeyMutation]:
-    """The records that rebuild ``s`` at ``key`` from nothing (a snapshot): its
-    entries in chunks, its counters, then each group with its consumers and PEL."""
-    yield StreamChange(key, StreamCreate(deadline))
-    for batch in chunks(((i, s.entries[i]) for i in s.ids), _item_size):
-        yield StreamChange(key, StreamEntries(batch))
-    yield StreamChange(key, StreamSetId(s.last_id, s.entries_added, s.max_deleted))
-    for name, g in s.groups.items():
-        yield StreamChange(key, GroupCreate(name, g.last_id, g.entries_read))
-        for cname, c in g.consumers.items():
-            yield StreamChange(key, ConsumerCreate(name, cname, c.seen))
-            owned = sorted(c.pending)
-            for batch_ids in chunks(owned, lambda _: 24):
-                claimed = tuple((i, g.pel[i].time, g.pel[i].count) for i in batch_ids)
-                yield StreamChange(key, Claim(name, cname, claimed))
