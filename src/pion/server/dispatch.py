@@ -3,8 +3,10 @@ the checks every command passes, and become reply bytes.
 
 Checks run in Redis's order: unknown command, authentication, arity, loading, then
 whether persistence still accepts writes (the commands that only free space always
-pass: ``pion.persistence.stores.FREEING_COMMANDS``), then, for a RESP2 client in
-subscribed mode, whether the command is one it may send (``pion.commands.pubsub``);
+pass: ``pion.persistence.stores.FREEING_COMMANDS``) and memory does (over
+``--maxmemory``, evict by policy or ``-OOM``: ``pion.commands.budget``), then, for a
+RESP2 client in subscribed mode, whether the command is one it may send
+(``pion.commands.pubsub``);
 one refused is counted as rejected. The handler then runs inside the one error boundary,
 :func:`pion.commands.execution.call` (timed, counted, exceptions as replies), and its
 reply is encoded inside it too (:func:`pion.commands.execution.encode`).
@@ -74,7 +76,8 @@ def admit(
     whether persistence still accepts writes and, for a RESP command (``argv``),
     whether memory does. Raises the error to answer."""
     state = ctx.state
-    state.memory.reset()  # of the last command (budget.py)
+    if state.config.maxmemory:
+        state.memory.reset()  # of the last command (budget.py)
     if state.config.auth_required and not ctx.client.authenticated and "noauth" not in cmd.flags:
         raise NoAuthError()
     if nargs is not None and not cmd.arity_ok(nargs):
