@@ -11,19 +11,20 @@
   per-object overheads of ``pion.keyspace.entries``), the attention tier's WARM slots
   (``sdpa_warm_bytes``) and the SSM state blobs (``ssm_bytes``);
 - the clients' query buffers and unsent replies (``mem_clients_normal``, as last
-  reported by the connections: ``pion.server.clientmem``), less, while a write
-  command runs, its own arguments: they are counted once, as the data the write adds.
+  reported by the connections: ``pion.server.clientmem``).
 
 It is computed, not measured, so the limit can be checked *before* a write allocates:
-every store asks :meth:`MemoryBudget.make_room`-style checks for the bytes a write
-adds (and, for a write that builds a new value from the old one, such as APPEND and
-SETRANGE on a string, for the copy that exists while both do), and a write that would
-pass ``maxmemory`` is refused with ``-OOM`` before anything changes. Redis checks
+every store asks for the bytes a write adds (``pion.vstore.eviction``, which the
+keyspace's writes ask too), and a write that builds a new value beside the old one
+(APPEND and SETRANGE on a string: Python's bytes are immutable) also for the copy that
+exists until the old value is freed. A write that would take ``used_memory`` past
+``maxmemory`` evicts, or is refused with ``-OOM`` before anything changes. Redis checks
 after the fact (a write is refused once ``used_memory`` already passed the limit, so
 one write may overshoot by its own size); checking the growth first keeps
-``used_memory`` at or under the limit. ``tests/server/test_used_memory.py`` holds it to
-the kernel's ``RssAnon``: the growth of one tracks the other's within 1.5x for every
-family.
+``used_memory`` at or under the limit. A write's own arguments count once, as the data
+it adds: while it runs, the check leaves them out of the clients' share, which may
+still hold them as read. ``tests/server/test_used_memory.py`` holds the number to the
+kernel's ``RssAnon``: the growth of one tracks the other's within 1.5x for every type.
 
 Eviction, by ``maxmemory-policy`` (Redis's names and sampling; default
 ``volatile-lru``):
@@ -37,12 +38,13 @@ Eviction, by ``maxmemory-policy`` (Redis's names and sampling; default
   best of :data:`SAMPLES` keys drawn at random (the least recently used, or the
   nearest deadline), not the best of all keys.
 
-Keys are evicted only between commands: :meth:`MemoryBudget.admit` runs before a
-write command (``pion.server.dispatch.admit``), as Redis's ``performEvictions`` does,
-and makes room for the command's arguments; it then refuses the command while
-``used_memory`` is over ``maxmemory``, with Redis's text. During a write only V-store
-namespaces are evicted (never the writer's own): a key evicted there could be the one
-the write has already read.
+Two moments evict. Before a write command (``pion.server.dispatch.admit``), as Redis's
+``performEvictions``: while ``used_memory`` is over ``maxmemory`` (a lower limit set
+at runtime, client buffers that grew), evict; still over, refuse the command with
+Redis's text. During a write, when its growth does not fit: namespaces first (never
+the writer's own), keys when they are not enough. Neither ever evicts a key or
+namespace the running command names (:meth:`MemoryBudget.begin`): the write may have
+read it already.
 """
 
 from __future__ import annotations
