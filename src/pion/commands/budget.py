@@ -49,6 +49,7 @@ read it already.
 
 from __future__ import annotations
 
+import logging
 import resource
 from collections.abc import Callable, Sequence
 from random import Random
@@ -70,6 +71,8 @@ __all__ = [
     "anon_bytes",
     "parse_policy",
 ]
+
+log = logging.getLogger("pion.server")
 
 # Redis's maxmemory-policy values that Pion runs. The LFU pair needs a frequency
 # counter per key that Pion does not keep: CONFIG SET refuses them (LFU_POLICIES).
@@ -166,6 +169,13 @@ class MemoryBudget:
         vstore.fixed_bytes = lambda: self.startup
         vstore.evict_others = self.evict_keys
         vstore.evict_for_bytes = policy != "noeviction"
+        if 0 < vstore.maxmemory <= startup:
+            log.warning(
+                "--maxmemory %d is not above the server's startup memory (%d bytes): "
+                "every write that adds data will answer -OOM",
+                vstore.maxmemory,
+                startup,
+            )
 
     # -- the number ------------------------------------------------------------------
 
