@@ -171,9 +171,9 @@ class ServerState:
             cfg.attend_warm_slots, cfg.attend_cold_slots, cfg.attend_maxmemory
         )
         self.ssm = SsmStore(cfg.ssm_maxmemory)
-        # One --maxmemory on used_memory for every store: measured from here, before
-        # recovery loads anything; a key write makes room by evicting V-store
-        # namespaces, keys are evicted only before a write command (budget.py).
+        # One --maxmemory on used_memory for every store, its startup part measured
+        # here, before recovery loads anything; a write that does not fit evicts
+        # V-store namespaces, then keys by maxmemory-policy (budget.py).
         self.memory = MemoryBudget(
             self.vstore,
             self.keyspace,

@@ -12,8 +12,8 @@ last element removes the key.
 
 Writes follow the V-store's order: validate everything, then ask the memory budget for
 the bytes the write adds (``budget``, which may evict V-store sessions or raise
-``OOMError``; keys are evicted only between commands: ``pion.commands.budget``),
-then hand the record to the journal
+``OOMError``; keys too by ``maxmemory-policy``, never one the command names:
+``pion.commands.budget``), then hand the record to the journal
 (:mod:`~pion.keyspace.mutations`), then apply. :meth:`Keyspace.apply` replays a record
 without journaling or budgeting.
 

@@ -13,7 +13,8 @@ The budget is ``used_memory`` (``pion.commands.budget``): ``vstore_bytes`` plus
 ``external_bytes()``, the rest of it, of which ``fixed_bytes()`` (the server's startup
 memory) no eviction frees. Under ``maxmemory-policy noeviction`` (``evict_for_bytes``
 False) nothing is evicted for bytes: a write that does not fit answers ``OOMError``.
-When the namespaces cannot free enough, ``evict_others`` evicts keys by the policy.
+When the namespaces cannot free enough, ``evict_others`` evicts keys by the policy;
+as in Redis, keys it evicted for a write that still does not fit stay evicted.
 """
 
 from __future__ import annotations
