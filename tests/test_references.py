@@ -267,7 +267,7 @@ def test_the_resolver_can_say_no() -> None:
     assert resolves("pion.client.PionPromptCache")
     assert resolves("pion.persistence.durability.Persistence.write_refusal")
     assert resolves("pion.resp._speedups")
-    assert not resolves("pion.commands.budget")
+    assert not resolves("pion.commands.budgets")
     assert not resolves("pion.llama.tiers")
     assert not resolves("pion.persistence.stores.NOT_THERE")
     assert not resolves("pion.persistence.durability.Persistence.no_such_method")

@@ -179,7 +179,25 @@ class ServerConfig:
     maxmemory: int = field(
         default=0,
         metadata=flag(
-            memory=True, help="Byte budget for stored K/V and plain keys (e.g. 8gb); 0 = none."
+            memory=True,
+            help="Bound on used_memory: startup memory, every store's data, client buffers "
+            "(e.g. 8gb); 0 = none.",
+        ),
+    )
+    # Redis's maxmemory-policy: what is evicted to stay under --maxmemory
+    # (pion.commands.budget; the LFU pair is refused).
+    maxmemory_policy: str = field(
+        default="volatile-lru",
+        metadata=flag(
+            choices=(
+                "noeviction",
+                "volatile-lru",
+                "allkeys-lru",
+                "volatile-ttl",
+                "volatile-random",
+                "allkeys-random",
+            ),
+            help="What --maxmemory evicts: V-store namespaces, then keys (noeviction: nothing).",
         ),
     )
     log_level: str = field(

@@ -104,9 +104,16 @@ def flags_text(flags: int) -> str:
 
 
 # The classes of the events the keyspace raises itself: ``new``, ``expired`` (a key),
-# and a hash's fields reclaimed past their deadline: ``hexpired``, then ``del`` when
-# the hash went with them (Redis 7.4).
-_STORE_EVENTS = {"new": NEW, "expired": EXPIRED, "hexpired": HASH, "del": GENERIC}
+# ``evicted`` (raised for it by the memory budget), and a hash's fields reclaimed
+# past their deadline: ``hexpired``, then ``del`` when the hash went with them (Redis
+# 7.4).
+_STORE_EVENTS = {
+    "new": NEW,
+    "expired": EXPIRED,
+    "hexpired": HASH,
+    "del": GENERIC,
+    "evicted": EVICTED,  # maxmemory-policy (pion.commands.budget)
+}
 
 
 def configure(state: ServerState, flags: int) -> None:

@@ -30,6 +30,7 @@ from pion.client import (
 )
 from pion.client.hashing import block_hashes
 from pion.server.run import ServerThread
+from support import data_budget
 
 RNG = np.random.default_rng(7)
 FORMATS = ["fp16", "int8", "fp8", "mlx4g32", "turbo4", "turbo3", "turbo2"]
@@ -288,7 +289,9 @@ def test_attention_errors_map_by_code(pc: PionPromptCache) -> None:
 def test_loading_misconf_and_oom_map_to_their_classes(
     server_factory: Callable[..., ServerThread], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    server = server_factory(maxmemory=4096)
+    server = server_factory()
+    with redis.Redis(port=server.port) as r:
+        data_budget(r, 4096)
     pc = PionPromptCache(server.host, server.port)
     ns = pc.make_namespace("oom")
     pc.register(ns, 64, "fp16")

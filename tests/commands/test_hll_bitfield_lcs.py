@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from pion.commands import lcs
 from pion.config import ServerConfig
 from pion.server.run import ServerThread
-from support import ServerProcess, encode_command
+from support import ServerProcess, data_budget, encode_command
 from support.keyspace import RawClient, RedisServer
 
 Pair = tuple[RawClient, RawClient]
@@ -352,8 +352,9 @@ def test_writes_survive_kill9_and_a_snapshot(spawn_server: Spawn) -> None:
 
 
 def test_growth_answers_oom_past_maxmemory(server_factory: Callable[..., ServerThread]) -> None:
-    srv = server_factory(maxmemory=200_000)
+    srv = server_factory()
     r = redis.Redis(port=srv.port)
+    data_budget(r, 200_000)
     r.pfadd("h", "a")
     r.pfadd("dense", *[f"e{i}" for i in range(5000)])
     r.set("filler", b"x" * 180_000)

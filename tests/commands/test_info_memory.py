@@ -1,6 +1,7 @@
 """INFO's Memory section as operators' Redis tools read it: the Redis field names with
-true values for this process, a peak never below the current value, the budget and
-its policy; and pion_version in Server."""
+true values for this process (``used_memory`` is the computed number ``--maxmemory``
+bounds: startup + dataset + client buffers), a peak never below the current value,
+the budget and its policy; and pion_version in Server."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import redis
 
 import pion
-from pion.commands.info import bytes_to_human, memory_usage
+from pion.commands.info import bytes_to_human
 from pion.server.run import ServerThread
 
 FIELDS = (
@@ -71,7 +72,14 @@ def test_fields_are_present_and_true(client: redis.Redis) -> None:
     assert HUMAN.match(mem["used_memory_peak_human"])
     assert mem["maxmemory"] == 0
     assert mem["maxmemory_human"] == "0B"
-    assert mem["maxmemory_policy"] == "allkeys-lru"
+    assert mem["maxmemory_policy"] == "volatile-lru"
+    # The parts add up: startup, the stores' data, the clients' buffers.
+    assert (
+        used == mem["used_memory_startup"] + mem["used_memory_dataset"] + mem["mem_clients_normal"]
+    )
+    assert mem["used_memory_dataset"] == (
+        mem["vstore_bytes"] + mem["keyspace_bytes"] + mem["sdpa_warm_bytes"] + mem["ssm_bytes"]
+    )
 
 
 def test_used_memory_follows_the_store_and_peak_stays_above(client: redis.Redis) -> None:
@@ -93,14 +101,21 @@ def test_maxmemory_reflects_config_set(client: redis.Redis) -> None:
     mem = client.info("memory")
     assert mem["maxmemory"] == 3 * 1024**2
     assert mem["maxmemory_human"] == "3.00M"
-    assert mem["maxmemory_policy"] == "allkeys-lru"
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    assert client.info("memory")["maxmemory_policy"] == "allkeys-lru"
+    assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "allkeys-lru"}
 
 
-def test_memory_usage_peak_is_monotonic() -> None:
-    peaks = [memory_usage()[2] for _ in range(5)]
+def test_peak_is_monotonic(client: redis.Redis) -> None:
+    peaks = []
+    for i in range(5):
+        client.set(f"k{i}", b"x" * (100 << 10))
+        mem = client.info("memory")
+        assert mem["used_memory_peak"] >= mem["used_memory"] > 0
+        peaks.append(mem["used_memory_peak"])
+    client.delete(*(f"k{i}" for i in range(5)))
+    assert client.info("memory")["used_memory_peak"] >= peaks[-1]
     assert peaks == sorted(peaks)
-    used, rss, peak = memory_usage()
-    assert peak >= used > 0 and rss > 0
 
 
 def test_pion_version_in_server_section(client: redis.Redis) -> None:

@@ -19,6 +19,7 @@ import redis
 from pion.config import ProtocolLimits
 from pion.persistence import format as fmt
 from pion.server.run import ServerThread
+from support import data_budget
 
 Factory = Callable[..., ServerThread]
 
@@ -229,8 +230,9 @@ def test_active_expiry_removes_keys_nobody_reads(client: redis.Redis) -> None:
 
 
 def test_maxmemory_counts_keys_and_never_evicts_them(server_factory: Factory) -> None:
-    srv = server_factory(maxmemory=1 << 20)
+    srv = server_factory()
     r = redis.Redis(port=srv.port, socket_timeout=30)
+    data_budget(r, 1 << 20)
     r.set("a", b"x" * (500 << 10))
     r.execute_command("V.CREATE", "old", 1024, "VQUANT", "fp16")
     rows = np.zeros((150, 1024), dtype=np.float32).tobytes()  # 300 KB stored as fp16

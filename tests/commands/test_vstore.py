@@ -13,6 +13,7 @@ import redis
 
 from pion.codecs import FORMAT_NAMES, get_codec
 from pion.server.run import ServerThread
+from support import data_budget
 
 WANT = "int8|turbo4|turbo3|turbo2|fp16|fp8|mlx4g32"
 
@@ -355,14 +356,16 @@ def _exists(r: redis.Redis, sid: str) -> bool:
 
 def test_maxmemory_budget(server_factory: Callable[..., ServerThread]) -> None:
     row = 64 * 2
-    srv = server_factory(maxmemory=100 * row)
+    srv = server_factory()
     r = redis.Redis(host=srv.host, port=srv.port)
+    data_budget(r, 100 * row)
     for sid in ("old", "new"):
         r.execute_command("V.CREATE", sid, 64, "VQUANT", "fp16")
     r.execute_command("V.STOREBATCH", "old", 0, 0, 60, f32(60, 64).tobytes())
     r.execute_command("V.STOREBATCH", "new", 0, 0, 30, f32(30, 64).tobytes())
+    # Larger than all the budget leaves beside the server's startup memory.
     with pytest.raises(redis.exceptions.OutOfMemoryError, match="larger than maxmemory"):
-        r.execute_command("V.STOREBATCH", "new", 1, 0, 101, f32(101, 64).tobytes())
+        r.execute_command("V.STOREBATCH", "new", 1, 0, 200, f32(200, 64).tobytes())
     assert srv.state.vstore.vstore_bytes == 90 * row
     r.execute_command("V.STOREBATCH", "new", 1, 0, 50, f32(50, 64).tobytes())  # evicts old
     assert not _exists(r, "old")

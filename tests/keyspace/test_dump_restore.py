@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from pion.config import ServerConfig
 from pion.keyspace.rdb import crc64, dump_payload
 from pion.server.run import ServerThread
+from support import data_budget
 from support.keyspace import RawClient, oracle_pair
 
 
@@ -251,8 +252,9 @@ def test_restored_keys_survive_a_restart(tmp_path: Path) -> None:
 
 
 def test_restore_answers_oom_past_maxmemory(server_factory: Callable[..., ServerThread]) -> None:
-    srv = server_factory(maxmemory=200_000)
+    srv = server_factory()
     r = redis.Redis(port=srv.port)
+    data_budget(r, 200_000)
     payload = dump_payload(b"x" * 300_000)
     with pytest.raises(redis.exceptions.OutOfMemoryError):
         r.restore("big", 0, payload)

@@ -18,6 +18,7 @@ from pion.keyspace import KeyMutation, Keyspace, ListReplace
 from pion.keyspace.sort import partial_sort, store_list
 from pion.persistence import keyspace_format as kf
 from pion.server.run import ServerThread
+from support import data_budget
 
 Spawn = Callable[..., Any]
 
@@ -126,8 +127,9 @@ def test_watch_sees_each_store(server: ServerThread, write: list[str]) -> None:
 
 
 def test_stores_ask_maxmemory_first(server_factory: Callable[..., ServerThread]) -> None:
-    srv = server_factory(maxmemory=200_000)
+    srv = server_factory()
     r = redis.Redis(port=srv.port)
+    data_budget(r, 200_000)
     r.rpush("l", b"x" * 120_000)
     with pytest.raises(redis.exceptions.OutOfMemoryError):
         r.sort("l", alpha=True, store="copy")

@@ -24,6 +24,7 @@ from pion.keyspace.lists import linsert, lmove, lrem, lset, ltrim, pop, push
 from pion.keyspace.sets import sadd, smove, spop, srem, store
 from pion.persistence import keyspace_format as kf
 from pion.server.run import ServerThread
+from support import data_budget
 from support.keyspace import RawClient, RedisServer
 
 Spawn = Callable[..., Any]
@@ -185,8 +186,9 @@ def test_pushes_and_sadd_ask_the_maxmemory_budget_first() -> None:
 
 
 def test_rpush_answers_oom_past_maxmemory(server_factory: Callable[..., ServerThread]) -> None:
-    srv = server_factory(maxmemory=200_000)
+    srv = server_factory()
     r = redis.Redis(port=srv.port)
+    data_budget(r, 200_000)
     r.rpush("l", b"x" * 150_000)
     with pytest.raises(redis.exceptions.OutOfMemoryError):
         r.rpush("l", b"y" * 100_000)

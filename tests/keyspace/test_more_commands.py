@@ -17,6 +17,7 @@ from pion.keyspace.entries import value_size
 from pion.keyspace.strings import append, setrange
 from pion.persistence import keyspace_format as kf
 from pion.server.run import ServerThread
+from support import data_budget
 from support.keyspace import Err, RawClient, RedisServer
 
 
@@ -255,8 +256,9 @@ def test_writes_that_grow_a_key_ask_the_maxmemory_budget_first() -> None:
 def test_append_copy_and_setrange_answer_oom_past_maxmemory(
     server_factory: Callable[..., ServerThread],
 ) -> None:
-    srv = server_factory(maxmemory=200_000)
+    srv = server_factory()
     r = redis.Redis(port=srv.port)
+    data_budget(r, 200_000)
     r.set("s", b"x" * 150_000)
     with pytest.raises(redis.exceptions.OutOfMemoryError):
         r.append("s", b"y" * 100_000)

@@ -118,6 +118,30 @@ def test_the_budget_is_asked_before_the_log() -> None:
     assert asked == [len(b"small") + 10 + KEY_OVERHEAD, len(b"big") + 2000 + KEY_OVERHEAD]
 
 
+def test_append_and_setrange_ask_for_the_copy_of_the_old_value() -> None:
+    """A new string is built beside the old one: while both exist the write needs
+    the whole new length, though the key grows only by what was added."""
+    ks, _, rec = make()
+    asked: list[int] = []
+    ks.budget = asked.append
+    ks.set_string(b"k", b"x" * 1000)
+    used = ks.used_bytes
+    assert ks.set_range(b"k", 1000, b"y" * 10) == 1010  # APPEND
+    assert ks.set_range(b"k", 0, b"z" * 10) == 1010  # SETRANGE inside: grows nothing
+    assert asked[1:] == [1010, 1010]
+    assert ks.used_bytes == used + 10
+
+    def refuse(n: int) -> None:
+        raise OOMError("command not allowed when used memory > 'maxmemory'")
+
+    ks.budget = refuse
+    before = len(rec.records)
+    with pytest.raises(OOMError):
+        ks.set_range(b"k", 1010, b"w")
+    assert ks.string(b"k") == b"z" * 10 + b"x" * 990 + b"y" * 10
+    assert len(rec.records) == before and ks.used_bytes == used + 10
+
+
 def test_records_carry_results_not_requests() -> None:
     ks, _, rec = make()
     ks.set_string(b"n", b"41", NOW + 9000)

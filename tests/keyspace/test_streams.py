@@ -38,6 +38,7 @@ from pion.keyspace.streamops import (
 from pion.keyspace.streams import create_group, deliver, xadd
 from pion.persistence import keyspace_format as kf
 from pion.server.run import ServerThread
+from support import data_budget
 from support.keyspace import RawClient, RedisServer, read_reply
 
 Spawn = Callable[..., Any]
@@ -305,8 +306,9 @@ def test_watch_sees_stream_changes(server: ServerThread) -> None:
 
 
 def test_xadd_answers_oom_past_maxmemory(server_factory: Callable[..., ServerThread]) -> None:
-    srv = server_factory(maxmemory=200_000)
+    srv = server_factory()
     r = redis.Redis(port=srv.port)
+    data_budget(r, 200_000)
     r.xadd("s", {"f": b"x" * 150_000})
     with pytest.raises(redis.exceptions.OutOfMemoryError):
         r.xadd("s", {"f": b"y" * 100_000})

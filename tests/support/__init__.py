@@ -7,7 +7,8 @@ built from the format's layout), ``support.transport`` (a fake asyncio transport
 
 - V-store: :func:`make_store`, :func:`rows`, :func:`durable_state` (everything durable
   about a store, comparable with ``==``), :func:`check_layers` (the sparse-run
-  invariants of ``layer.py``), recording and failing journals.
+  invariants of ``layer.py``), recording and failing journals; :func:`data_budget`
+  (a ``maxmemory`` that leaves a server room for so many more bytes).
 - Persistence: :func:`open_store` (a store recovered from a real data directory;
   :func:`open_stores_with_ssm` with the SSM store beside it),
   :func:`small_workload`, :class:`StateRecorder`, wire helpers for real servers.
@@ -125,6 +126,15 @@ def check_layers(vs: VStore) -> None:
                 top = r.top
             assert lay.held == sum(r.hi - r.lo for r in lay.runs)
             assert lay.tpl == max((r.hi for r in lay.runs), default=0)
+
+
+def data_budget(r: redis.Redis, nbytes: int) -> int:
+    """Set ``maxmemory`` so that ``nbytes`` more fit: ``used_memory`` now (the server's
+    startup memory, its data and the clients' buffers: what the limit bounds) plus
+    ``nbytes``. Returns the limit."""
+    limit = int(r.info("memory")["used_memory"]) + nbytes
+    r.config_set("maxmemory", limit)
+    return limit
 
 
 # -- persistence -----------------------------------------------------------------------

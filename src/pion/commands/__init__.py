@@ -15,7 +15,8 @@ Reading order:
    deferred result to its end where nothing may run in between), ``deferred.py`` (the
    results that are not ready when a handler returns: work off the loop, steps, a
    streamed reply, a wait), ``chunked.py`` (long replies and work cut into steps),
-   ``stats.py`` (commandstats, errorstats, SLOWLOG).
+   ``stats.py`` (commandstats, errorstats, SLOWLOG), ``budget.py`` (``used_memory``,
+   the ``--maxmemory`` check on it and ``maxmemory-policy``).
 3. The families: ``generic.py`` (connection and server commands) with ``clientctl.py``,
    ``config_cmd.py``, ``info.py`` and ``observe.py``; the plain keyspace's
    ``strings.py``, ``keys.py``, ``keys_more.py``, ``dump.py`` (DUMP/RESTORE),

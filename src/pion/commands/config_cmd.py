@@ -1,10 +1,12 @@
 """CONFIG GET|SET|RESETSTAT over a documented subset of the server's settings.
 
-Readable: bind, port, dir, requirepass, maxmemory, vstore-max-sessions, appendonly,
+Readable: bind, port, dir, requirepass, maxmemory, maxmemory-policy,
+vstore-max-sessions, appendonly,
 appendfsync, save, databases, loglevel, worker-id, maxclients, maxmemory-clients,
 slowlog-log-slower-than, slowlog-max-len, client-output-buffer-limit,
 notify-keyspace-events, busy-reply-threshold (alias lua-time-limit),
-hll-sparse-max-bytes. Settable at runtime: maxmemory, vstore-max-sessions, loglevel,
+hll-sparse-max-bytes. Settable at runtime: maxmemory, maxmemory-policy
+(``budget.py``), vstore-max-sessions, loglevel,
 maxclients, maxmemory-clients, slowlog-log-slower-than, slowlog-max-len,
 client-output-buffer-limit, notify-keyspace-events, busy-reply-threshold,
 lua-time-limit and hll-sparse-max-bytes (``pion.pubsub`` and
@@ -24,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pion.commands.args import Args
+from pion.commands.budget import parse_policy
 from pion.commands.state import Context, ServerState
 from pion.errors import PionError
 from pion.notify import configure, flags_text, parse_flags
@@ -64,6 +67,7 @@ def _getters(ctx: Context) -> dict[str, Callable[[], str]]:
         "dir": lambda: str(cfg.dir),
         "requirepass": lambda: cfg.requirepass or "",
         "maxmemory": lambda: str(cfg.maxmemory),
+        "maxmemory-policy": lambda: ctx.state.memory.policy,
         "vstore-max-sessions": lambda: str(cfg.vstore_max_sessions),
         "appendonly": lambda: "yes" if persistence is not None and cfg.wal_enabled else "no",
         "appendfsync": lambda: cfg.appendfsync,
@@ -113,6 +117,16 @@ def _maxmemory(value: str) -> _Apply:
     def apply(state: ServerState) -> None:
         state.vstore.set_limits(maxmemory=n)
         _replace(state, maxmemory=n)
+
+    return apply
+
+
+def _maxmemory_policy(value: str) -> _Apply:
+    policy = parse_policy(value)
+
+    def apply(state: ServerState) -> None:
+        state.memory.set_policy(policy)
+        _replace(state, maxmemory_policy=policy)
 
     return apply
 
@@ -241,6 +255,7 @@ def _hll_sparse_max_bytes(value: str) -> _Apply:
 _LEVELS = ("debug", "info", "notice", "warning", "error")
 _SETTABLE: dict[str, _Parser] = {
     "maxmemory": _maxmemory,
+    "maxmemory-policy": _maxmemory_policy,
     "vstore-max-sessions": _max_sessions,
     "loglevel": _loglevel,
     "maxclients": _maxclients,
@@ -300,6 +315,7 @@ def config(ctx: Context, args: Sequence[bytes]) -> Reply:
         ctx.state.counters.reset()
         ctx.state.receipt.reset()
         ctx.state.keyspace.reset_stats()
+        ctx.state.memory.evicted_keys = 0
         ctx.state.stats.reset()
         return Simple("OK")
     raise PionError(

@@ -83,6 +83,9 @@ def call(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply | Deferred:
     its exceptions become its reply."""
     client = ctx.client
     client.last_command = cmd.name
+    state = ctx.state
+    if state.vstore.maxmemory and "write" in cmd.flags:
+        state.memory.begin(argv)  # what eviction spares, and counts once (budget.py)
     # INFO commandstats and SLOWLOG (pion.commands.stats) time the handler alone.
     started = perf_counter_ns()
     reply: Reply | Deferred
@@ -97,7 +100,7 @@ def call(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply | Deferred:
         return Wait(pending.ready, again, again)
     except Exception as exc:
         reply = failed(ctx, cmd.name, exc)
-    ctx.state.stats.record(cmd.name, argv, reply, started, client)
+    state.stats.record(cmd.name, argv, reply, started, client)
     return reply
 
 

@@ -6,19 +6,23 @@ give all but the last two; ``INFO all``/``everything`` all of them, as in Redis;
 ``INFO <section>...`` those named (case-insensitive); an unknown section gives an
 empty reply, as in Redis.
 
-Memory carries the fields operators' Redis tools read, with true values for this
-process (Linux ``/proc/self/status``; the peak RSS elsewhere):
+Memory carries the fields operators' Redis tools read. ``used_memory`` is the number
+``--maxmemory`` bounds (``pion.commands.budget``: the server's memory at startup, what
+every store accounts for its data, and the clients' buffers), computed, so a write is
+checked against it before it allocates:
 
-``used_memory``       anonymous resident memory (``RssAnon``): what the process
-                      allocated and touched (heap, numpy buffers, the interpreter's
-                      arenas), without mapped code and files. Redis reports its
-                      allocator's total; this is the closest a Python process has.
-``used_memory_rss``   the whole resident set (``VmRSS``).
-``used_memory_peak``  the highest ``used_memory`` seen, sampled at every INFO (Redis
-                      samples on its cron); never below the current value.
-``maxmemory``         ``--maxmemory``: a budget on ``vstore_bytes`` (the K/V held in
-                      stored form), not on ``used_memory`` as in Redis; 0 is none.
-``maxmemory_policy``  ``allkeys-lru``: least recently used namespaces are evicted.
+``used_memory``          ``used_memory_startup`` + ``used_memory_dataset`` +
+                         ``mem_clients_normal``; tracks the kernel's ``RssAnon`` growth
+                         within 1.5x (``tests/server/test_used_memory.py``).
+``used_memory_rss``      the whole resident set (Linux ``VmRSS``; the peak elsewhere).
+``used_memory_peak``     the highest ``used_memory`` this server computed.
+``used_memory_startup``  ``RssAnon`` when the server's state was built (interpreter,
+                         modules), before recovery loaded any data.
+``used_memory_dataset``  ``vstore_bytes`` + ``keyspace_bytes`` + ``sdpa_warm_bytes``
+                         + ``ssm_bytes``.
+``maxmemory``            ``--maxmemory``, a bound on ``used_memory``; 0 is none.
+``maxmemory_policy``     ``maxmemory-policy`` (default ``volatile-lru``).
+``rss_anon``             ours: the kernel's ``RssAnon`` now, beside the computed number.
 
 and ``*_human`` forms written as Redis writes them (``1.50M``).
 """
@@ -29,20 +33,16 @@ import os
 import platform
 import resource
 import sys
-import threading
 from collections.abc import Callable, Sequence
 
 from pion import __version__
 from pion.commands.blocking import blocked_count
+from pion.commands.budget import anon_bytes
 from pion.commands.state import Context
 from pion.pubsub import Kind
 from pion.resp.reply import Reply, Verbatim
 
-__all__ = ["MAXMEMORY_POLICY", "bytes_to_human", "info_command", "memory_usage", "rss_bytes"]
-
-# Redis's name for what the V-store does when over a limit: evict the least recently
-# used namespace, whatever it is. Plain keys are never evicted (docs/keyspace.md).
-MAXMEMORY_POLICY = "allkeys-lru"
+__all__ = ["bytes_to_human", "info_command", "rss_bytes"]
 
 
 def rss_bytes() -> int:
@@ -52,43 +52,6 @@ def rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _status_kb(field: bytes) -> int | None:
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(field):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-class _Peak:
-    """The highest used_memory seen by this process (every server in it shares the
-    process's memory, so one peak serves them all)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # in-process test servers run on several threads
-        self.value = 0
-
-    def observe(self, used: int) -> int:
-        with self._lock:
-            self.value = max(self.value, used)
-            return self.value
-
-
-_PEAK = _Peak()
-
-
-def memory_usage() -> tuple[int, int, int]:
-    """``(used_memory, used_memory_rss, used_memory_peak)`` in bytes, now."""
-    rss = rss_bytes()
-    used = _status_kb(b"RssAnon:")
-    if used is None:
-        used = rss
-    return used, rss, _PEAK.observe(used)
 
 
 def bytes_to_human(n: int) -> str:
@@ -130,34 +93,41 @@ def _clients(ctx: Context) -> list[str]:
 
 
 def _memory(ctx: Context) -> list[str]:
-    vs = ctx.state.vstore
-    used, rss, peak = memory_usage()
+    state = ctx.state
+    vs = state.vstore
+    measure = state.client_memory
+    clients = measure() if measure is not None else 0  # fresh, for used_memory too
+    memory = state.memory
+    used = memory.used()
+    rss = rss_bytes()
     maxmemory = vs.maxmemory
-    measure = ctx.state.client_memory
-    tables = ctx.state.attention
+    tables = state.attention
     return [
         f"used_memory:{used}",
         f"used_memory_human:{bytes_to_human(used)}",
         f"used_memory_rss:{rss}",
         f"used_memory_rss_human:{bytes_to_human(rss)}",
-        f"used_memory_peak:{peak}",
-        f"used_memory_peak_human:{bytes_to_human(peak)}",
+        f"used_memory_peak:{memory.peak}",
+        f"used_memory_peak_human:{bytes_to_human(memory.peak)}",
+        f"used_memory_startup:{memory.startup}",
+        f"used_memory_dataset:{memory.dataset()}",
         f"maxmemory:{maxmemory}",
         f"maxmemory_human:{bytes_to_human(maxmemory)}",
-        f"maxmemory_policy:{MAXMEMORY_POLICY}",
+        f"maxmemory_policy:{memory.policy}",
+        f"rss_anon:{anon_bytes()}",
         f"vstore_bytes:{vs.vstore_bytes}",
         f"vstore_bytes_allocated:{vs.bytes_allocated}",
-        f"keyspace_bytes:{ctx.state.keyspace.used_bytes}",
+        f"keyspace_bytes:{state.keyspace.used_bytes}",
         # Redis's name: every client's query buffer and unsent replies, measured now.
-        f"mem_clients_normal:{measure() if measure is not None else 0}",
-        f"maxmemory_clients:{ctx.state.config.maxmemory_clients}",
+        f"mem_clients_normal:{clients}",
+        f"maxmemory_clients:{state.config.maxmemory_clients}",
         f"vstore_max_sessions:{vs.max_sessions}",
         f"sdpa_warm_bytes:{tables.bytes}",
         f"attend_maxmemory:{tables.max_bytes}",
         f"attend_slots:{tables.warm_slots}",
         f"attend_cold_slots:{tables.cold_slots}",
-        f"ssm_bytes:{ctx.state.ssm.bytes}",
-        f"ssm_maxmemory:{ctx.state.ssm.max_bytes}",
+        f"ssm_bytes:{state.ssm.bytes}",
+        f"ssm_maxmemory:{state.ssm.max_bytes}",
     ]
 
 
@@ -195,6 +165,7 @@ def _stats(ctx: Context) -> list[str]:
         f"sdpa_cold_forgotten:{tables.forgotten}",
         f"ssm_entries:{len(ctx.state.ssm)}",
         f"expired_keys:{ks.expired_keys}",
+        f"evicted_keys:{ctx.state.memory.evicted_keys}",
         f"expired_subkeys:{ks.expired_fields}",
         f"keyspace_hits:{ks.hits}",
         f"keyspace_misses:{ks.misses}",

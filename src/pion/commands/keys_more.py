@@ -155,7 +155,7 @@ def _object(ctx: Context, args: Sequence[bytes]) -> Reply:
             encoding = "listpackex"  # Redis 7.4's small hash with field deadlines
         return encoding.encode()
     if upper == "FREQ":
-        raise PionError(_LFU_ERROR)  # the policy is allkeys-lru (INFO maxmemory_policy)
+        raise PionError(_LFU_ERROR)  # no LFU policy can be selected (commands/budget.py)
     if upper == "IDLETIME":
         return max(0, ks.clock() // 1000 - e.touched)
     return 1  # every value is held once, by its key

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pion.commands.info import memory_usage
+from pion.commands.info import rss_bytes
 from pion.commands.state import Command, Context
 from pion.errors import PionError
 from pion.keyspace.numbers import parse_int64
@@ -89,14 +89,17 @@ def _memory_usage(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 def _memory_stats(ctx: Context) -> Reply:
     state = ctx.state
-    used, rss, peak = memory_usage()
     ks = state.keyspace
     measure = state.client_memory
-    dataset = ks.used_bytes + state.vstore.vstore_bytes
+    clients = measure() if measure is not None else 0
+    memory = state.memory
+    used, peak, rss = memory.used(), memory.peak, rss_bytes()
+    dataset = memory.dataset()
     out: dict[str | bytes, Reply] = {
         "peak.allocated": peak,
         "total.allocated": used,
-        "clients.normal": measure() if measure is not None else 0,
+        "startup.allocated": memory.startup,
+        "clients.normal": clients,
         "keys.count": len(ks),
         "keys.bytes-per-key": ks.used_bytes // len(ks) if len(ks) else 0,
         "dataset.bytes": dataset,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from pion.attend import AttentionTables
+from pion.commands.budget import MemoryBudget, anon_bytes
 from pion.commands.deferred import Deferred
 from pion.commands.stats import CommandStats
 from pion.config import ServerConfig
@@ -160,6 +161,8 @@ class ServerState:
     # Built from config: the attention tier's slot tables and the SSM state blobs.
     attention: AttentionTables = field(init=False)
     ssm: SsmStore = field(init=False)
+    # used_memory, the --maxmemory check on it and maxmemory-policy (budget.py).
+    memory: MemoryBudget = field(init=False)
 
     def __post_init__(self) -> None:
         self.registry = PrefixRegistry(self.vstore, self.receipt)
@@ -168,12 +171,18 @@ class ServerState:
             cfg.attend_warm_slots, cfg.attend_cold_slots, cfg.attend_maxmemory
         )
         self.ssm = SsmStore(cfg.ssm_maxmemory)
-        # One --maxmemory for both stores: the V-store counts the keyspace's bytes, and
-        # a key write makes room by evicting V-store namespaces (keys are never
-        # evicted; when that is not enough the write answers -OOM).
-        keyspace = self.keyspace
-        self.vstore.external_bytes = lambda: keyspace.used_bytes
-        keyspace.budget = self.vstore.make_room
+        # One --maxmemory on used_memory for every store, its startup part measured
+        # here, before recovery loads anything; a write that does not fit evicts
+        # V-store namespaces, then keys by maxmemory-policy (budget.py).
+        self.memory = MemoryBudget(
+            self.vstore,
+            self.keyspace,
+            self.attention,
+            self.ssm,
+            startup=anon_bytes(),
+            policy=cfg.maxmemory_policy,
+        )
+        self.keyspace.budget = self.vstore.make_room
 
     def uptime(self) -> int:
         return int(time.monotonic() - self.started_monotonic)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable
+from random import Random
 
 __all__ = [
     "MAX_DEADLINE_MS",
@@ -85,6 +86,22 @@ class Deadlines:
             if key not in seen and current(key) == deadline:
                 seen.add(key)
                 out.append(key)
+        return out
+
+    def sample(
+        self, rng: Random, n: int, tries: int, current: Callable[[bytes], int]
+    ) -> list[bytes]:
+        """Up to ``n`` distinct keys with a deadline, drawn at random in at most
+        ``tries`` draws (``current`` as for :meth:`due`: stale pairs are skipped):
+        the candidates of ``maxmemory-policy``'s volatile policies."""
+        heap = self._heap
+        out: list[bytes] = []
+        for _ in range(tries if heap else 0):
+            deadline, key = heap[rng.randrange(len(heap))]
+            if key not in out and current(key) == deadline:
+                out.append(key)
+                if len(out) == n:
+                    break
         return out
 
     def stale(self) -> bool:

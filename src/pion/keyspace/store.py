@@ -12,7 +12,8 @@ last element removes the key.
 
 Writes follow the V-store's order: validate everything, then ask the memory budget for
 the bytes the write adds (``budget``, which may evict V-store sessions or raise
-``OOMError``: keys themselves are never evicted), then hand the record to the journal
+``OOMError``; keys too by ``maxmemory-policy``, never one the command names:
+``pion.commands.budget``), then hand the record to the journal
 (:mod:`~pion.keyspace.mutations`), then apply. :meth:`Keyspace.apply` replays a record
 without journaling or budgeting.
 
@@ -311,9 +312,11 @@ class Keyspace(StreamTable):
         elif isinstance(m, _CREATING) and m.key not in self._data:
             events("new", m.key)
 
-    def _reserve(self, grow: int) -> None:
-        if grow > 0 and self.budget is not None:
-            self.budget(grow)
+    def _reserve(self, grow: int, transient: int = 0) -> None:
+        # ``transient``: bytes that exist only while the write runs (APPEND's copy of
+        # the old value): the budget must have room for them too.
+        if grow + transient > 0 and self.budget is not None:
+            self.budget(grow + transient)
 
     def set_string(self, key: bytes, value: bytes, deadline: int = 0) -> None:
         """SET: ``value`` replaces whatever ``key`` held, with ``deadline`` (0 none)."""
@@ -331,7 +334,9 @@ class Keyspace(StreamTable):
         e = self._entry(key)
         old_len = len(cast(bytes, e.value)) if e is not None else 0
         new_len = max(old_len, offset + len(data))
-        self._reserve(new_len - old_len if e is not None else len(key) + new_len + KEY_OVERHEAD)
+        # The new value is built beside the old one (bytes are immutable): room for both.
+        grow = new_len - old_len if e is not None else len(key) + new_len + KEY_OVERHEAD
+        self._reserve(grow, transient=old_len)
         # Logged as the bytes written, not the new value: appending to a large string
         # costs the log what was appended.
         self._journal(SetRange(key, offset, data))

@@ -57,6 +57,8 @@ class PionServer:
         state.request_shutdown = self.request_shutdown
         state.kill_client = self.kill_client
         state.client_memory = self.client_memory.measure
+        client_memory = self.client_memory
+        state.memory.clients = lambda: client_memory.total  # part of used_memory
 
     # -- listening --------------------------------------------------------------
 

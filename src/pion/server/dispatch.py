@@ -3,8 +3,10 @@ the checks every command passes, and become reply bytes.
 
 Checks run in Redis's order: unknown command, authentication, arity, loading, then
 whether persistence still accepts writes (the commands that only free space always
-pass: ``pion.persistence.stores.FREEING_COMMANDS``), then, for a RESP2 client in
-subscribed mode, whether the command is one it may send (``pion.commands.pubsub``);
+pass: ``pion.persistence.stores.FREEING_COMMANDS``) and memory does (over
+``--maxmemory``, evict by policy or ``-OOM``: ``pion.commands.budget``), then, for a
+RESP2 client in subscribed mode, whether the command is one it may send
+(``pion.commands.pubsub``);
 one refused is counted as rejected. The handler then runs inside the one error boundary,
 :func:`pion.commands.execution.call` (timed, counted, exceptions as replies), and its
 reply is encoded inside it too (:func:`pion.commands.execution.encode`).
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from pion.commands.blocking import serve
+from pion.commands.budget import NO_GROWTH
 from pion.commands.clientctl import begin_silent, silenced
 from pion.commands.deferred import Deferred
 from pion.commands.execution import DEFERRED, call, encode
@@ -64,12 +67,17 @@ def _unknown(ctx: Context, argv: Sequence[bytes]) -> ErrorReply:
     return ErrorReply(f"ERR unknown command '{name}', with args beginning with: {shown}")
 
 
-def admit(ctx: Context, cmd: Command, nargs: int | None) -> None:
+def admit(
+    ctx: Context, cmd: Command, nargs: int | None, argv: Sequence[bytes] | None = None
+) -> None:
     """The checks every command passes before its handler runs, whichever lane it
     came by (RESP, or the binary lane's frames): authentication, arity (``nargs``
     arguments after the name; None when the lane's framing fixed them), loading, then
-    whether persistence still accepts writes. Raises the error to answer."""
+    whether persistence still accepts writes and, for a RESP command (``argv``),
+    whether memory does. Raises the error to answer."""
     state = ctx.state
+    if state.config.maxmemory:
+        state.memory.reset()  # of the last command (budget.py)
     if state.config.auth_required and not ctx.client.authenticated and "noauth" not in cmd.flags:
         raise NoAuthError()
     if nargs is not None and not cmd.arity_ok(nargs):
@@ -78,10 +86,15 @@ def admit(ctx: Context, cmd: Command, nargs: int | None) -> None:
         raise LoadingError()
     # Commands that only free space pass a failing log (it writes their records when
     # it can): removing data is how an operator makes room.
-    if "write" in cmd.flags and state.persistence is not None and cmd.name not in FREEING_COMMANDS:
-        failure = state.persistence.write_refusal()
-        if failure is not None:
-            raise MisconfError(failure)
+    if "write" in cmd.flags and cmd.name not in FREEING_COMMANDS:
+        if state.persistence is not None:
+            failure = state.persistence.write_refusal()
+            if failure is not None:
+                raise MisconfError(failure)
+        if argv is not None and state.config.maxmemory and cmd.name not in NO_GROWTH:
+            # Evict by maxmemory-policy, or -OOM while used_memory is over maxmemory
+            # (Redis's check before a write command; pion.commands.budget).
+            state.memory.admit(argv)
 
 
 def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
@@ -114,7 +127,7 @@ def _run(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply | Deferred:
             return held
     client.last_command = cmd.name
     try:
-        admit(ctx, cmd, len(argv) - 1)
+        admit(ctx, cmd, len(argv) - 1, argv)
         if client.proto == 2 and ctx.state.pubsub.clients:  # (cheap: usually empty)
             refuse_subscribed(ctx, cmd, argv)
         if client.queued is not None and cmd.name not in IMMEDIATE:

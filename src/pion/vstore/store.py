@@ -11,8 +11,8 @@ Definitions (also what ``V.INFO`` and ``KV.PREFIX.INFO`` report):
   stored rows leaves a hole that is not held: holes cost nothing in memory, in the
   log or in snapshots.
 - ``vstore_bytes`` = sum over layers of ``held * row_bytes``: the K/V bytes held, in
-  stored format. It is what ``--maxmemory`` budgets, together with
-  ``external_bytes()`` (what other stores hold under the same budget: the keyspace),
+  stored format. It is the V-store's share of what ``--maxmemory`` bounds, together
+  with ``external_bytes()`` (the rest of ``used_memory``: ``pion.commands.budget``),
   and what a snapshot writes.
 - ``bytes_allocated`` = sum of run buffer capacities: at most ``GROWTH`` (1.25) times
   ``vstore_bytes`` for rows written in ascending order (the slack of a run grown by

@@ -34,6 +34,10 @@ def _nothing() -> int:
     return 0
 
 
+def _none_freed(nbytes: int) -> int:
+    return 0
+
+
 class SessionTable:
     """Sessions of K/V rows, without the operations on their rows."""
 
@@ -47,8 +51,15 @@ class SessionTable:
         self.limits = limits
         self.max_sessions = max_sessions
         self.maxmemory = maxmemory  # bytes of vstore_bytes + external_bytes(); 0 = none
-        # Bytes other stores hold under the same --maxmemory (set by the server).
+        # The rest of used_memory under the same --maxmemory (set by the server:
+        # pion.commands.budget), the part of it no eviction frees (the server's
+        # startup memory), and whether maxmemory-policy lets namespaces be evicted.
         self.external_bytes: Callable[[], int] = _nothing
+        self.fixed_bytes: Callable[[], int] = _nothing
+        # Asked to evict other stores' data (keys) for this many bytes when
+        # namespaces are not enough; returns the bytes it freed.
+        self.evict_others: Callable[[int], int] = _none_freed
+        self.evict_for_bytes = True
         # Attached after recovery: replay goes through apply(), which never journals.
         self.journal = journal
         self._sessions: dict[bytes, Session] = {}
