@@ -83,6 +83,8 @@ def call(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply | Deferred:
     its exceptions become its reply."""
     client = ctx.client
     client.last_command = cmd.name
+    state = ctx.state
+    state.keyspace = state.databases.all[client.db]
     # INFO commandstats and SLOWLOG (pion.commands.stats) time the handler alone.
     started = perf_counter_ns()
     reply: Reply | Deferred

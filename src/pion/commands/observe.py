@@ -90,19 +90,20 @@ def _memory_usage(ctx: Context, args: Sequence[bytes]) -> Reply:
 def _memory_stats(ctx: Context) -> Reply:
     state = ctx.state
     used, rss, peak = memory_usage()
-    ks = state.keyspace
+    dbs = state.databases
+    keys, key_bytes = dbs.keys(), dbs.used_bytes
     measure = state.client_memory
-    dataset = ks.used_bytes + state.vstore.vstore_bytes
+    dataset = key_bytes + state.vstore.vstore_bytes
     out: dict[str | bytes, Reply] = {
         "peak.allocated": peak,
         "total.allocated": used,
         "clients.normal": measure() if measure is not None else 0,
-        "keys.count": len(ks),
-        "keys.bytes-per-key": ks.used_bytes // len(ks) if len(ks) else 0,
+        "keys.count": keys,
+        "keys.bytes-per-key": key_bytes // keys if keys else 0,
         "dataset.bytes": dataset,
         "dataset.percentage": 100.0 * dataset / used if used else 0.0,
         "peak.percentage": 100.0 * used / peak if peak else 0.0,
-        "keyspace.bytes": ks.used_bytes,
+        "keyspace.bytes": key_bytes,
         "vstore.bytes": state.vstore.vstore_bytes,
         "rss": rss,
     }

@@ -26,6 +26,7 @@ from pion.commands.stats import CommandStats
 from pion.config import ServerConfig
 from pion.export.cache import ExportCache
 from pion.keyspace import Keyspace
+from pion.keyspace.databases import Databases
 from pion.prefix.receipt import Receipt
 from pion.prefix.registry import PrefixRegistry
 from pion.pubsub import PubSub
@@ -149,8 +150,12 @@ class ServerState:
     scripts: Scripts | None = None
     # True while EXEC or a script writes its log records as one unit.
     in_unit: bool = False
-    # The plain keyspace (strings, hashes, sorted sets), beside the V-store.
-    keyspace: Keyspace = field(default_factory=Keyspace)
+    # The plain keyspace's numbered databases (SELECT), beside the V-store, and the
+    # one the command running now acts on: the dispatcher points it at the client's
+    # selected database before each handler (``execution.call``), so a handler reads
+    # ``state.keyspace`` and never asks which database it is in.
+    databases: Databases = field(init=False)
+    keyspace: Keyspace = field(init=False)
     # Pub/sub's subscriptions and output limits (pion.pubsub), and the enabled
     # keyspace notifications (pion.notify: notify-keyspace-events).
     pubsub: PubSub = field(default_factory=PubSub)
@@ -171,9 +176,10 @@ class ServerState:
         # One --maxmemory for both stores: the V-store counts the keyspace's bytes, and
         # a key write makes room by evicting V-store namespaces (keys are never
         # evicted; when that is not enough the write answers -OOM).
-        keyspace = self.keyspace
-        self.vstore.external_bytes = lambda: keyspace.used_bytes
-        keyspace.budget = self.vstore.make_room
+        self.databases = databases = Databases(cfg.databases)
+        self.keyspace = databases[0]
+        self.vstore.external_bytes = lambda: databases.used_bytes
+        databases.set_budget(self.vstore.make_room)
 
     def uptime(self) -> int:
         return int(time.monotonic() - self.started_monotonic)
@@ -188,6 +194,7 @@ class ClientState:
     laddr: str = ""
     proto: int = 2
     authenticated: bool = False
+    db: int = 0  # the selected database (SELECT)
     name: str = ""
     lib_name: str = ""
     lib_ver: str = ""
