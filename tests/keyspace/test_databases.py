@@ -72,6 +72,17 @@ def test_redis_cli_n_3(servers: tuple[int, int]) -> None:
     assert "db3:keys=1" in run("INFO", "keyspace")
 
 
+def test_databases_flag(spawn_server: Spawn) -> None:
+    srv = spawn_server("--databases", "4")
+    r = srv.client()
+    assert r.config_get("databases") == {"databases": "4"}
+    assert r.execute_command("SELECT", "3") is True
+    with pytest.raises(redis.ResponseError, match=r"^DB index is out of range$"):
+        r.execute_command("SELECT", "4")
+    with pytest.raises(redis.ResponseError, match=r"^DB index is out of range$"):
+        r.move("k", 4)
+
+
 def _watch_then_swap(port: int) -> tuple[bytes, bytes]:
     watcher, other = RawClient(port), RawClient(port)
     watcher.call("FLUSHALL")

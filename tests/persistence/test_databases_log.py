@@ -11,6 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from pion.config import ServerConfig
@@ -20,7 +21,7 @@ from pion.persistence.cli import check_wal_command
 from pion.persistence.format import WalHeader
 from pion.persistence.keyspace_durable import KeyspaceDurable
 from pion.persistence.reader import read_records
-from pion.persistence.recovery import WAL_HEADER_SIZE
+from pion.persistence.recovery import WAL_HEADER_SIZE, RecoveryError
 from pion.vstore import VStore
 
 Spawn = Any
@@ -135,6 +136,17 @@ def test_snapshot_holds_every_database(tmp_path: Path) -> None:
     assert _contents(again) == _contents(dbs)
     assert p2.recovered.replayed == 0  # all of it from the snapshot
     p2.close()
+
+
+def test_a_database_past_the_servers_count_stops_recovery(tmp_path: Path) -> None:
+    dbs, p = _open(tmp_path)
+    dbs[9].set_string(b"k", b"v")
+    p.close()
+    config = dataclasses.replace(ServerConfig(), dir=tmp_path, appendfsync="no")
+    fewer = Persistence(config, VStore(config.vstore), KeyspaceDurable(Databases(4)))
+    fewer.open()
+    with pytest.raises(RecoveryError, match=r"database 9, but this server has 4 .*--databases"):
+        fewer.recover_now()
 
 
 def test_covered_records_still_move_the_cursor() -> None:

@@ -69,13 +69,15 @@ class KeyspaceJournal:
         self.cursor = cursor if cursor is not None else _Cursor()
 
     def append(self, mutation: KeyMutation) -> None:
+        drop = isinstance(mutation, _REMOVES_ONLY)
         if self.cursor.db != self.db and not isinstance(mutation, _EVERY_DB):
+            # As much a drop as the record it precedes: a drop passes a log that
+            # refuses writes, and so must the SELECT that says where it applies.
             op, parts = keyspace_format.encode(SelectDb(self.db))
-            # A drop: it carries no data, and the drop it may precede must pass.
-            self.sink.append_frame(Frame(op, parts, True))
+            self.sink.append_frame(Frame(op, parts, drop))
             self.cursor.db = self.db
         op, parts = keyspace_format.encode(mutation)
-        self.sink.append_frame(Frame(op, parts, isinstance(mutation, _REMOVES_ONLY)))
+        self.sink.append_frame(Frame(op, parts, drop))
 
 
 class KeyspaceDurable:
