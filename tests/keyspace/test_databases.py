@@ -83,7 +83,7 @@ def test_databases_flag(spawn_server: Spawn) -> None:
         r.move("k", 4)
 
 
-def _watch_then_swap(port: int) -> tuple[bytes, bytes]:
+def _watch_then_swap(port: int) -> tuple[bytes, ...]:
     watcher, other = RawClient(port), RawClient(port)
     watcher.call("FLUSHALL")
     other.call("SELECT", "1")
@@ -98,14 +98,27 @@ def _watch_then_swap(port: int) -> tuple[bytes, bytes]:
     watcher.call("MULTI")
     watcher.call("SET", "x", "1")
     second = watcher.call("EXEC").raw
+    watcher.call("SET", "mine", "v")  # in database 0 (it came back by the second swap)
+    watcher.call("WATCH", "mine")
+    other.call("SWAPDB", "1", "2")  # other databases: no change here
+    other.call("SELECT", "3")
+    other.call("FLUSHDB")
+    watcher.call("MULTI")
+    watcher.call("PING")
+    third = watcher.call("EXEC").raw
+    watcher.call("WATCH", "mine")
+    other.call("SWAPDB", "0", "7")  # it leaves database 0: a change
+    watcher.call("MULTI")
+    watcher.call("PING")
+    fourth = watcher.call("EXEC").raw
     watcher.close()
     other.close()
-    return first, second
+    return first, second, third, fourth
 
 
 def test_watch_meets_swapdb_as_redis(servers: tuple[int, int]) -> None:
     want, got = (_watch_then_swap(port) for port in servers)
-    assert got == want == (b"*-1\r\n", b"*1\r\n+OK\r\n")
+    assert got == want == (b"*-1\r\n", b"*1\r\n+OK\r\n", b"*1\r\n+PONG\r\n", b"*-1\r\n")
 
 
 def _blpop_woken_by_swapdb(port: int) -> bytes:

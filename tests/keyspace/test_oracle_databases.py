@@ -252,3 +252,28 @@ def test_notifications_name_the_database_as_redis_does(
     assert [b"__keyevent@0__:move_from", b"a"] in [m[2:] for m in want]
     assert [b"__keyevent@3__:move_to", b"a"] in [m[2:] for m in want]
     assert mine == want
+
+
+def test_expiry_is_announced_in_the_keys_database(servers: tuple[int, int]) -> None:
+    got: list[list[list[bytes]]] = []
+    for port in servers:
+        c = _open(port, 2)
+        c.call("CONFIG", "SET", "notify-keyspace-events", "Ex")
+        sub = RawClient(port)
+        sub.call("PSUBSCRIBE", "__keyevent@*__:expired")
+        sub.call("SUBSCRIBE", "marker")
+        try:
+            c.call("SELECT", "3")
+            c.call("SET", "k", "v", "PX", "1")
+            while c.call("EXISTS", "k").value:  # lazily or actively, it expires
+                pass
+            c.call("PUBLISH", "marker", "end")
+            got.append(_messages(sub, b"end"))
+        finally:
+            c.call("CONFIG", "SET", "notify-keyspace-events", "")
+            c.close()
+            sub.close()
+    want, mine = got
+    assert (
+        mine == want == [[b"pmessage", b"__keyevent@*__:expired", b"__keyevent@3__:expired", b"k"]]
+    )
