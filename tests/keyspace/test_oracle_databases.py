@@ -235,7 +235,7 @@ def test_notifications_name_the_database_as_redis_does(
     got: list[list[list[bytes]]] = []
     for port in servers:
         c = _open(port, proto)
-        c.call("CONFIG", "SET", "notify-keyspace-events", "KEA")
+        c.call("CONFIG", "SET", "notify-keyspace-events", "KEAn")
         sub = RawClient(port)
         sub.call("PSUBSCRIBE", "__key*__:*")
         sub.call("SUBSCRIBE", "marker")
