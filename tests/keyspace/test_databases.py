@@ -7,6 +7,7 @@ databases, which loads into database 0.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import threading
 import time
@@ -243,3 +244,44 @@ def test_a_log_without_databases_loads_into_database_0(tmp_path: Path) -> None:
     assert dbs[0].string(b"k") == b"v" and dbs[0].hash(b"h") == {b"f": b"v"}
     assert all(len(ks) == 0 for ks in dbs.all[1:])
     p2.close()
+
+
+def test_blocked_clients_wait_on_their_own_database(servers: tuple[int, int]) -> None:
+    _, port = servers
+    blocked, other = RawClient(port), RawClient(port)
+    blocked.call("FLUSHALL")
+    blocked.call("SELECT", "2")
+    blocked.send("XREAD", "BLOCK", "0", "STREAMS", "s", "$")
+    while b"cmd=xread" not in bytes(other.call("CLIENT", "LIST").value):
+        time.sleep(0.001)
+    other.call("XADD", "s", "1-1", "db", "0")  # database 0: not the one it waits in
+    other.call("SELECT", "2")
+    other.call("XADD", "s", "2-1", "db", "2")
+    reply = read_reply(blocked.f).value
+    assert reply[0][1][0][0] == b"2-1"
+    blocked.send("BLPOP", "l", "0")
+    while b"cmd=blpop" not in bytes(other.call("CLIENT", "LIST").value):
+        time.sleep(0.001)
+    other.call("SELECT", "0")
+    other.call("RPUSH", "l", "zero")
+    other.call("SELECT", "2")
+    other.call("RPUSH", "l", "two")
+    assert read_reply(blocked.f).value == [b"l", b"two"]
+    blocked.close()
+    other.close()
+
+
+def test_the_sweep_expires_keys_of_every_database(servers: tuple[int, int]) -> None:
+    _, port = servers
+    c = RawClient(port)
+    c.call("FLUSHALL")
+    c.call("SELECT", "5")
+    c.call("SET", "k", "v", "PX", "1")
+    c.call("SELECT", "11")
+    c.call("SET", "k", "v", "PX", "1")
+    # INFO touches no key: only the active sweep can empty these databases.
+    while re.search(rb"^db(5|11):", bytes(c.call("INFO", "keyspace").value), re.M):
+        time.sleep(0.01)
+    stats = bytes(c.call("INFO", "stats").value)
+    assert int(re.search(rb"expired_keys:(\d+)", stats).group(1)) >= 2  # type: ignore[union-attr]
+    c.close()
