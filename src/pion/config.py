@@ -256,6 +256,14 @@ class ServerConfig:
             "(0 = full attention).",
         ),
     )
+    # Redis's databases: how many numbered keyspaces SELECT, MOVE and SWAPDB choose
+    # from (pion.keyspace.databases), all in one memory budget.
+    databases: int = field(
+        default=16,
+        metadata=flag(
+            lo=1, hi=1_000_000, help="Numbered databases SELECT chooses from (Redis's 16)."
+        ),
+    )
     # Redis's maxclients default. At startup the open-files limit is raised to fit it
     # (or it is lowered to fit the limit, with a warning), as Redis does, so the
     # descriptor limit is never what stops a connection: the next one is answered

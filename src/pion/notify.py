@@ -4,20 +4,22 @@ canonical text, and :func:`notify`, the one call a command makes after it change
 A command that changed ``key`` calls ``notify(state, CLASS, "event", key)`` once per
 event, after the change, with Redis's event name and class (``STRING``, ``GENERIC``,
 ``HASH``...). Nothing is published unless the class is enabled and ``K`` (a
-``__keyspace@0__:<key>`` message carrying the event) or ``E`` (a
-``__keyevent@0__:<event>`` message carrying the key) is: with notifications off (the
-default) the call is one integer test.
+``__keyspace@<db>__:<key>`` message carrying the event) or ``E`` (a
+``__keyevent@<db>__:<event>`` message carrying the key) is: with notifications off (the
+default) the call is one integer test. ``<db>`` is the database the command acts on
+(``state.keyspace``), or the one named (MOVE's ``move_to``, a keyspace's own events).
 
 Only the plain keyspace's keys notify. The V-store's sessions, the prefix registry's
 namespaces, attention and SSM state are not Redis keys (no ``TYPE``, no ``DEL``), so
 their changes publish nothing; a client that needs to follow them uses their own
 commands (``KV.PREFIX.INFO``, ``V.INFO``).
 
-Pion serves one database, so ``<db>`` is always 0.
+SWAPDB publishes nothing, as in Redis 7.0.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pion.errors import PionError
@@ -120,22 +122,29 @@ def configure(state: ServerState, flags: int) -> None:
     """Apply ``notify-keyspace-events``: the flags, and the keyspace's own hook for
     ``new`` and ``expired`` (removed when nothing is enabled)."""
     state.notify_flags = flags
+    for ks in state.databases:
+        ks.events = _events(state, ks.db) if flags else None
 
+
+def _events(state: ServerState, db: int) -> Callable[[str, bytes], None]:
     def events(event: str, key: bytes) -> None:
-        notify(state, _STORE_EVENTS.get(event, EXPIRED), event, key)
+        notify(state, _STORE_EVENTS.get(event, EXPIRED), event, key, db)
 
-    state.keyspace.events = events if flags else None
+    return events
 
 
-def notify(state: ServerState, klass: int, event: str, key: bytes) -> None:
-    """Publish the keyspace and keyevent messages for ``event`` on ``key``, as far as
-    ``notify-keyspace-events`` enables them."""
+def notify(state: ServerState, klass: int, event: str, key: bytes, db: int = -1) -> None:
+    """Publish the keyspace and keyevent messages for ``event`` on ``key`` in database
+    ``db`` (-1: the one the command acts on), as far as ``notify-keyspace-events``
+    enables them."""
     flags = state.notify_flags
     if not flags & klass:
         return
+    if db < 0:
+        db = state.keyspace.db
     name = event.encode()
     pubsub = state.pubsub
     if flags & KEYSPACE:
-        pubsub.publish(b"__keyspace@0__:" + key, name)
+        pubsub.publish(b"__keyspace@%d__:%b" % (db, key), name)
     if flags & KEYEVENT:
-        pubsub.publish(b"__keyevent@0__:" + name, key)
+        pubsub.publish(b"__keyevent@%d__:%b" % (db, name), key)

@@ -25,23 +25,26 @@ __all__ = ["WatchToken", "Watchers"]
 
 
 class WatchToken:
-    """One client's watches: the keys (each with "was already expired when watched")
-    and the V-store session ids it watches, and whether any changed since."""
+    """One client's watches: the keys by (database, name), each with "was already
+    expired when watched", and the V-store session ids it watches, and whether any
+    changed since."""
 
     __slots__ = ("dirty", "keys", "sessions")
 
     def __init__(self) -> None:
         self.dirty = False
-        self.keys: dict[bytes, bool] = {}
+        self.keys: dict[tuple[int, bytes], bool] = {}
         self.sessions: set[bytes] = set()
 
 
 class Watchers:
-    """Name -> the tokens watching it, for one store."""
+    """Name -> the tokens watching it, for one store (one database of the keyspace:
+    ``db``, its index, is how a token's keys name it)."""
 
-    __slots__ = ("names",)
+    __slots__ = ("db", "names")
 
-    def __init__(self) -> None:
+    def __init__(self, db: int = 0) -> None:
+        self.db = db
         # Empty while nobody watches: the stores test it before anything else.
         self.names: dict[bytes, list[WatchToken]] = {}
 
@@ -66,9 +69,9 @@ class Watchers:
         if tokens is None:
             return
         for token in tokens:
-            if expiring and token.keys.get(name, False):
+            if expiring and token.keys.get((self.db, name), False):
                 # Removed now for the reason it was already gone when watched.
-                token.keys[name] = False
+                token.keys[self.db, name] = False
                 continue
             token.dirty = True
 

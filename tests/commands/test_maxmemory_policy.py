@@ -193,3 +193,25 @@ def test_a_vstore_write_evicts_keys_when_namespaces_are_not_enough(
     with pytest.raises(redis.exceptions.OutOfMemoryError, match="evictable"):
         _namespace(r, "ns2")
     assert r.exists("k2") == 1 and _stats(r) == (1, 1)
+
+
+def test_keys_of_every_database_are_candidates(server_factory: Factory) -> None:
+    """A write in database 0 evicts a key with a deadline from database 3, announced in
+    that database's channel, as Redis's eviction pool draws from every database."""
+    srv = server_factory()
+    r = _client(srv, "volatile-ttl")
+    other = redis.Redis(port=srv.port, db=3, socket_timeout=30)
+    r.config_set("notify-keyspace-events", "Ee")
+    events = r.pubsub()
+    events.subscribe("__keyevent@3__:evicted")
+    assert events.get_message(timeout=5) is not None  # the subscribe confirmation
+    r.set("keep", b"k" * (200 * KB))
+    other.set("soon", b"s" * (200 * KB), ex=100)
+    other.set("later", b"l" * (200 * KB), ex=10_000)
+    data_budget(r, 50 * KB)
+    r.set("new", b"n" * (150 * KB))
+    assert _stats(r) == (0, 1)
+    assert other.exists("soon") == 0 and other.exists("later") == 1
+    assert r.exists("keep", "new") == 2
+    message = wait_until(lambda: events.get_message(timeout=1), what="evicted event")
+    assert message["data"] == b"soon"

@@ -75,10 +75,8 @@ NOT_SERVED = frozenset(
         "SUNIONCARD",
         # string algorithms (Redis 7.0 removed it; LCS is served)
         "STRALGO",
-        # Redis's own serialization, databases and servers
+        # Redis's own servers
         "MIGRATE",
-        "MOVE",
-        "SWAPDB",
         # Redis 8 additions
         "XACKDEL",
         "XCFGSET",

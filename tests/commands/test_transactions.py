@@ -174,7 +174,6 @@ def test_client_reply_off_runs_deferred_commands_and_sends_nothing(srv: Any) -> 
         ["CLIENT", "ID"],
         ["HELLO", "3"],
         ["AUTH", "x"],
-        ["SELECT", "0"],
         ["KV.PREFIX.SAVE"],
         ["KV.PREFIX.COMMIT"],
         ["SHUTDOWN", "NOSAVE"],

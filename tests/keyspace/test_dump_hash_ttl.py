@@ -18,6 +18,7 @@ import redis
 from pion.config import ServerConfig
 from pion.keyspace.rdb import crc64
 from pion.server.run import ServerThread
+from support import data_budget
 from support.keyspace import RedisServer
 
 FAR = 4_000_000_000_000  # a deadline far ahead (year 2096), in Unix ms
@@ -115,6 +116,25 @@ def test_large_hash_round_trip_and_replace(client: redis.Redis) -> None:
     assert client.restore("other", 0, payload, replace=True) == b"OK"
     assert client.hgetall("other") == client.hgetall("big")
     assert _deadlines(client, "other") == _deadlines(client, "big")
+
+
+def test_a_restore_that_does_not_fit_leaves_the_old_value(client: redis.Redis) -> None:
+    """The hash and its field deadlines are budgeted as one write: refused, the key
+    REPLACE named keeps what it held (nothing is half restored)."""
+    mapping = {f"f{i}": "v" * 40 for i in range(2000)}
+    client.hset("plain", mapping=mapping)
+    hash_alone = client.memory_usage("plain")
+    client.hset("big", mapping=mapping)
+    client.execute_command("HPEXPIRE", "big", 90_000_000, "FIELDS", 2000, *mapping)
+    payload = client.dump("big")
+    client.delete("plain", "big")
+    client.set("old", "kept")
+    client.config_set("maxmemory-policy", "noeviction")
+    data_budget(client, hash_alone)  # room for the hash, not for its 2,000 deadlines
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        client.restore("old", 0, payload, replace=True)
+    client.config_set("maxmemory", 0)
+    assert client.get("old") == b"kept"
 
 
 def test_fields_past_their_deadline_are_left_out(client: redis.Redis) -> None:

@@ -179,7 +179,7 @@ def test_truncated_payloads_are_refused(m: KeyMutation) -> None:
         (29, struct.pack("<I", 1) + b"k" + struct.pack("<I", 0), "count 0"),
         (32, b"", "unknown op"),
         (30, struct.pack("<I", 1) + b"k" + b"\x63", "unknown LIST change"),
-        (31, struct.pack("<I", 1) + b"k" + b"\x09", "unknown SET_OF change"),
+        (31, struct.pack("<I", 1) + b"k" + b"\x0f", "unknown SET_OF change"),
         (30, struct.pack("<I", 1) + b"k" + b"\x01" + struct.pack("<I", 0), "count 0"),
         (30, struct.pack("<I", 1) + b"k" + b"\x05" + struct.pack("<Q", 0), "shorter"),
         (31, struct.pack("<I", 1) + b"k" + b"\x01" + struct.pack("<I", 9), "count 9"),

@@ -342,12 +342,15 @@ def test_info_commandstats_and_errorstats(server: ServerThread) -> None:
     c.close()
 
 
-def test_copy_to_another_database_is_refused(server: ServerThread) -> None:
+def test_copy_to_another_database(server: ServerThread) -> None:
     c = RawClient(server.port)
     c.call("SET", "k", "v")
-    # One database: Redis would copy into database 1; we refuse as SELECT 1 does.
-    assert c.call("COPY", "k", "k2", "DB", "1").raw == b"-ERR DB index is out of range\r\n"
+    assert c.call("COPY", "k", "k2", "DB", "16").raw == b"-ERR DB index is out of range\r\n"
+    assert c.call("COPY", "k", "k2", "DB", "1").raw == b":1\r\n"
     assert c.call("COPY", "k", "k2", "DB", "0").raw == b":1\r\n"
+    assert c.call("SELECT", "1").raw == b"+OK\r\n"
+    assert c.call("GET", "k2").raw == b"$1\r\nv\r\n"
+    assert c.call("EXISTS", "k").raw == b":0\r\n"
     c.close()
 
 

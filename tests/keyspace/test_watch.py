@@ -26,7 +26,7 @@ class Clock:
 
 def _watched(ks: Keyspace, key: bytes = b"k") -> WatchToken:
     token = WatchToken()
-    token.keys[key] = ks.past_deadline(key)
+    token.keys[ks.db, key] = ks.past_deadline(key)
     ks.watchers.add(key, token)
     return token
 
@@ -97,7 +97,7 @@ def test_expiry_follows_redis_7() -> None:
     clock.now = NOW + 11
     assert ks.past_deadline(b"k")  # EXEC's check: live at WATCH, past its deadline now
     already = _watched(ks, b"k")
-    assert already.keys[b"k"] is True
+    assert already.keys[0, b"k"] is True
     assert ks.sweep(10) == 1  # removed by its expiry
     assert live.dirty
     assert not already.dirty  # it was already gone when watched

@@ -50,7 +50,7 @@ def test_unknown_command_and_arity(client: redis.Redis) -> None:
     with pytest.raises(redis.ResponseError, match="wrong number of arguments for 'echo' command"):
         client.execute_command("ECHO")
     with pytest.raises(redis.ResponseError, match="DB index is out of range"):
-        client.execute_command("SELECT", 1)
+        client.execute_command("SELECT", 16)
     with pytest.raises(redis.ResponseError, match="not an integer"):
         client.execute_command("SELECT", "+0")
 

@@ -19,7 +19,8 @@ Reading order:
    the ``--maxmemory`` check on it and ``maxmemory-policy``).
 3. The families: ``generic.py`` (connection and server commands) with ``clientctl.py``,
    ``config_cmd.py``, ``info.py`` and ``observe.py``; the plain keyspace's
-   ``strings.py``, ``keys.py``, ``keys_more.py``, ``dump.py`` (DUMP/RESTORE),
+   ``strings.py``, ``keys.py``, ``keys_more.py``, ``databases.py`` (SELECT, MOVE,
+   SWAPDB), ``dump.py`` (DUMP/RESTORE),
    ``hashes.py`` with ``hashttl.py`` (hash-field expiry), ``zsets.py``, ``zsets_more.py``,
    ``zsets_algebra.py``, ``zsets_store.py``
    (ZRANGESTORE), ``geo.py`` (GEO* on sorted sets), ``bits.py``, ``lists.py``, ``sets.py``
@@ -49,6 +50,7 @@ from pion.commands import (
     bitfield,
     bits,
     blocking,
+    databases,
     dump,
     export,
     functions,
@@ -96,6 +98,7 @@ _FAMILIES: tuple[Iterable[Command], ...] = (
     ssm.COMMANDS,
     keys.COMMANDS,
     keys_more.COMMANDS,
+    databases.COMMANDS,
     dump.COMMANDS,
     observe.COMMANDS,
     strings.COMMANDS,

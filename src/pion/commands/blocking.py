@@ -27,6 +27,9 @@ XREAD and XREADGROUP with BLOCK (``pion.commands.streams``) wait here too: an XA
 marks a stream's key ready; XGROUP DESTROY and deleting the key do as well, which end
 an XREADGROUP's wait with Redis's error.
 
+A client blocks on keys of its selected database, and is woken by changes there, a
+SWAPDB that brings it a value included (``pion.keyspace.databases``).
+
 Under ``-w N`` each worker has its own keyspace (``docs/deployment.md``): a client
 blocks on, and is woken by pushes to, its worker's keys.
 """
@@ -36,12 +39,12 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import cast
 
 from pion.commands.deferred import Wait
 from pion.commands.lists import end_of, move_announced, mpop_args, pop_announced, pop_reply
-from pion.commands.state import Command, Context
+from pion.commands.state import Command, Context, ServerState
 from pion.errors import PionError, WrongTypeError
 from pion.keyspace.numbers import parse_long_double
 from pion.keyspace.store import Keyspace
@@ -89,9 +92,9 @@ class Waiter:
         self.served = False
 
 
-def blocked_count(ks: Keyspace) -> int:
+def blocked_count(databases: Iterable[Keyspace]) -> int:
     """How many clients wait on keys now (INFO clients ``blocked_clients``)."""
-    return len({id(w) for queue in ks.waiting.values() for w in queue})
+    return len({id(w) for ks in databases for queue in ks.waiting.values() for w in queue})
 
 
 def _enqueue(ks: Keyspace, waiter: Waiter) -> None:
@@ -110,7 +113,22 @@ def _forget(ks: Keyspace, waiter: Waiter) -> None:
             del ks.waiting[key]
 
 
-def serve(ks: Keyspace) -> None:
+def serve(state: ServerState) -> None:
+    """Serve the waiters of every database with ready keys, each with
+    ``state.keyspace`` pointing at the waiters' database (a pop acts on, and
+    announces in, the database its client blocked in), then back at the current one."""
+    current = state.keyspace
+    alarm = state.databases.alarm
+    try:
+        while alarm:
+            ks = cast(Keyspace, alarm.pop())
+            state.keyspace = ks
+            _serve(ks)
+    finally:
+        state.keyspace = current
+
+
+def _serve(ks: Keyspace) -> None:
     """Pop for the waiters of every ready key, in arrival order (module docstring).
     A waiter that cannot take what the key holds (BZPOPMIN on a list) is passed over
     and keeps waiting. A pop for one (BLMOVE) may make another key ready: served in
@@ -137,23 +155,24 @@ def serve(ks: Keyspace) -> None:
                 waiter.go()
 
 
-def unblock(ks: Keyspace, client_id: int, error: bool) -> bool:
+def unblock(databases: Iterable[Keyspace], client_id: int, error: bool) -> bool:
     """CLIENT UNBLOCK: end client ``client_id``'s wait now, as if timed out or with
     Redis's ``-UNBLOCKED`` error; False when it is not waiting on keys."""
-    for queue in ks.waiting.values():
-        for queued in queue:
-            waiter = cast(Waiter, queued)
-            if waiter.client_id == client_id and not waiter.served:
-                waiter.reply = (
-                    ErrorReply("UNBLOCKED client unblocked via CLIENT UNBLOCK")
-                    if error
-                    else waiter.empty
-                )
-                waiter.served = True
-                _forget(ks, waiter)
-                if waiter.go is not None:
-                    waiter.go()
-                return True
+    for ks in databases:
+        for queue in ks.waiting.values():
+            for queued in queue:
+                waiter = cast(Waiter, queued)
+                if waiter.client_id == client_id and not waiter.served:
+                    waiter.reply = (
+                        ErrorReply("UNBLOCKED client unblocked via CLIENT UNBLOCK")
+                        if error
+                        else waiter.empty
+                    )
+                    waiter.served = True
+                    _forget(ks, waiter)
+                    if waiter.go is not None:
+                        waiter.go()
+                    return True
     return False
 
 

@@ -34,9 +34,9 @@ Eviction, by ``maxmemory-policy`` (Redis's names and sampling; default
 - every other policy first evicts V-store namespaces, least recently used first (the
   V-store is a cache of recomputable tensors: ``pion.vstore.eviction``), then keys:
   ``volatile-lru``, ``volatile-ttl``, ``volatile-random`` among keys with a deadline,
-  ``allkeys-lru``, ``allkeys-random`` among all keys. As in Redis, the victim is the
-  best of :data:`SAMPLES` keys drawn at random (the least recently used, or the
-  nearest deadline), not the best of all keys.
+  ``allkeys-lru``, ``allkeys-random`` among all keys, of every database. As in Redis,
+  the victim is the best of :data:`SAMPLES` keys drawn at random from each database
+  (the least recently used, or the nearest deadline), not the best of all keys.
 
 Two moments evict. Before a write command (``pion.server.dispatch.admit``), as Redis's
 ``performEvictions``: while ``used_memory`` is over ``maxmemory`` (a lower limit set
@@ -52,11 +52,13 @@ from __future__ import annotations
 import logging
 import resource
 from collections.abc import Callable, Sequence
+from functools import partial
 from random import Random
 
 from pion.attend import AttentionTables
 from pion.errors import OOMError, PionError
 from pion.keyspace import Keyspace
+from pion.keyspace.databases import Databases
 from pion.ssm import SsmStore
 from pion.vstore import VStore
 
@@ -140,7 +142,7 @@ class MemoryBudget:
     def __init__(
         self,
         vstore: VStore,
-        keyspace: Keyspace,
+        databases: Databases,
         attention: AttentionTables,
         ssm: SsmStore,
         *,
@@ -148,7 +150,7 @@ class MemoryBudget:
         policy: str = DEFAULT_POLICY,
     ) -> None:
         self.vstore = vstore
-        self.keyspace = keyspace
+        self.databases = databases
         self.attention = attention
         self.ssm = ssm
         self.startup = startup
@@ -187,7 +189,7 @@ class MemoryBudget:
         """The bytes every store accounts for its data."""
         return (
             self.vstore.vstore_bytes
-            + self.keyspace.used_bytes
+            + self.databases.used_bytes
             + self.attention.bytes
             + self.ssm.bytes
         )
@@ -247,12 +249,12 @@ class MemoryBudget:
         ``noeviction`` or a volatile policy with no key holding a deadline."""
         if self.policy == "noeviction":
             return 0
-        ks = self.keyspace
         freed = 0
         while freed < need:
-            key = self._victim()
-            if key is None:
+            found = self._victim()
+            if found is None:
                 break
+            ks, key = found
             before = ks.used_bytes
             ks.delete((key,))
             freed += before - ks.used_bytes
@@ -261,32 +263,41 @@ class MemoryBudget:
                 ks.events("evicted", key)
         return freed
 
-    def _victim(self) -> bytes | None:
-        """The key the policy evicts next: the best of SAMPLES drawn, or None."""
+    def _victim(self) -> tuple[Keyspace, bytes] | None:
+        """The key the policy evicts next, with its database: the best of the keys
+        drawn (SAMPLES from each database that has candidates), or None."""
         policy = self.policy
-        ks = self.keyspace
-        if policy.startswith("allkeys"):
-            drawn = [k for k in (ks.random_key() for _ in range(_TRIES)) if k is not None]
-            drawn = list(dict.fromkeys(k for k in drawn if not self._spared(k)))[:SAMPLES]
-        else:
-            drawn = ks.deadlines.sample(self.rng, SAMPLES, _TRIES, self._deadline_of)
-            drawn = [k for k in drawn if not self._spared(k)]
-        if not drawn:
+        pool = [(ks, key) for ks in self.databases if len(ks) for key in self._drawn(ks)]
+        if not pool:
             return None
         if policy.endswith("random"):
-            return drawn[0]
+            return pool[self.rng.randrange(len(pool))]
         if policy.endswith("ttl"):
-            return min(drawn, key=self._deadline_of)
-        return min(drawn, key=self._touched)
+            return min(pool, key=lambda found: _deadline_of(*found))
+        return min(pool, key=lambda found: _touched(*found))
+
+    def _drawn(self, ks: Keyspace) -> list[bytes]:
+        """Up to SAMPLES candidates of ``ks`` the running command does not name."""
+        if self.policy.startswith("allkeys"):
+            drawn = [k for k in (ks.random_key() for _ in range(_TRIES)) if k is not None]
+            return list(dict.fromkeys(k for k in drawn if not self._spared(k)))[:SAMPLES]
+        current = partial(_deadline_of, ks)
+        return [
+            k
+            for k in ks.deadlines.sample(self.rng, SAMPLES, _TRIES, current)
+            if not self._spared(k)
+        ]
 
     def _spared(self, key: bytes) -> bool:
         # (Unequal lengths compare in O(1): this costs little even for large values.)
         return any(key == a for a in self.spare)
 
-    def _deadline_of(self, key: bytes) -> int:
-        e = self.keyspace.peek(key)
-        return 0 if e is None else e.deadline
 
-    def _touched(self, key: bytes) -> int:
-        e = self.keyspace.peek(key)
-        return 0 if e is None else e.touched
+def _deadline_of(ks: Keyspace, key: bytes) -> int:
+    e = ks.peek(key)
+    return 0 if e is None else e.deadline
+
+
+def _touched(ks: Keyspace, key: bytes) -> int:
+    e = ks.peek(key)
+    return 0 if e is None else e.touched

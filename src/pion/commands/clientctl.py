@@ -100,7 +100,7 @@ def client_unblock(ctx: Context, cur: Args, spelled: str) -> Reply:
         if reason not in ("TIMEOUT", "ERROR"):
             raise PionError("CLIENT UNBLOCK reason should be TIMEOUT or ERROR")
         error = reason == "ERROR"
-    return int(unblock(ctx.state.keyspace, client_id, error))
+    return int(unblock(ctx.state.databases, client_id, error))
 
 
 # -- CLIENT KILL ----------------------------------------------------------------------------

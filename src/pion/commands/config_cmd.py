@@ -72,7 +72,7 @@ def _getters(ctx: Context) -> dict[str, Callable[[], str]]:
         "appendonly": lambda: "yes" if persistence is not None and cfg.wal_enabled else "no",
         "appendfsync": lambda: cfg.appendfsync,
         "save": lambda: "",
-        "databases": lambda: "1",
+        "databases": lambda: str(cfg.databases),
         "loglevel": lambda: cfg.log_level,
         "worker-id": lambda: str(cfg.worker_id),
         "maxclients": lambda: str(cfg.maxclients),
@@ -314,7 +314,7 @@ def config(ctx: Context, args: Sequence[bytes]) -> Reply:
     if sub == "RESETSTAT" and cur.done():
         ctx.state.counters.reset()
         ctx.state.receipt.reset()
-        ctx.state.keyspace.reset_stats()
+        ctx.state.databases.reset_stats()
         ctx.state.memory.evicted_keys = 0
         ctx.state.stats.reset()
         return Simple("OK")

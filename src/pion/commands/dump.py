@@ -95,13 +95,7 @@ def _restore(ctx: Context, args: Sequence[bytes]) -> Reply:
         if replace and ks.delete((key,)):
             notify(ctx.state, GENERIC, "del", key)
         return _OK
-    ks.restore(key, value, deadline)
-    if field_ttls:
-        try:
-            ks.hash_field_ttls(key, list(field_ttls.items()))
-        except PionError:  # -OOM: the hash without its deadlines is not kept
-            ks.delete((key,))
-            raise
+    ks.restore(key, value, deadline, list(field_ttls.items()))
     if idle is not None:
         entry = ks.peek(key)
         if entry is not None:

@@ -84,6 +84,7 @@ def call(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply | Deferred:
     client = ctx.client
     client.last_command = cmd.name
     state = ctx.state
+    state.keyspace = state.databases.all[client.db]
     if state.vstore.maxmemory and "write" in cmd.flags:
         state.memory.begin(argv)  # what eviction spares, and counts once (budget.py)
     # INFO commandstats and SLOWLOG (pion.commands.stats) time the handler alone.

@@ -1,10 +1,10 @@
 """Connection and server commands (docs/protocol.md): PING, ECHO, HELLO, AUTH,
-SELECT, CLIENT, INFO, COMMAND, CONFIG, DBSIZE, TIME, QUIT, SHUTDOWN.
+CLIENT, INFO, COMMAND, CONFIG, DBSIZE, TIME, QUIT, SHUTDOWN.
 
 These are what redis-py, redis-cli and redis-benchmark send around the real work, so
 each answers the way Redis 7.2 does. The plain keyspace's commands live in ``keys.py``,
-``strings.py``, ``hashes.py`` and ``zsets.py``; DBSIZE counts its keys, never V-store
-sessions.
+``strings.py``, ``hashes.py`` and ``zsets.py``; DBSIZE counts the selected database's
+keys, never V-store sessions (SELECT is ``databases.py``'s).
 """
 
 from __future__ import annotations
@@ -118,13 +118,6 @@ def _hello(ctx: Context, args: Sequence[bytes]) -> Reply:
     }
 
 
-def _select(ctx: Context, args: Sequence[bytes]) -> Reply:
-    db = Args(args, "SELECT").integer("index")
-    if db != 0:
-        raise PionError("DB index is out of range")
-    return Simple("OK")
-
-
 def _printable(raw: bytes) -> bool:
     """Redis's validateClientName/validateClientAttr: only '!'..'~' (no spaces, no
     control bytes, nothing outside ASCII)."""
@@ -145,7 +138,7 @@ def _client_line(ctx: Context, client_id: int) -> str:
     counts = (0, 0, 0) if subs is None else tuple(len(n) for n in subs.names)
     flags = "N" if subs is None else "P"
     return (
-        f"id={c.id} addr={c.addr} laddr={c.laddr} name={c.name} age={age} flags={flags} db=0 "
+        f"id={c.id} addr={c.addr} laddr={c.laddr} name={c.name} age={age} flags={flags} db={c.db} "
         f"sub={counts[0]} psub={counts[1]} ssub={counts[2]} "
         f"resp={c.proto} lib-name={c.lib_name} lib-ver={c.lib_ver} cmd={c.last_command.lower()}"
     )
@@ -340,6 +333,7 @@ KEY_POSITIONS: dict[str, tuple[int, int, int]] = {
     "LREM": (1, 1, 1),
     "LSET": (1, 1, 1),
     "LTRIM": (1, 1, 1),
+    "MOVE": (1, 1, 1),
     "MGET": (1, -1, 1),
     "MSET": (1, -1, 2),
     "MSETNX": (1, -1, 2),
@@ -451,7 +445,6 @@ COMMANDS: list[Command] = [
     Command("ECHO", _echo, 2, frozenset({"fast"}), "Echo the argument"),
     Command("HELLO", _hello, -1, _ANY, "Handshake: protocol version, AUTH, SETNAME"),
     Command("AUTH", _auth, -2, _ANY, "Authenticate the connection"),
-    Command("SELECT", _select, 2, frozenset({"fast", "loading"}), "Only database 0 exists"),
     Command("CLIENT", _client, -2, frozenset({"loading"}), "Connection introspection"),
     Command("INFO", _info, -1, frozenset({"loading"}), "Server information by section"),
     Command("COMMAND", _command, -1, frozenset({"loading"}), "Command table introspection"),

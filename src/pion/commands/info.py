@@ -88,7 +88,7 @@ def _clients(ctx: Context) -> list[str]:
         f"maxclients:{ctx.state.config.maxclients}",
         # Clients waiting in BLPOP, BZPOPMIN, XREAD BLOCK and the other blocking
         # commands (pion.commands.blocking); redis-cli --stat shows this column.
-        f"blocked_clients:{blocked_count(ctx.state.keyspace)}",
+        f"blocked_clients:{blocked_count(ctx.state.databases)}",
     ]
 
 
@@ -117,7 +117,7 @@ def _memory(ctx: Context) -> list[str]:
         f"rss_anon:{anon_bytes()}",
         f"vstore_bytes:{vs.vstore_bytes}",
         f"vstore_bytes_allocated:{vs.bytes_allocated}",
-        f"keyspace_bytes:{state.keyspace.used_bytes}",
+        f"keyspace_bytes:{state.databases.used_bytes}",
         # Redis's name: every client's query buffer and unsent replies, measured now.
         f"mem_clients_normal:{clients}",
         f"maxmemory_clients:{state.config.maxmemory_clients}",
@@ -144,7 +144,7 @@ def _stats(ctx: Context) -> list[str]:
     c = ctx.state.counters
     vs = ctx.state.vstore
     tables = ctx.state.attention
-    ks = ctx.state.keyspace
+    dbs = ctx.state.databases
     pubsub = ctx.state.pubsub
     return [
         f"total_connections_received:{c.total_connections_received}",
@@ -164,11 +164,11 @@ def _stats(ctx: Context) -> list[str]:
         f"sdpa_rehydrates:{tables.rehydrates}",
         f"sdpa_cold_forgotten:{tables.forgotten}",
         f"ssm_entries:{len(ctx.state.ssm)}",
-        f"expired_keys:{ks.expired_keys}",
+        f"expired_keys:{dbs.total('expired_keys')}",
         f"evicted_keys:{ctx.state.memory.evicted_keys}",
-        f"expired_subkeys:{ks.expired_fields}",
-        f"keyspace_hits:{ks.hits}",
-        f"keyspace_misses:{ks.misses}",
+        f"expired_subkeys:{dbs.total('expired_fields')}",
+        f"keyspace_hits:{dbs.total('hits')}",
+        f"keyspace_misses:{dbs.total('misses')}",
         f"pubsub_channels:{len(pubsub.table[Kind.CHANNEL])}",
         f"pubsub_patterns:{len(pubsub.table[Kind.PATTERN])}",
         f"pubsubshard_channels:{len(pubsub.table[Kind.SHARD])}",
@@ -187,16 +187,19 @@ def _tier(ctx: Context) -> list[str]:
 
 
 def _keyspace(ctx: Context) -> list[str]:
-    # Redis's line for database 0, left out while it is empty (as Redis does). Only the
-    # plain keyspace: V-store sessions are counted by KV.PREFIX.INFO.
-    ks = ctx.state.keyspace
-    if not len(ks):
-        return []
-    # subexpiry: the hashes with some field deadline (Redis 7.4's field).
-    subexpiry = len(ks.field_ttls.by_key)
-    return [
-        f"db0:keys={len(ks)},expires={ks.volatile},avg_ttl={ks.avg_ttl()},subexpiry={subexpiry}"
-    ]
+    # Redis's line per database, each left out while it is empty (as Redis does). Only
+    # the plain keyspace: V-store sessions are counted by KV.PREFIX.INFO.
+    lines = []
+    for ks in ctx.state.databases:
+        if not len(ks):
+            continue
+        # subexpiry: the hashes with some field deadline (Redis 7.4's field).
+        subexpiry = len(ks.field_ttls.by_key)
+        lines.append(
+            f"db{ks.db}:keys={len(ks)},expires={ks.volatile},avg_ttl={ks.avg_ttl()},"
+            f"subexpiry={subexpiry}"
+        )
+    return lines
 
 
 _SECTIONS: dict[str, tuple[str, Callable[[Context], list[str]]]] = {

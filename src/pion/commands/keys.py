@@ -222,17 +222,28 @@ def _flush(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
     # nor any other waits for the whole of it at once.
     if len(args) > 1 or (args and _keyword(args[0]) not in ("SYNC", "ASYNC")):
         raise PionError(_SYNTAX)
-    old = ctx.state.keyspace.flush()
-    if len(old) <= BIG_REPLY:
+    olds = [ctx.state.keyspace.flush()]
+    if len(olds[0]) <= BIG_REPLY:
         return Simple("OK")
-    return work_steps(_free(old), taken=True)
+    return work_steps(_free(olds), taken=True)
 
 
-def _free(old: dict[bytes, Entry]) -> Generator[None, None, Reply]:
-    while old:
-        for _ in range(min(len(old), STEP_ITEMS)):
-            old.popitem()
-        yield
+def _flushall(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
+    """FLUSHALL: every database, as FLUSHDB frees them."""
+    if len(args) > 1 or (args and _keyword(args[0]) not in ("SYNC", "ASYNC")):
+        raise PionError(_SYNTAX)
+    olds = ctx.state.databases.flush_all()
+    if sum(map(len, olds)) <= BIG_REPLY:
+        return Simple("OK")
+    return work_steps(_free(olds), taken=True)
+
+
+def _free(olds: list[dict[bytes, Entry]]) -> Generator[None, None, Reply]:
+    for old in olds:
+        while old:
+            for _ in range(min(len(old), STEP_ITEMS)):
+                old.popitem()
+            yield
     return Simple("OK")
 
 
@@ -255,6 +266,6 @@ COMMANDS: list[Command] = [
     Command("TYPE", _type, 2, _READ, "The type of a key's value"),
     Command("SCAN", _scan, -2, frozenset({"readonly"}), "Iterate over the keys"),
     Command("KEYS", _keys, 2, frozenset({"readonly"}), "Every key matching a pattern"),
-    Command("FLUSHDB", _flush, -1, frozenset({"write"}), "Remove every key"),
-    Command("FLUSHALL", _flush, -1, frozenset({"write"}), "Remove every key (one database)"),
+    Command("FLUSHDB", _flush, -1, frozenset({"write"}), "Remove the selected database's keys"),
+    Command("FLUSHALL", _flushall, -1, frozenset({"write"}), "Remove every database's keys"),
 ]

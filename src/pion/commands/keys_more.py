@@ -1,8 +1,8 @@
 """More generic key commands: RENAME, RENAMENX, COPY, RANDOMKEY, TOUCH, OBJECT
 ENCODING|FREQ|IDLETIME|REFCOUNT|HELP, with Redis 7.0's replies and error texts.
 
-There is one database (0): COPY's ``DB`` option takes only 0 and answers any other
-index "DB index is out of range", as SELECT does.
+COPY's ``DB`` option copies into another database (``Keyspace.copy_to``), its index
+checked as SELECT checks one (``databases.py``).
 
 OBJECT ENCODING names what Redis 7.0 would use for a value of this shape: a string is
 ``int`` (an integer Redis's ``string2l`` reads, at most 20 bytes), ``embstr`` (at most
@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
+from pion.commands.databases import db_index
 from pion.commands.state import Command, Context
 from pion.errors import PionError
 from pion.keyspace.entries import Value
@@ -100,30 +101,26 @@ def _renamenx(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 def _copy(ctx: Context, args: Sequence[bytes]) -> Reply:
     replace = False
+    source = target = ctx.state.keyspace
     i = 2
     while i < len(args):
         word = args[i].upper()
         if word == b"REPLACE":
             replace = True
         elif word == b"DB" and i + 1 < len(args):
-            db = parse_int64(args[i + 1])
-            if db is None:
-                raise PionError("value is not an integer or out of range")
-            if not -(1 << 31) <= db < 1 << 31:
-                raise PionError(
-                    "value is out of range, value must between -2147483648 and 2147483647"
-                )
-            if db != 0:
-                raise PionError("DB index is out of range")
+            target = ctx.state.databases[db_index(ctx, args[i + 1])]
             i += 1
         else:
             raise PionError("syntax error")
         i += 1
-    if args[0] == args[1]:
+    if target is source and args[0] == args[1]:
         raise PionError("source and destination objects are the same")
-    copied = ctx.state.keyspace.copy(args[0], args[1], replace)
+    if target is source:
+        copied = source.copy(args[0], args[1], replace)
+    else:
+        copied = source.copy_to(args[0], args[1], target, replace)
     if copied:
-        notify(ctx.state, GENERIC, "copy_to", args[1])
+        notify(ctx.state, GENERIC, "copy_to", args[1], target.db)
     return int(copied)
 
 

@@ -89,7 +89,8 @@ def _memory_usage(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 def _memory_stats(ctx: Context) -> Reply:
     state = ctx.state
-    ks = state.keyspace
+    dbs = state.databases
+    keys, key_bytes = dbs.keys(), dbs.used_bytes
     measure = state.client_memory
     clients = measure() if measure is not None else 0
     memory = state.memory
@@ -100,12 +101,12 @@ def _memory_stats(ctx: Context) -> Reply:
         "total.allocated": used,
         "startup.allocated": memory.startup,
         "clients.normal": clients,
-        "keys.count": len(ks),
-        "keys.bytes-per-key": ks.used_bytes // len(ks) if len(ks) else 0,
+        "keys.count": keys,
+        "keys.bytes-per-key": key_bytes // keys if keys else 0,
         "dataset.bytes": dataset,
         "dataset.percentage": 100.0 * dataset / used if used else 0.0,
         "peak.percentage": 100.0 * used / peak if peak else 0.0,
-        "keyspace.bytes": ks.used_bytes,
+        "keyspace.bytes": key_bytes,
         "vstore.bytes": state.vstore.vstore_bytes,
         "rss": rss,
     }

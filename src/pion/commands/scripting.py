@@ -106,7 +106,9 @@ def run_script(  # noqa: PLR0917 - the parts of one script run, all required
     off the loop (``scriptbusy``), else here. ``function``: FCALL's command, when
     ``fn`` is a function's callback (``sha`` its name)."""
     caller = ctx.client
-    inner = ClientState(id=caller.id, proto=2, authenticated=True, name=caller.name)
+    # Its own database too: a SELECT in the script changes the script's, not the
+    # caller's (Redis 7).
+    inner = ClientState(id=caller.id, proto=2, authenticated=True, name=caller.name, db=caller.db)
     script_ctx = Context(ctx.state, inner, ctx.table)
     state = ctx.state
     loop = _running_loop() if ctx.may_wait else None

@@ -27,6 +27,7 @@ from pion.commands.stats import CommandStats
 from pion.config import ServerConfig
 from pion.export.cache import ExportCache
 from pion.keyspace import Keyspace
+from pion.keyspace.databases import Databases
 from pion.prefix.receipt import Receipt
 from pion.prefix.registry import PrefixRegistry
 from pion.pubsub import PubSub
@@ -150,8 +151,12 @@ class ServerState:
     scripts: Scripts | None = None
     # True while EXEC or a script writes its log records as one unit.
     in_unit: bool = False
-    # The plain keyspace (strings, hashes, sorted sets), beside the V-store.
-    keyspace: Keyspace = field(default_factory=Keyspace)
+    # The plain keyspace's numbered databases (SELECT), beside the V-store, and the
+    # one the command running now acts on: the dispatcher points it at the client's
+    # selected database before each handler (``execution.call``), so a handler reads
+    # ``state.keyspace`` and never asks which database it is in.
+    databases: Databases = field(init=False)
+    keyspace: Keyspace = field(init=False)
     # Pub/sub's subscriptions and output limits (pion.pubsub), and the enabled
     # keyspace notifications (pion.notify: notify-keyspace-events).
     pubsub: PubSub = field(default_factory=PubSub)
@@ -171,18 +176,20 @@ class ServerState:
             cfg.attend_warm_slots, cfg.attend_cold_slots, cfg.attend_maxmemory
         )
         self.ssm = SsmStore(cfg.ssm_maxmemory)
+        self.databases = databases = Databases(cfg.databases)
+        self.keyspace = databases[0]
         # One --maxmemory on used_memory for every store, its startup part measured
         # here, before recovery loads anything; a write that does not fit evicts
-        # V-store namespaces, then keys by maxmemory-policy (budget.py).
+        # V-store namespaces, then keys of any database by maxmemory-policy (budget.py).
         self.memory = MemoryBudget(
             self.vstore,
-            self.keyspace,
+            databases,
             self.attention,
             self.ssm,
             startup=anon_bytes(),
             policy=cfg.maxmemory_policy,
         )
-        self.keyspace.budget = self.vstore.make_room
+        databases.set_budget(self.vstore.make_room)
 
     def uptime(self) -> int:
         return int(time.monotonic() - self.started_monotonic)
@@ -197,6 +204,7 @@ class ClientState:
     laddr: str = ""
     proto: int = 2
     authenticated: bool = False
+    db: int = 0  # the selected database (SELECT)
     name: str = ""
     lib_name: str = ""
     lib_ver: str = ""

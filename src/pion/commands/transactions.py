@@ -10,23 +10,24 @@ run at once even inside MULTI (MULTI, EXEC, DISCARD, WATCH and QUIT, as in Redis
 
 What can be queued: every keyspace, ``V.*``, ``KV.PREFIX.*``, ``SSM.*``, ``ATTEND.*``
 and server command, except those in :data:`NOT_QUEUED`: the connection-state commands
-(AUTH, HELLO, SELECT, CLIENT), SHUTDOWN, and KV.PREFIX.SAVE and KV.PREFIX.COMMIT, which
+(AUTH, HELLO, CLIENT), SHUTDOWN, and KV.PREFIX.SAVE and KV.PREFIX.COMMIT, which
 act on the log the transaction is being written to. Those answer
 ``-ERR Command not allowed inside a transaction`` and fail the transaction.
 
-EXEC runs the queued commands one after the other on the event loop thread, with no
-other client's command in between (the loop does not yield inside a handler), so nobody
-sees the transaction half-applied. Each runs through the one error boundary
-(``pion.commands.execution``); a command whose work is normally deferred (offloaded, in
-steps, streamed) runs inline, and one that would wait answers as if its time had run
-out, as a blocking command does inside Redis's MULTI. Steps that only encode what their
-command took (a large KEYS, a large reply) are kept, and EXEC's reply is sent in steps
-(``chunked.encoded_array``), so a large transaction's reply does not hold the loop. A
-runtime error fails that command only: its reply is the error and the others run. Their
-log records become one unit (``begin_unit``/``end_unit`` of the persistence layer;
-``pion.persistence.txn_format``): a crash leaves all of an EXEC's writes in the log or
-none, and under ``appendfsync always`` the EXEC reply waits for the fsync of that one
-record like any write's reply.
+A SELECT queued inside MULTI switches the database of the queued commands after it (and
+the client's, as in Redis). EXEC runs the queued commands one after the other on the
+event loop thread, with no other client's command in between (the loop does not yield
+inside a handler), so nobody sees the transaction half-applied. Each runs through the
+one error boundary (``pion.commands.execution``); a command whose work is normally
+deferred (offloaded, in steps, streamed) runs inline, and one that would wait answers as
+if its time had run out, as a blocking command does inside Redis's MULTI. Steps that
+only encode what their command took (a large KEYS, a large reply) are kept, and EXEC's
+reply is sent in steps (``chunked.encoded_array``), so a large transaction's reply does
+not hold the loop. A runtime error fails that command only: its reply is the error and
+the others run. Their log records become one unit (``begin_unit``/``end_unit`` of the
+persistence layer; ``pion.persistence.txn_format``): a crash leaves all of an EXEC's
+writes in the log or none, and under ``appendfsync always`` the EXEC reply waits for the
+fsync of that one record like any write's reply.
 
 Refused before anything runs, the transaction discarded: a log that is failing while
 the transaction holds a write command (``-EXECABORT Transaction discarded because of:
@@ -34,12 +35,13 @@ MISCONF ...``, as Redis), and under ``-w N`` a command on a session or namespace
 another worker owns (``-EXECABORT Transaction discarded because of: ERR ... session
 lives on worker N``; that command's queuing already answered the redirect).
 
-WATCH is bookkeeping in the stores (:mod:`pion.watch`): a name is watched as a
-keyspace key, as a V-store session id, and as a registry namespace (its two sessions
-``<name>_pk`` and ``<name>_pv``). Any change through the stores' mutation primitives
-(write, delete, expiry, eviction, flush) by anyone, this client included, makes EXEC
-answer nil (``*-1`` in RESP2, ``_`` in RESP3); so does a watched key's deadline passing
-before EXEC. EXEC, DISCARD, UNWATCH and disconnecting forget the client's watches.
+WATCH is bookkeeping in the stores (:mod:`pion.watch`): a name is watched as a key of
+the client's selected database, as a V-store session id, and as a registry namespace
+(its two sessions ``<name>_pk`` and ``<name>_pv``). Any change through the stores'
+mutation primitives (write, delete, expiry, eviction, flush) by anyone, this client
+included, makes EXEC answer nil (``*-1`` in RESP2, ``_`` in RESP3); so does a watched
+key's deadline passing before EXEC. EXEC, DISCARD, UNWATCH and disconnecting forget the
+client's watches.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ __all__ = [
 IMMEDIATE = frozenset({"MULTI", "EXEC", "DISCARD", "WATCH", "QUIT"})
 # Refused inside MULTI, failing the transaction (module docstring).
 NOT_QUEUED = frozenset(
-    {"AUTH", "HELLO", "SELECT", "CLIENT", "SHUTDOWN", "KV.PREFIX.SAVE", "KV.PREFIX.COMMIT"}
+    {"AUTH", "HELLO", "CLIENT", "SHUTDOWN", "KV.PREFIX.SAVE", "KV.PREFIX.COMMIT"}
 )
 # What one client's open transaction may hold: a bound, so MULTI followed by an endless
 # stream of commands cannot grow the server without limit.
@@ -185,8 +187,8 @@ def _watch(ctx: Context, args: Sequence[bytes]) -> Reply:
     keyspace, vstore = state.keyspace, state.vstore
     for raw in args:
         name = bytes(raw)
-        if name not in token.keys:
-            token.keys[name] = keyspace.past_deadline(name)
+        if (keyspace.db, name) not in token.keys:
+            token.keys[keyspace.db, name] = keyspace.past_deadline(name)
             keyspace.watchers.add(name, token)
         for sid in (name, *namespace_sids(name)):
             if sid not in token.sessions:
@@ -205,8 +207,8 @@ def _unwatch(state: ServerState, client: ClientState) -> None:
     if token is None:
         return
     client.watch = None
-    for key in token.keys:
-        state.keyspace.watchers.remove(key, token)
+    for db, key in token.keys:
+        state.databases[db].watchers.remove(key, token)
     for sid in token.sessions:
         state.vstore.watchers.remove(sid, token)
 
@@ -217,8 +219,8 @@ def _changed(state: ServerState, token: WatchToken | None) -> bool:
         return False
     if token.dirty:
         return True
-    keyspace = state.keyspace
-    return any(not was and keyspace.past_deadline(k) for k, was in token.keys.items())
+    dbs = state.databases
+    return any(not was and dbs[db].past_deadline(k) for (db, k), was in token.keys.items())
 
 
 def _exec(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:

@@ -1,8 +1,11 @@
 """The plain keyspace: strings, hashes, sorted sets, lists, sets and streams with expiry, for Pion's
 PrefixStore (its lineage index) and LMCache (its K/V chunks), beside the V-store and
-independent of it (DBSIZE, DEL, SCAN, KEYS, FLUSHDB act on the keyspace only).
+independent of it (DBSIZE, DEL, SCAN, KEYS, FLUSHDB act on the keyspace only), in
+16 numbered databases (SELECT); the V-store is in none of them.
 
-Reading order: ``store.py`` (the :class:`Keyspace`: reads, writes, expiry, snapshot),
+Reading order: ``store.py`` (the :class:`Keyspace`: writes, expiry, snapshot) with
+``lookups.py`` (its reads and journaling), ``databases.py`` (the numbered databases:
+SELECT's choice, MOVE, SWAPDB, FLUSHALL),
 ``primitives.py`` (the keys' table and the primitives every change goes through, which
 replay a record and tell WATCH) with ``listset.py`` (those of lists and sets),
 ``mutations.py`` (the records every change is made
@@ -28,14 +31,17 @@ Persistence is ``pion.persistence``'s (``keyspace_durable.py``), the commands ar
 
 from __future__ import annotations
 
+from pion.keyspace.databases import DEFAULT_DATABASES, Databases
 from pion.keyspace.entries import Kind, Value
 from pion.keyspace.expiry import SWEEP_INTERVAL_S, SWEEP_MAX_KEYS, now_ms
 from pion.keyspace.mutations import (
     CopyKey,
+    CopyToDb,
     DeleteFields,
     DeleteKeys,
     DeleteMembers,
     Flush,
+    FlushAll,
     KeyMutation,
     ListInsert,
     ListMove,
@@ -45,9 +51,11 @@ from pion.keyspace.mutations import (
     ListReplace,
     ListSet,
     ListTrim,
+    MoveKey,
     NewKey,
     RenameKey,
     ReplaceScores,
+    SelectDb,
     SetAdd,
     SetDeadline,
     SetFields,
@@ -60,19 +68,24 @@ from pion.keyspace.mutations import (
     SetString,
     SetStrings,
     StreamChange,
+    SwapDbs,
 )
 from pion.keyspace.sortedset import SortedSet
 from pion.keyspace.store import Budget, KeyJournal, Keyspace
 
 __all__ = [
+    "DEFAULT_DATABASES",
     "SWEEP_INTERVAL_S",
     "SWEEP_MAX_KEYS",
     "Budget",
     "CopyKey",
+    "CopyToDb",
+    "Databases",
     "DeleteFields",
     "DeleteKeys",
     "DeleteMembers",
     "Flush",
+    "FlushAll",
     "KeyJournal",
     "KeyMutation",
     "Keyspace",
@@ -85,9 +98,11 @@ __all__ = [
     "ListReplace",
     "ListSet",
     "ListTrim",
+    "MoveKey",
     "NewKey",
     "RenameKey",
     "ReplaceScores",
+    "SelectDb",
     "SetAdd",
     "SetDeadline",
     "SetFieldTTLs",
@@ -101,6 +116,7 @@ __all__ = [
     "SetStrings",
     "SortedSet",
     "StreamChange",
+    "SwapDbs",
     "Value",
     "now_ms",
 ]

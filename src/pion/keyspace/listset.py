@@ -70,10 +70,14 @@ class ListSetTable(KeyTable):
         # were last served; cleared by whoever serves them.
         self.waiting: dict[bytes, deque[object]] = {}
         self.ready: set[bytes] = set()
+        # The tables with ready keys; one set shared by the numbered databases
+        # (``databases.py``), so one test after each command finds them all.
+        self.alarm: set[ListSetTable] = set()
 
     def _signal(self, key: bytes) -> None:
         if key in self.waiting:
             self.ready.add(key)
+            self.alarm.add(self)
 
     def _put(self, key: bytes, value: Value, deadline: int, size: int = -1) -> None:
         super()._put(key, value, deadline, size)

@@ -31,7 +31,17 @@ record               meaning
 ``SetScores``        ZADD: members of a sorted set get these scores (created if
                      absent)
 ``DeleteMembers``    ZREM: members removed (a sorted set left empty disappears)
-``Flush``            FLUSHDB/FLUSHALL: every key disappears
+``Flush``            FLUSHDB: every key of the database disappears
+``FlushAll``         FLUSHALL: every key of every database disappears
+``MoveKey``          MOVE: a key moves with its value and deadline to database
+                     ``db`` (which lacks it)
+``CopyToDb``         COPY ... DB: a copy of a key's value and deadline replaces
+                     whatever ``destination`` held in database ``db``
+``SwapDbs``          SWAPDB: databases ``a`` and ``b`` exchange their contents
+``SelectDb``         the log's records after it, until the next one, are of
+                     database ``db`` (never applied to a keyspace: the persistence
+                     layer writes it when a record's database differs from the
+                     last one's, as Redis's AOF writes SELECT)
 ``RenameKey``        RENAME: a key moves to a new name with its value and deadline,
                      replacing whatever the new name held
 ``CopyKey``          COPY: a key's value and deadline are copied to a new name,
@@ -76,11 +86,13 @@ from pion.keyspace.streamops import StreamEffect
 
 __all__ = [
     "CopyKey",
+    "CopyToDb",
     "DeleteFields",
     "DeleteKeys",
     "DeleteMembers",
     "DeleteReason",
     "Flush",
+    "FlushAll",
     "KeyMutation",
     "ListInsert",
     "ListMove",
@@ -90,10 +102,12 @@ __all__ = [
     "ListReplace",
     "ListSet",
     "ListTrim",
+    "MoveKey",
     "NewKey",
     "Payload",
     "RenameKey",
     "ReplaceScores",
+    "SelectDb",
     "SetAdd",
     "SetDeadline",
     "SetFieldTTLs",
@@ -106,6 +120,7 @@ __all__ = [
     "SetString",
     "SetStrings",
     "StreamChange",
+    "SwapDbs",
 ]
 
 # A buffer-protocol payload (what the request decoder and the snapshot reader hand us).
@@ -171,6 +186,35 @@ class DeleteMembers:
 @dataclass(frozen=True, slots=True)
 class Flush:
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class FlushAll:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class MoveKey:
+    key: bytes
+    db: int
+
+
+@dataclass(frozen=True, slots=True)
+class CopyToDb:
+    source: bytes
+    destination: bytes
+    db: int
+
+
+@dataclass(frozen=True, slots=True)
+class SwapDbs:
+    a: int
+    b: int
+
+
+@dataclass(frozen=True, slots=True)
+class SelectDb:
+    db: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,4 +365,9 @@ KeyMutation: TypeAlias = (
     | SetReplace
     | SetMove
     | StreamChange
+    | FlushAll
+    | MoveKey
+    | CopyToDb
+    | SwapDbs
+    | SelectDb
 )

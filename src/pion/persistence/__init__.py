@@ -3,7 +3,9 @@
 Reading order: ``stores.py`` (what a durable store provides: the V-store, the
 keyspace), ``format.py`` (the byte-level specification of both files, with each
 store's records in ``vstore_format.py``, ``keyspace_format.py`` (with
-``stream_format.py``: a stream's changes), ``functions_format.py`` (Redis functions'
+``keyspace_fields.py``, the pieces its records are built of, ``collection_format.py``,
+the changes of lists, sets and the numbered databases, and ``stream_format.py``: a
+stream's changes), ``functions_format.py`` (Redis functions'
 libraries, with their store's adapter) and ``txn_format.py``: an EXEC's writes as
 one record),
 ``reader.py`` (reading records back; torn tail versus corruption), ``wal.py``
@@ -12,8 +14,8 @@ one record),
 MISCONF and the way back), ``check.py`` and ``cli.py`` (``pion check-wal``). ``files.py`` and
 ``faults.py`` are the checked file operations and the test-only fault hook;
 ``registry.py`` lists every store's op codes; ``vstore_durable.py``,
-``keyspace_durable.py`` and ``ssm_durable.py`` adapt the stores to the durable-store
-protocol.
+``keyspace_durable.py`` (with the SELECT records that say which database a record is
+of) and ``ssm_durable.py`` adapt the stores to the durable-store protocol.
 
 Depends on ``vstore``, ``keyspace``, ``ssm`` and ``scripting.functions`` (the stores
 it keeps), ``codecs``,

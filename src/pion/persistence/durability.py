@@ -56,7 +56,7 @@ from pion.errors import MisconfError, PionError
 from pion.persistence import faults, recovery
 from pion.persistence.format import SnapshotHeader
 from pion.persistence.snapshot import write_frames
-from pion.persistence.stores import DurableStore, Frame
+from pion.persistence.stores import DurableStore, FollowsLog, Frame
 from pion.persistence.vstore_durable import VStoreDurable, VStoreJournal
 from pion.persistence.wal import WriteAheadLog
 from pion.vstore import Mutation, VStore
@@ -189,6 +189,7 @@ class Persistence:
                 self.wal.open(res.wal_bytes, res.last_seq)
             else:
                 self.wal.reset(res.last_seq + 1)
+                self._log_reset()
             self.wal.start_background()
         for store in self.stores:
             store.attach(self)
@@ -404,6 +405,7 @@ class Persistence:
                 units += stats.units
             if default and self.wal is not None:
                 self.wal.reset(covered + 1)
+                self._log_reset()
         except OSError as exc:
             if default:
                 self.last_save_ok = False
@@ -416,6 +418,13 @@ class Persistence:
             self._last_save_mono = time.monotonic()
             self.snapshot_bytes = written
         log.info("snapshot %s: %d sessions and keys, %d bytes", target, units, written)
+
+    def _log_reset(self) -> None:
+        """Tell the stores whose records depend on the file's earlier ones
+        (``stores.FollowsLog``) that the log starts anew."""
+        for store in self.stores:
+            if isinstance(store, FollowsLog):
+                store.log_reset()
 
     def _resolve(self, relative: str) -> Path:
         # The command checked the text; this is the last line of defence against a

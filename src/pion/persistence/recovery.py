@@ -55,7 +55,7 @@ from pion.persistence import faults
 from pion.persistence.format import WAL_HEADER, FormatError, SnapshotHeader, WalHeader
 from pion.persistence.reader import LogDamage, Record, read_records
 from pion.persistence.snapshot import SNAPSHOT_HEADER_SIZE, iter_frames
-from pion.persistence.stores import DurableStore, SizesSnapshots
+from pion.persistence.stores import DurableStore, FollowsLog, SizesSnapshots
 from pion.persistence.txn_format import OP_TXN, decode_txn
 from pion.persistence.vstore_durable import VStoreDurable
 from pion.vstore import VStore
@@ -343,6 +343,8 @@ def _apply_record(
             continue
         if seq <= covered[store.name]:
             res.skipped += 1
+            if isinstance(store, FollowsLog):
+                store.skip_frame(inner_op, body)
             continue
         store.apply_frame(inner_op, body)
         applied = True

@@ -36,7 +36,14 @@ from typing import BinaryIO, NamedTuple, Protocol, runtime_checkable
 
 from pion.persistence.format import Buffer
 
-__all__ = ["FREEING_COMMANDS", "DurableStore", "Frame", "FrameSink", "SizesSnapshots"]
+__all__ = [
+    "FREEING_COMMANDS",
+    "DurableStore",
+    "FollowsLog",
+    "Frame",
+    "FrameSink",
+    "SizesSnapshots",
+]
 
 # The commands that only free space: accepted while persistence refuses writes
 # (-MISCONF), since removing data is how an operator makes room. Their records are
@@ -141,3 +148,17 @@ class SizesSnapshots(Protocol):
         trust: loading reports damage), and return the function that applies the
         snapshot's records in place of ``apply_frame``."""
         ...
+
+
+@runtime_checkable
+class FollowsLog(Protocol):
+    """Optional beside :class:`DurableStore`: a store whose records depend on the ones
+    before them in the same file (the keyspace's SELECT records say which database the
+    records after them are of; ``keyspace_durable.py``)."""
+
+    def skip_frame(self, op: int, payload: Buffer) -> None:
+        """A log record of this store that its snapshot already covers: not applied,
+        but read for the context it sets for the records after it."""
+
+    def log_reset(self) -> None:
+        """The log was replaced by an empty one: the next record starts a new file."""

@@ -149,8 +149,8 @@ def execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int | Deferred 
     After the command (after a whole EXEC), clients blocked on keys it filled are
     served (``pion.commands.blocking``), as Redis does after each command."""
     result = _execute(ctx, argv, out)
-    if ctx.state.keyspace.ready:
-        serve(ctx.state.keyspace)
+    if ctx.state.databases.alarm:
+        serve(ctx.state)
     return result
 
 

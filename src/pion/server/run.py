@@ -81,7 +81,7 @@ def build_state(config: ServerConfig) -> ServerState:
         config,
         vstore,
         SsmDurable(state.ssm),
-        KeyspaceDurable(state.keyspace),
+        KeyspaceDurable(state.databases),
         FunctionsDurable(scripts.libraries),
     )
     persistence.open()
@@ -249,13 +249,13 @@ class _Sweeps:
     SWEEP_MAX_KEYS keys whose deadline passed (``pion.keyspace.expiry``)."""
 
     def __init__(self, state: ServerState) -> None:
-        self.keyspace = state.keyspace
+        self.databases = state.databases
         self.loop = asyncio.get_running_loop()
         self.handle = self.loop.call_later(SWEEP_INTERVAL_S, self.tick)
 
     def tick(self) -> None:
         try:
-            self.keyspace.sweep(SWEEP_MAX_KEYS)
+            self.databases.sweep(SWEEP_MAX_KEYS)
         except Exception:  # a bug must not stop expiry for the rest of the run
             log.exception("keyspace expiry sweep failed")
         self.handle = self.loop.call_later(SWEEP_INTERVAL_S, self.tick)
