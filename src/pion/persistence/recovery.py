@@ -207,22 +207,7 @@ def _replay_log(
     missing: list[tuple[str, Path]],
 ) -> Iterator[None]:
     size = path.stat().st_size if path.exists() else 0
-    if path.exists() and size < WAL_HEADER_SIZE:
-        # The header is written to a temp file, fsynced and renamed into place, so a
-        # short one was never a log we appended to.
-        log.warning("%s: %d bytes, shorter than a log header; starting a new log", path, size)
-    header: WalHeader | None = None
-    if size >= WAL_HEADER_SIZE:
-        with open(path, "rb") as f:
-            try:
-                header = WalHeader.decode(f.read(WAL_HEADER_SIZE))
-            except FormatError as exc:
-                raise RecoveryError(
-                    f"{path}: {exc.message} at offset 0. Startup stopped. The header "
-                    f"cannot be repaired (`pion check-wal {path}` shows what follows it): "
-                    "restore the log from a backup, or move it away to start from the "
-                    "snapshot alone (losing the writes logged since)."
-                ) from None
+    header = _read_header(path, size)
     _cover_missing(missing, header.start if header is not None else 1, res)
     covered = {name: res.covered_by.get(name, 0) for name in {s.name for s in owners.values()}}
     oldest = min(covered.values(), default=0)
@@ -235,38 +220,10 @@ def _replay_log(
     with open(path, "rb", buffering=_READ_BUFFER) as f:
         if header.worker != worker:
             raise RecoveryError(f"{path} belongs to worker {header.worker}, not {worker}")
-        lost = [p for name, p in missing if covered.get(name, 0) == 0]
-        if header.start > oldest + 1 and lost:
-            files = ", ".join(str(p) for p in lost)
-            if not _holds_records(f, size, header.start):
-                stores = " and ".join(f"an empty {n}" for n, p in missing if p in lost)
-                log.warning(
-                    "%s %s missing and %s holds no records (it starts at record %d): "
-                    "starting with %s and a new log. If the snapshot was not removed on "
-                    "purpose, stop the server and put it back before any write.",
-                    files,
-                    "is" if len(lost) == 1 else "are",
-                    path,
-                    header.start,
-                    stores.replace("vstore", "V-store"),
-                )
-                res.started_empty = [n for n, p in missing if p in lost]
-                return
-            names = " and ".join(p.name for p in lost)
-            move = "both" if len(lost) == 1 else "all of"
-            raise RecoveryError(
-                f"{path} starts at record {header.start}: its records need the snapshot "
-                f"{files} (which held records 1..{header.start - 1}), and that file is "
-                f"missing. Startup stopped so that no acknowledged write is dropped "
-                f"silently. Put {names} back from a backup; or, to start empty on "
-                f"purpose, move {move} {names} and {path.name} out of {path.parent}."
-            )
-        if header.start > oldest + 1:
-            raise RecoveryError(
-                f"{path} starts at record {header.start} but the snapshot covers only up "
-                f"to {oldest}: records {oldest + 1}..{header.start - 1} are missing "
-                "(was the snapshot replaced by an older one?)"
-            )
+        if not _log_follows_snapshots(
+            f, path, size, header, oldest=oldest, covered=covered, missing=missing, res=res
+        ):
+            return
         seq = header.start - 1
         try:
             for rec in read_records(f, WAL_HEADER_SIZE, size, header.start):
@@ -285,36 +242,7 @@ def _replay_log(
                 faults.fault("replay")
                 yield
         except LogDamage as exc:
-            d = exc.damage
-            if not d.torn:
-                if d.next_valid >= 0:
-                    where = (
-                        "before the end of the log (a valid record follows at offset "
-                        f"{d.next_valid})"
-                    )
-                else:
-                    where = (
-                        "at the end of the log; the record is complete, so it was written "
-                        "whole and may have been fsynced and acknowledged: this is damage, "
-                        "not a write cut short by a crash"
-                    )
-                raise RecoveryError(
-                    f"{path}: corrupt record at offset {d.offset} ({d.reason}), {where}. "
-                    f"{_repair_hint(path, d.offset)}"
-                ) from None
-            log.warning(
-                "%s: torn write at offset %d (%s): cutting the %d bytes a crash left of "
-                "the last record. It was never wholly fsynced, so under appendfsync "
-                "always it was never acknowledged (under everysec or no it may have been, "
-                "and is lost as those policies allow)",
-                path,
-                d.offset,
-                d.reason,
-                size - d.offset,
-            )
-            _truncate(path, d.offset)
-            res.truncated = size - d.offset
-            size = d.offset
+            size = _cut_torn_tail(path, size, exc, res)
     res.wal_bytes = size
     res.last_seq = max(newest, seq)
     # Keep appending to the log unless every snapshot covers all it holds (an
@@ -323,6 +251,107 @@ def _replay_log(
     # needs the log, so it continues.
     continues = seq > oldest or (seq == oldest and res.skipped == 0)
     res.wal_action = "continue" if continues else "reset"
+
+
+def _read_header(path: Path, size: int) -> WalHeader | None:
+    """The log's header, or None when there is no log to replay."""
+    if path.exists() and size < WAL_HEADER_SIZE:
+        # The header is written to a temp file, fsynced and renamed into place, so a
+        # short one was never a log we appended to.
+        log.warning("%s: %d bytes, shorter than a log header; starting a new log", path, size)
+    if size < WAL_HEADER_SIZE:
+        return None
+    with open(path, "rb") as f:
+        try:
+            return WalHeader.decode(f.read(WAL_HEADER_SIZE))
+        except FormatError as exc:
+            raise RecoveryError(
+                f"{path}: {exc.message} at offset 0. Startup stopped. The header "
+                f"cannot be repaired (`pion check-wal {path}` shows what follows it): "
+                "restore the log from a backup, or move it away to start from the "
+                "snapshot alone (losing the writes logged since)."
+            ) from None
+
+
+def _log_follows_snapshots(
+    f: BinaryIO,
+    path: Path,
+    size: int,
+    header: WalHeader,
+    *,
+    oldest: int,
+    covered: dict[str, int],
+    missing: list[tuple[str, Path]],
+    res: RecoveryResult,
+) -> bool:
+    """Whether the log's first record follows what the snapshots cover. False: a
+    snapshot is missing and the log holds no records, so those stores start empty (a
+    warning); a gap that would drop acknowledged writes stops startup."""
+    if header.start <= oldest + 1:
+        return True
+    lost = [p for name, p in missing if covered.get(name, 0) == 0]
+    if not lost:
+        raise RecoveryError(
+            f"{path} starts at record {header.start} but the snapshot covers only up "
+            f"to {oldest}: records {oldest + 1}..{header.start - 1} are missing "
+            "(was the snapshot replaced by an older one?)"
+        )
+    files = ", ".join(str(p) for p in lost)
+    if _holds_records(f, size, header.start):
+        names = " and ".join(p.name for p in lost)
+        move = "both" if len(lost) == 1 else "all of"
+        raise RecoveryError(
+            f"{path} starts at record {header.start}: its records need the snapshot "
+            f"{files} (which held records 1..{header.start - 1}), and that file is "
+            f"missing. Startup stopped so that no acknowledged write is dropped "
+            f"silently. Put {names} back from a backup; or, to start empty on "
+            f"purpose, move {move} {names} and {path.name} out of {path.parent}."
+        )
+    stores = " and ".join(f"an empty {n}" for n, p in missing if p in lost)
+    log.warning(
+        "%s %s missing and %s holds no records (it starts at record %d): "
+        "starting with %s and a new log. If the snapshot was not removed on "
+        "purpose, stop the server and put it back before any write.",
+        files,
+        "is" if len(lost) == 1 else "are",
+        path,
+        header.start,
+        stores.replace("vstore", "V-store"),
+    )
+    res.started_empty = [n for n, p in missing if p in lost]
+    return False
+
+
+def _cut_torn_tail(path: Path, size: int, exc: LogDamage, res: RecoveryResult) -> int:
+    """A damaged record: a torn last write is cut off (returns the log's new size);
+    damage anywhere else stops startup."""
+    d = exc.damage
+    if not d.torn:
+        if d.next_valid >= 0:
+            where = f"before the end of the log (a valid record follows at offset {d.next_valid})"
+        else:
+            where = (
+                "at the end of the log; the record is complete, so it was written "
+                "whole and may have been fsynced and acknowledged: this is damage, "
+                "not a write cut short by a crash"
+            )
+        raise RecoveryError(
+            f"{path}: corrupt record at offset {d.offset} ({d.reason}), {where}. "
+            f"{_repair_hint(path, d.offset)}"
+        ) from None
+    log.warning(
+        "%s: torn write at offset %d (%s): cutting the %d bytes a crash left of "
+        "the last record. It was never wholly fsynced, so under appendfsync "
+        "always it was never acknowledged (under everysec or no it may have been, "
+        "and is lost as those policies allow)",
+        path,
+        d.offset,
+        d.reason,
+        size - d.offset,
+    )
+    _truncate(path, d.offset)
+    res.truncated = size - d.offset
+    return d.offset
 
 
 def _apply_record(
