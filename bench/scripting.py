@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
     rounds = 1 if args.quick else args.rounds
-    requests = 20_000 if args.quick else 200_000
+    requests = 10_000 if args.quick else 60_000
     cases = [("EVALSHA P1", 1), ("EVALSHA P16", 16)]
     samples: dict[tuple[str, str], list[float]] = {}
     for rnd in range(rounds):
