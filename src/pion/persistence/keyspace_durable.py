@@ -20,14 +20,20 @@ _REMOVES_ONLY = (DeleteKeys, DeleteFields, DeleteMembers, Flush)
 
 
 class KeyspaceJournal:
-    """The keyspace's journal: each mutation as a record to a sink."""
+    """The keyspace's journal: each mutation as a record to a sink. Without a log
+    (``--no-wal``) no record is built, only the change counted: encoding a SET's record
+    cost about as much as the SET itself."""
 
-    __slots__ = ("sink",)
+    __slots__ = ("logging", "sink")
 
     def __init__(self, sink: FrameSink) -> None:
         self.sink = sink
+        self.logging = sink.logging  # fixed for the sink's life (the log is opened once)
 
     def append(self, mutation: KeyMutation) -> None:
+        if not self.logging:
+            self.sink.note_change()
+            return
         op, parts = keyspace_format.encode(mutation)
         self.sink.append_frame(Frame(op, parts, isinstance(mutation, _REMOVES_ONLY)))
 
