@@ -1,4 +1,4 @@
-"""The fast lane of ``dispatch.execute`` (GET, SET, a plain KV.PREFIX.LOOKUP, PING):
+"""The fast lane (``pion.server.lane``: GET, SET, a plain KV.PREFIX.LOOKUP, PING, MULTI, EXEC):
 taken for the commands it covers, and byte for byte what the generic path answers,
 with the same counters, for every case a check would refuse (arity, NOAUTH, LOADING,
 MISCONF, WRONGTYPE), RESP3, large values and spellings outside the lane."""
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pion.server import dispatch
+from pion.server import connection, dispatch
 from pion.server.connection import Connection
 from support.transport import FakeTransport, connect
 
@@ -90,7 +90,7 @@ def test_the_lane_answers_as_the_generic_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fast = run_script(tmp_path / "fast", SCRIPT)
-    monkeypatch.setattr(dispatch, "_LANE", {})
+    monkeypatch.setattr(connection, "lane_of", lambda table: {})
     generic = run_script(tmp_path / "generic", SCRIPT)
     assert fast == generic
     assert b"WRONGTYPE" in fast[0] and b"wrong number of arguments for 'get'" in fast[0]
@@ -101,7 +101,7 @@ def test_noauth_and_loading_leave_the_lane(tmp_path: Path, monkeypatch: pytest.M
     script = [frame(b"GET", b"k"), frame(b"AUTH", b"secret"), frame(b"SET", b"k", b"1")]
     script.append(frame(b"GET", b"k"))
     fast = run_script(tmp_path / "fast", script, requirepass="secret")
-    monkeypatch.setattr(dispatch, "_LANE", {})
+    monkeypatch.setattr(connection, "lane_of", lambda table: {})
     assert fast == run_script(tmp_path / "generic", script, requirepass="secret")
     assert fast[0].startswith(b"-NOAUTH") and fast[0].endswith(b"+OK\r\n$1\r\n1\r\n")
 

@@ -20,6 +20,10 @@ Inside MULTI a command that passed those checks is queued instead of run
 ``CLIENT REPLY OFF|SKIP`` silences a client, :func:`execute` runs its commands as any
 client's and appends nothing (``pion.commands.clientctl``); a deferred one comes back
 :class:`Silenced`.
+
+The small commands of a cache's traffic reach :func:`execute` only when one of those
+rarer cases applies: otherwise the connection runs them through the fast lane
+(``pion.server.lane``), which makes the same checks inline.
 """
 
 from __future__ import annotations
@@ -38,8 +42,8 @@ from pion.commands.state import Command, Context
 from pion.commands.transactions import IMMEDIATE, queue_command, refused_in_multi
 from pion.errors import LoadingError, MisconfError, NoAuthError, PionError
 from pion.persistence.stores import FREEING_COMMANDS
-from pion.resp.encoder import NULL_BULK, SMALL_BULK, Chunks, encode_simple
-from pion.resp.reply import ErrorReply, Reply, Simple
+from pion.resp.encoder import Chunks
+from pion.resp.reply import ErrorReply, Reply
 
 __all__ = ["Silenced", "admit", "dispatch", "execute"]
 
@@ -145,11 +149,6 @@ def _execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int | Deferred
     client = ctx.client
     if client.reply_mode != "on":
         return _silent(ctx, argv, out)
-    name = _LANE.get(argv[0])
-    if name is not None:
-        taken = _fast_lane(ctx, name, argv, out)
-        if taken != -1:
-            return taken
     reply = dispatch(ctx, argv)
     if isinstance(reply, DEFERRED):
         return reply
@@ -175,42 +174,3 @@ def _silent(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int | Deferred 
     if quiet:
         return 0
     return encode(ctx, argv, reply, out)
-
-
-# -- the fast lane -----------------------------------------------------------------
-#
-# The small commands that dominate a cache's traffic (GET, SET key value, a plain
-# KV.PREFIX.LOOKUP, PING) and the brackets of a transaction (MULTI, EXEC: redis-py's
-# default pipeline sends them), as the batch scanner hands them over complete, skip
-# the name decoding: the table spells them as they arrive, and their reply is encoded
-# as one chunk from its type. What they do is unchanged: the same checks, queueing
-# inside MULTI and timing (:func:`_run`). Spellings outside the table (mixed case) and
-# replies switched off take the generic path.
-
-_LANE_COMMANDS = ("GET", "SET", "KV.PREFIX.LOOKUP", "PING", "MULTI", "EXEC")
-_LANE: dict[bytes, str] = {
-    spelling: name for name in _LANE_COMMANDS for spelling in (name.encode(), name.lower().encode())
-}
-
-
-def _fast_lane(ctx: Context, name: str, argv: Sequence[bytes], out: Chunks) -> int | Deferred:
-    """Run ``argv`` (command ``name``) as :func:`execute` does, its reply encoded as one
-    chunk from its type where it can be; -1, nothing done, for an unknown name."""
-    cmd = ctx.table.get(name)
-    if cmd is None:
-        return -1
-    ctx.state.counters.total_commands_processed += 1
-    reply = _run(ctx, cmd, argv)
-    client = ctx.client
-    if type(reply) is Simple:
-        chunk = encode_simple(reply)
-    elif type(reply) is bytes and len(reply) <= SMALL_BULK:
-        chunk = b"$%d\r\n%b\r\n" % (len(reply), reply)
-    elif reply is None:
-        chunk = NULL_BULK[client.proto]
-    elif isinstance(reply, DEFERRED):  # none of the lane's handlers defers
-        return reply
-    else:
-        return encode(ctx, argv, reply, out)
-    out.append(chunk)
-    return len(chunk)
