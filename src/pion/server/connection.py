@@ -78,8 +78,9 @@ from pion.resp.encoder import Chunks, encode_error
 from pion.server.clientmem import ClientMemory
 from pion.server.clients import MAX_CLIENTS_REPLY, ClientConnection, io_error, join, leave
 from pion.server.dispatch import Silenced, execute
-from pion.server.lane import lane_of
+from pion.server.lane import Lane, lane_of
 from pion.server.lane import run as run_lane
+from pion.server.lane import usable as lane_usable
 from pion.server.offload import Offloader
 from pion.server.outbound import Outbound
 from pion.server.replies import ReplySink
@@ -94,6 +95,8 @@ log = logging.getLogger("pion.server")
 # of PINGs then costs one writelines per 64 KiB, not one per command.
 _FLUSH_BYTES = 64 * 1024
 _FLUSH_CHUNKS = 4096
+# The lane while it may not take this client's commands (pion.server.lane.usable).
+_NO_LANE: Lane = {}
 # The most one socket read takes (large bulks are received in place, unaffected).
 # Redis reads 16 KiB at a time; 64 KiB of small arguments is a few ms of parsing.
 READ_BYTES = 64 * 1024
@@ -274,7 +277,8 @@ class Connection(Outbound):
         running = self._running
         client = self.client
         ctx = self._ctx
-        lane = self._lane
+        # The fast lane's rows while it may take this client's commands (lane.usable).
+        lane = self._lane if lane_usable(ctx) else _NO_LANE
         ran = 0
         yielded = close_after = False
         out: Chunks = []
@@ -312,7 +316,13 @@ class Connection(Outbound):
             ran += 1
             entry = lane.get(argv[0])
             taken = None if entry is None else run_lane(ctx, entry, argv, out)
-            result = execute(ctx, argv, out) if taken is None else taken
+            if taken is None:
+                result = execute(ctx, argv, out)
+                lane = self._lane if lane_usable(ctx) else _NO_LANE
+            else:
+                result = taken
+                if entry is not None and entry.runs_any:
+                    lane = self._lane if lane_usable(ctx) else _NO_LANE
             if not isinstance(result, int):
                 result = self._deferred(argv, result, out, out_bytes)
                 if result < 0:

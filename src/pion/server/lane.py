@@ -9,12 +9,13 @@ checks in the same order and then runs the handler through the same boundary
 (:func:`pion.commands.execution.call`), or queues the command inside MULTI. Its reply is
 encoded as one chunk from its type.
 
-What a command does is the same on either path: :func:`run` takes a command only
-when none of the rarer conditions applies (a script running, a server still loading,
-a client that has not authenticated to a server with a password, a RESP2 client while
-someone is subscribed, a write while persistence refuses writes, replies switched off,
-a wrong number of arguments); for any of those it does nothing and answers None, and
-the connection takes the general path, which handles them. Spellings outside the table
+What a command does is the same on either path: the lane takes a command only when
+none of the rarer conditions applies, and the general path handles every one of them.
+Those of the client and the server (a script running, a server still loading, a client
+that has not authenticated to a server with a password, a RESP2 client while someone is
+subscribed, replies switched off) are asked once per batch (:func:`usable`); those of
+the command (a wrong number of arguments, a write while persistence refuses writes)
+by :func:`run`, which then does nothing and answers None. Spellings outside the table
 (mixed case) take the general path too.
 """
 
@@ -30,9 +31,9 @@ from pion.commands.state import Command, CommandTable, Context
 from pion.commands.transactions import IMMEDIATE, queue_command, refused_in_multi
 from pion.errors import PionError
 from pion.resp.encoder import NULL_BULK, SIMPLE_CACHE, SMALL_BULK, Chunks, encode_simple
-from pion.resp.reply import Reply, Simple
+from pion.resp.reply import Encoded, Reply, Simple
 
-__all__ = ["LANE_COMMANDS", "Entry", "Lane", "lane_of", "run"]
+__all__ = ["LANE_COMMANDS", "Entry", "Lane", "lane_of", "run", "usable"]
 
 LANE_COMMANDS = ("GET", "SET", "KV.PREFIX.LOOKUP", "PING", "MULTI", "EXEC")
 
@@ -41,7 +42,7 @@ class Entry:
     """A lane command's row, with what :func:`run` checks of it worked out once: the
     argument counts its arity allows and whether it writes."""
 
-    __slots__ = ("cmd", "max_args", "min_args", "name", "writes")
+    __slots__ = ("cmd", "max_args", "min_args", "name", "runs_any", "writes")
 
     def __init__(self, cmd: Command) -> None:
         self.cmd = cmd
@@ -50,6 +51,8 @@ class Entry:
         self.min_args = nargs
         self.max_args = nargs if cmd.arity >= 0 else sys.maxsize
         self.writes = "write" in cmd.flags
+        # EXEC runs whatever was queued: the lane's states are asked again after it.
+        self.runs_any = cmd.name == "EXEC"
 
 
 # A command's spelling as it arrives (upper or lower case) -> its entry.
@@ -67,23 +70,39 @@ def lane_of(table: CommandTable) -> Lane:
     return lane
 
 
-def run(ctx: Context, entry: Entry, argv: Sequence[bytes], out: Chunks) -> int | Deferred | None:
-    """Run ``argv`` (``entry``'s command) as :func:`~pion.server.dispatch.execute`
-    would, appending its reply to ``out``: its size in bytes, the handler's
-    :data:`Deferred`, or None, with nothing done, where the general path must take it
-    (module docstring)."""
+def usable(ctx: Context) -> bool:
+    """Whether the lane may take this client's commands at all: none of the rarer states
+    of the module docstring holds (replies switched off, a server still loading, a
+    script running, a password owed, a RESP2 client while anyone is subscribed).
+
+    Asked once per batch of commands, and again after each command the lane did not
+    take and after EXEC (which runs any): only such a command changes these states (a
+    script starts from EVAL or FCALL, a password is set by CONFIG SET, a client
+    subscribes with SUBSCRIBE) or a callback of the loop, which does not run in the
+    middle of a batch."""
     state = ctx.state
     client = ctx.client
     scripts = state.scripts
-    persistence = state.persistence
-    if (
+    return not (
         client.reply_mode != "on"
         or state.loading
         or (scripts is not None and scripts.busy is not None)
         or (state.config.requirepass and not client.authenticated)
         or (client.proto == 2 and state.pubsub.clients)
-        or not entry.min_args <= len(argv) - 1 <= entry.max_args
-        or (entry.writes and persistence is not None and persistence.write_refusal() is not None)
+    )
+
+
+def run(ctx: Context, entry: Entry, argv: Sequence[bytes], out: Chunks) -> int | Deferred | None:
+    """Run ``argv`` (``entry``'s command) as :func:`~pion.server.dispatch.execute`
+    would, appending its reply to ``out``: its size in bytes, the handler's
+    :data:`Deferred`, or None, with nothing done, where the general path must take it
+    (a wrong number of arguments, a write while persistence refuses writes). The caller
+    asked :func:`usable` first."""
+    state = ctx.state
+    client = ctx.client
+    persistence = state.persistence
+    if not entry.min_args <= len(argv) - 1 <= entry.max_args or (
+        entry.writes and persistence is not None and persistence.write_refusal() is not None
     ):
         return None
     state.counters.total_commands_processed += 1
@@ -110,6 +129,9 @@ def run(ctx: Context, entry: Entry, argv: Sequence[bytes], out: Chunks) -> int |
         chunk = NULL_BULK[client.proto]
         out.append(chunk)
         result = len(chunk)
+    elif type(reply) is Encoded:  # EXEC's array, encoded as its commands ran
+        out.append(reply)
+        result = len(reply)
     elif isinstance(reply, DEFERRED):  # a wait (a tier fill): the connection runs it
         result = reply
     else:
