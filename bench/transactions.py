@@ -47,7 +47,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Process, print_table, start_pion, start_redis, write_results
+from _common import Process, cpu_seconds, print_table, start_pion, start_redis, write_results
 from keyspace import start_redis_aof
 
 SERVERS: dict[str, Callable[[], Process]] = {
@@ -158,18 +158,13 @@ UNITS = {
 REFERENCE = frozenset({"6 SET P64 (reference)"})
 
 
-def _cpu_seconds(server: Process) -> float:
-    times = server.ps.cpu_times()
-    return float(times.user + times.system)
-
-
 def measured(
     server: Process, run: Callable[[int, float], float], seconds: float
 ) -> tuple[float, float]:
     """(requests per second, the server's CPU microseconds per request)."""
-    cpu0, t0 = _cpu_seconds(server), time.monotonic()
+    cpu0, t0 = cpu_seconds(server), time.monotonic()
     rate = run(server.port, seconds)
-    cpu, elapsed = _cpu_seconds(server) - cpu0, time.monotonic() - t0
+    cpu, elapsed = cpu_seconds(server) - cpu0, time.monotonic() - t0
     return rate, cpu * 1e6 / max(rate * elapsed, 1.0)
 
 
