@@ -77,9 +77,10 @@ def usable(ctx: Context) -> bool:
 
     Asked once per batch of commands, and again after each command the lane did not
     take and after EXEC (which runs any): only such a command changes these states (a
-    script starts from EVAL or FCALL, a password is set by CONFIG SET, a client
-    subscribes with SUBSCRIBE) or a callback of the loop, which does not run in the
-    middle of a batch."""
+    script starts from EVAL or FCALL, a client authenticates with AUTH or HELLO,
+    subscribes with SUBSCRIBE, switches replies with CLIENT REPLY), or a callback of
+    the loop (recovery ending, a script finishing), which does not run in the middle of
+    a batch."""
     state = ctx.state
     client = ctx.client
     scripts = state.scripts
