@@ -54,6 +54,8 @@ SERVERS: dict[str, Callable[[], Process]] = {
     "redis": start_redis,
     "redis-aof": start_redis_aof,
     "pion": start_pion,
+    # Issue 31 measures the server's own cost per command: one worker without the log.
+    "pion-nowal": lambda: start_pion("--no-wal"),
 }
 CONNECTIONS = 4
 
@@ -203,8 +205,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 med["pion"],
                 med["pion"] / med["redis"],
                 med["pion"] / med["redis-aof"],
+                med["pion-nowal"],
+                med["pion-nowal"] / med["redis"],
                 cpu_us["redis"],
                 cpu_us["pion"],
+                cpu_us["pion-nowal"],
             ]
         )
         results.append(
@@ -218,7 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
         )
     headers = ["case", "unit", "redis", "redis-aof", "pion", "x redis", "x redis-aof"]
-    print_table([*headers, "redis CPU us/req", "pion CPU us/req"], rows)
+    headers += ["pion-nowal", "nowal x redis"]
+    print_table([*headers, "redis CPU us/req", "pion CPU us/req", "nowal CPU us/req"], rows)
     path = write_results(
         "transactions",
         {
