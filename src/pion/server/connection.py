@@ -315,13 +315,12 @@ class Connection(Outbound):
                 break
             ran += 1
             entry = lane.get(argv[0])
-            taken = None if entry is None else run_lane(ctx, entry, argv, out)
-            if taken is None:
+            if entry is None:
                 result = execute(ctx, argv, out)
                 lane = self._lane if lane_usable(ctx) else _NO_LANE
             else:
-                result = taken
-                if entry is not None and entry.runs_any:
+                result = run_lane(ctx, entry, argv, out)
+                if entry.runs_any:
                     lane = self._lane if lane_usable(ctx) else _NO_LANE
             if not isinstance(result, int):
                 result = self._deferred(argv, result, out, out_bytes)

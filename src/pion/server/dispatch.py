@@ -21,9 +21,10 @@ Inside MULTI a command that passed those checks is queued instead of run
 client's and appends nothing (``pion.commands.clientctl``); a deferred one comes back
 :class:`Silenced`.
 
-The small commands of a cache's traffic reach :func:`execute` only when one of those
-rarer cases applies: otherwise the connection runs them through the fast lane
-(``pion.server.lane``), which makes the same checks inline.
+The small commands of a cache's traffic reach :func:`execute` only when replies are
+switched off or a script runs: otherwise the connection runs them through the fast
+lane (``pion.server.lane``), which skips the name decoding and the general encoder
+and makes the same checks by calling :func:`checked`.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from pion.persistence.stores import FREEING_COMMANDS
 from pion.resp.encoder import Chunks
 from pion.resp.reply import ErrorReply, Reply
 
-__all__ = ["Silenced", "admit", "dispatch", "execute"]
+__all__ = ["Silenced", "admit", "checked", "dispatch", "execute"]
 
 
 # Command names as sent (any case) -> upper-case. Bounded, so a client sending random
@@ -109,13 +110,22 @@ def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
 
 
 def _run(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply | Deferred:
-    """A known command: its checks, then queued (inside MULTI) or run, timed."""
+    """A known command: the gate of a running script, then :func:`checked`."""
     state = ctx.state
-    client = ctx.client
     if state.scripts is not None and state.scripts.busy is not None:
         held = gate(ctx, cmd, argv, partial(_run, ctx, cmd, argv))
         if held is not None:
             return held
+    return checked(ctx, cmd, argv)
+
+
+def checked(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply | Deferred:
+    """A known command while no script holds the server: its checks (:func:`admit`, a
+    RESP2 subscriber's), then queued (inside MULTI) or run, timed. The fast lane
+    (``pion.server.lane``) calls it directly, so every check is made in this one
+    place whichever way a command came."""
+    state = ctx.state
+    client = ctx.client
     client.last_command = cmd.name
     try:
         admit(ctx, cmd, len(argv) - 1)

@@ -1,37 +1,32 @@
-"""The fast lane: the small commands that dominate a cache's traffic, run with the
-dispatcher's checks made inline.
+"""The fast lane: the small commands that dominate a cache's traffic, without the
+general path's name decoding and encoder.
 
-GET, SET, a plain KV.PREFIX.LOOKUP, PING and the brackets of a transaction (MULTI,
-EXEC: redis-py's default pipeline sends them) arrive by the dozen in one read. For them
-the connection skips the general path of :func:`pion.server.dispatch.execute` (name
-decoding, five nested calls of checks) and calls :func:`run`, which makes the same
-checks in the same order and then runs the handler through the same boundary
-(:func:`pion.commands.execution.call`), or queues the command inside MULTI. Its reply is
-encoded as one chunk from its type.
+GET, SET, KV.PREFIX.LOOKUP, PING and the brackets of a transaction (MULTI, EXEC:
+redis-py's default pipeline sends them) arrive by the dozen in one read. For them the
+connection skips :func:`pion.server.dispatch.execute` (the name decoded and looked up,
+the general encoder) and calls :func:`run`, which finds the row by the spelling that
+arrived and runs the command through :func:`pion.server.dispatch.checked`: the same
+checks in the same place (authentication, arity, loading, a failing log, whatever
+:func:`~pion.server.dispatch.admit` checks), queued inside MULTI, the handler inside
+the one boundary. Its reply is encoded as one chunk from its type.
 
-What a command does is the same on either path: the lane takes a command only when
-none of the rarer conditions applies, and the general path handles every one of them.
-Those of the client and the server (a script running, a server still loading, a client
-that has not authenticated to a server with a password, a RESP2 client while someone is
-subscribed, replies switched off) are asked once per batch (:func:`usable`); those of
-the command (a wrong number of arguments, a write while persistence refuses writes)
-by :func:`run`, which then does nothing and answers None. Spellings outside the table
-(mixed case) take the general path too.
+The lane does not take a client's commands while its replies are switched off (the
+general path drops them) or while a script runs (the general path makes them wait
+for it): :func:`usable`, asked once per batch of commands and again after each command
+the lane did not take. Spellings outside the table (mixed case) take the general path.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 from pion.commands.blocking import serve
 from pion.commands.deferred import Deferred
-from pion.commands.execution import DEFERRED, call, encode
+from pion.commands.execution import DEFERRED, encode
 from pion.commands.state import Command, CommandTable, Context
-from pion.commands.transactions import IMMEDIATE, queue_command, refused_in_multi
-from pion.errors import PionError
 from pion.resp.encoder import NULL_BULK, SIMPLE_CACHE, SMALL_BULK, Chunks, encode_simple
-from pion.resp.reply import Encoded, Reply, Simple
+from pion.resp.reply import Encoded, Simple
+from pion.server.dispatch import checked
 
 __all__ = ["LANE_COMMANDS", "Entry", "Lane", "lane_of", "run", "usable"]
 
@@ -39,18 +34,12 @@ LANE_COMMANDS = ("GET", "SET", "KV.PREFIX.LOOKUP", "PING", "MULTI", "EXEC")
 
 
 class Entry:
-    """A lane command's row, with what :func:`run` checks of it worked out once: the
-    argument counts its arity allows and whether it writes."""
+    """A lane command's row, and whether the lane's states are asked again after it."""
 
-    __slots__ = ("cmd", "max_args", "min_args", "name", "runs_any", "writes")
+    __slots__ = ("cmd", "runs_any")
 
     def __init__(self, cmd: Command) -> None:
         self.cmd = cmd
-        self.name = cmd.name
-        nargs = abs(cmd.arity) - 1  # arguments after the name
-        self.min_args = nargs
-        self.max_args = nargs if cmd.arity >= 0 else sys.maxsize
-        self.writes = "write" in cmd.flags
         # EXEC runs whatever was queued: the lane's states are asked again after it.
         self.runs_any = cmd.name == "EXEC"
 
@@ -71,52 +60,24 @@ def lane_of(table: CommandTable) -> Lane:
 
 
 def usable(ctx: Context) -> bool:
-    """Whether the lane may take this client's commands at all: none of the rarer states
-    of the module docstring holds (replies switched off, a server still loading, a
-    script running, a password owed, a RESP2 client while anyone is subscribed).
+    """Whether the lane may take this client's commands: its replies are on and no
+    script holds the server (module docstring).
 
     Asked once per batch of commands, and again after each command the lane did not
-    take and after EXEC (which runs any): only such a command changes these states (a
-    script starts from EVAL or FCALL, a client authenticates with AUTH or HELLO,
-    subscribes with SUBSCRIBE, switches replies with CLIENT REPLY), or a callback of
-    the loop (recovery ending, a script finishing), which does not run in the middle of
-    a batch."""
-    state = ctx.state
-    client = ctx.client
-    scripts = state.scripts
-    return not (
-        client.reply_mode != "on"
-        or state.loading
-        or (scripts is not None and scripts.busy is not None)
-        or (state.config.requirepass and not client.authenticated)
-        or (client.proto == 2 and state.pubsub.clients)
-    )
+    take and after EXEC (which runs any): only such a command changes these states
+    (CLIENT REPLY; EVAL or FCALL start a script), or a callback of the loop (a script
+    finishing), which does not run in the middle of a batch."""
+    scripts = ctx.state.scripts
+    return ctx.client.reply_mode == "on" and (scripts is None or scripts.busy is None)
 
 
-def run(ctx: Context, entry: Entry, argv: Sequence[bytes], out: Chunks) -> int | Deferred | None:
+def run(ctx: Context, entry: Entry, argv: Sequence[bytes], out: Chunks) -> int | Deferred:
     """Run ``argv`` (``entry``'s command) as :func:`~pion.server.dispatch.execute`
-    would, appending its reply to ``out``: its size in bytes, the handler's
-    :data:`Deferred`, or None, with nothing done, where the general path must take it
-    (a wrong number of arguments, a write while persistence refuses writes). The caller
-    asked :func:`usable` first."""
+    would, appending its reply to ``out``: its size in bytes, or the handler's
+    :data:`Deferred`. The caller asked :func:`usable` first."""
     state = ctx.state
-    client = ctx.client
-    persistence = state.persistence
-    if not entry.min_args <= len(argv) - 1 <= entry.max_args or (
-        entry.writes and persistence is not None and persistence.write_refusal() is not None
-    ):
-        return None
     state.counters.total_commands_processed += 1
-    name = entry.name
-    client.last_command = name
-    reply: Reply | Deferred
-    if client.queued is not None and name not in IMMEDIATE:
-        try:
-            reply = queue_command(ctx, entry.cmd, argv)
-        except PionError as exc:
-            reply = state.stats.rejected(name, refused_in_multi(ctx, name, exc))
-    else:
-        reply = call(ctx, entry.cmd, argv)
+    reply = checked(ctx, entry.cmd, argv)
     result: int | Deferred
     if type(reply) is Simple:
         chunk = SIMPLE_CACHE.get(reply) or encode_simple(reply)
@@ -127,7 +88,7 @@ def run(ctx: Context, entry: Entry, argv: Sequence[bytes], out: Chunks) -> int |
         out.append(chunk)
         result = len(chunk)
     elif reply is None:
-        chunk = NULL_BULK[client.proto]
+        chunk = NULL_BULK[ctx.client.proto]
         out.append(chunk)
         result = len(chunk)
     elif type(reply) is Encoded:  # EXEC's array, encoded as its commands ran
