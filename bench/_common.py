@@ -78,6 +78,12 @@ class Process:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def cpu_seconds(server: Process) -> float:
+    """The CPU time (user + system) ``server`` has used so far."""
+    times = server.ps.cpu_times()
+    return float(times.user + times.system)
+
+
 def start_pion(*flags: str) -> Process:
     """`pion-server` on a free port with data in a temp dir."""
     workdir = tempfile.mkdtemp(prefix="pion-bench-")

@@ -38,7 +38,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Process, free_port, print_table, start_pion, start_redis, write_results
+from _common import (
+    Process,
+    cpu_seconds,
+    free_port,
+    print_table,
+    start_pion,
+    start_redis,
+    write_results,
+)
 
 MB = 1 << 20
 
@@ -72,35 +80,39 @@ SERVERS: dict[str, Callable[[], Process]] = {
 
 
 def redis_benchmark(
-    port: int, size: int, pipeline: int, requests: int, clients: int, *, tries: int = 3
-) -> dict[str, float]:
-    """requests/s of SET and GET from redis-benchmark's CSV output (retried: the tool
-    itself occasionally aborts a run with large pipelined values)."""
-    for attempt in range(tries):
-        try:
-            return _redis_benchmark(port, size, pipeline, requests, clients)
-        except RuntimeError:
-            if attempt == tries - 1:
-                raise
-    raise AssertionError("unreachable")
+    server: Process, size: int, pipeline: int, requests: int, clients: int, *, tries: int = 3
+) -> dict[str, tuple[float, float]]:
+    """(requests/s, the server's CPU microseconds per request) of SET, then GET, from
+    redis-benchmark's CSV output, one run each (retried: the tool itself occasionally
+    aborts a run with large pipelined values)."""
+    out: dict[str, tuple[float, float]] = {}
+    for op in ("SET", "GET"):
+        for attempt in range(tries):
+            cpu0 = cpu_seconds(server)
+            try:
+                rate = _redis_benchmark(server.port, size, pipeline, requests, clients, op=op)
+            except RuntimeError:
+                if attempt == tries - 1:
+                    raise
+                continue
+            out[op] = (rate, (cpu_seconds(server) - cpu0) * 1e6 / requests)
+            break
+    return out
 
 
 def _redis_benchmark(
-    port: int, size: int, pipeline: int, requests: int, clients: int
-) -> dict[str, float]:
-    cmd = ["redis-benchmark", "-p", str(port), "-t", "set,get", "-d", str(size)]
+    port: int, size: int, pipeline: int, requests: int, clients: int, *, op: str
+) -> float:
+    cmd = ["redis-benchmark", "-p", str(port), "-t", op.lower(), "-d", str(size)]
     cmd += ["-n", str(requests), "-c", str(clients), "-P", str(pipeline), "--csv"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr[-2000:]}{proc.stdout[-2000:]}")
     out = proc.stdout
-    rates: dict[str, float] = {}
     for row in csv.reader(io.StringIO(out)):
-        if row and row[0] in ("SET", "GET"):
-            rates[row[0]] = float(row[1])
-    if set(rates) != {"SET", "GET"}:
-        raise RuntimeError(f"unexpected redis-benchmark output: {out[:400]}")
-    return rates
+        if row and row[0] == op:
+            return float(row[1])
+    raise RuntimeError(f"unexpected redis-benchmark output: {out[:400]}")
 
 
 def _resp(*args: bytes) -> list[bytes]:
@@ -197,16 +209,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     per_conn = 4 if args.quick else 16
     samples: dict[tuple[str, str], list[float]] = {}
+    # The server's CPU time (user + system) per request of each redis-benchmark case:
+    # on a shared machine rates follow each process's share of the CPU, CPU time is
+    # what the server spends.
+    cpu: dict[tuple[str, str], list[float]] = {}
     for rnd in range(rounds):
         for name, start in SERVERS.items():
             server = start()
             try:
                 for size, pipeline, requests, clients in cases:
-                    rates = redis_benchmark(server.port, size, pipeline, requests, clients)
-                    for op, rate in rates.items():
-                        samples.setdefault((f"{op} {_size(size)} P{pipeline}", name), []).append(
-                            rate
-                        )
+                    rates = redis_benchmark(server, size, pipeline, requests, clients)
+                    for op, (rate, us) in rates.items():
+                        case = f"{op} {_size(size)} P{pipeline}"
+                        samples.setdefault((case, name), []).append(rate)
+                        cpu.setdefault((case, name), []).append(us)
                 chunks = lmcache_chunks(server.port, 8, per_conn, 4 * MB)
                 for op, rate in chunks.items():
                     samples.setdefault((f"LMCache 4MB {op} x8", name), []).append(rate)
@@ -218,6 +234,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for case in dict.fromkeys(c for c, _ in samples):
         med = {name: statistics.median(samples[(case, name)]) for name in SERVERS}
         unit = "MB/s" if case.startswith("LMCache") else "req/s"
+        cpu_us = (
+            {name: statistics.median(cpu[(case, name)]) for name in SERVERS}
+            if (case, "redis") in cpu
+            else None
+        )
         rows.append(
             [
                 case,
@@ -229,16 +250,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 med["pion"] / med["redis"],
                 med["pion"] / med["redis-aof"],
                 med["pion-nowal"] / med["redis"],
+                "" if cpu_us is None else cpu_us["redis"],
+                "" if cpu_us is None else cpu_us["pion-nowal"],
             ]
         )
-        results.append(
-            {
-                "case": case,
-                "unit": unit,
-                "median": med,
-                "samples": {name: samples[(case, name)] for name in SERVERS},
-            }
-        )
+        result: dict[str, Any] = {
+            "case": case,
+            "unit": unit,
+            "median": med,
+            "samples": {name: samples[(case, name)] for name in SERVERS},
+        }
+        if cpu_us is not None:
+            result["cpu_us_per_request"] = cpu_us
+        results.append(result)
     print_table(
         [
             "case",
@@ -250,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "x redis",
             "x redis-aof",
             "nowal x redis",
+            "redis CPU us/req",
+            "nowal CPU us/req",
         ],
         rows,
     )

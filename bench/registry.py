@@ -27,7 +27,7 @@ from collections.abc import Callable
 import numpy as np
 import redis
 
-from _common import print_table, start_pion, start_redis, write_results
+from _common import cpu_seconds, print_table, start_pion, start_redis, write_results
 from pion.commands import COMMAND_TABLE
 from pion.commands.state import ClientState, Context
 from pion.config import ServerConfig
@@ -202,11 +202,18 @@ def lookup_throughput(requests: int) -> dict[str, float]:
         r.execute_command("KV.PREFIX.REGISTER", "bench", 1024, "fp16")
         redis.Redis(port=baseline.port).set("bench", "x" * 16)
         out = {}
+        # Beside each rate, the server's CPU time (user + system) per request: on a
+        # shared machine rates follow each process's share of the CPU, CPU time is what
+        # the server spends.
         for p in (1, 16):
+            cpu0 = cpu_seconds(pion)
             out[f"pion_lookup_rps_P{p}"] = _benchmark(
                 pion.port, requests, p, "KV.PREFIX.LOOKUP", "bench"
             )
+            out[f"pion_lookup_cpu_us_P{p}"] = (cpu_seconds(pion) - cpu0) * 1e6 / requests
+            cpu0 = cpu_seconds(baseline)
             out[f"redis_get_rps_P{p}"] = _benchmark(baseline.port, requests, p, "GET", "bench")
+            out[f"redis_get_cpu_us_P{p}"] = (cpu_seconds(baseline) - cpu0) * 1e6 / requests
             out[f"ratio_P{p}"] = out[f"pion_lookup_rps_P{p}"] / out[f"redis_get_rps_P{p}"]
     finally:
         pion.stop()
@@ -272,6 +279,15 @@ def main() -> None:
                 thr["redis_get_rps_P16"],
                 f">= 0.3x (got {thr['ratio_P16']:.2f}x)",
             ],
+            *(
+                [
+                    f"LOOKUP server CPU us/req{' -P 16' if p == 16 else ''}",
+                    thr[f"pion_lookup_cpu_us_P{p}"],
+                    thr[f"redis_get_cpu_us_P{p}"],
+                    "",
+                ]
+                for p in (1, 16)
+            ),
         ],
     )
     write_results(

@@ -47,13 +47,15 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Process, print_table, start_pion, start_redis, write_results
+from _common import Process, cpu_seconds, print_table, start_pion, start_redis, write_results
 from keyspace import start_redis_aof
 
 SERVERS: dict[str, Callable[[], Process]] = {
     "redis": start_redis,
     "redis-aof": start_redis_aof,
     "pion": start_pion,
+    # Issue 31 measures the server's own cost per command: one worker without the log.
+    "pion-nowal": lambda: start_pion("--no-wal"),
 }
 CONNECTIONS = 4
 
@@ -158,18 +160,13 @@ UNITS = {
 REFERENCE = frozenset({"6 SET P64 (reference)"})
 
 
-def _cpu_seconds(server: Process) -> float:
-    times = server.ps.cpu_times()
-    return float(times.user + times.system)
-
-
 def measured(
     server: Process, run: Callable[[int, float], float], seconds: float
 ) -> tuple[float, float]:
     """(requests per second, the server's CPU microseconds per request)."""
-    cpu0, t0 = _cpu_seconds(server), time.monotonic()
+    cpu0, t0 = cpu_seconds(server), time.monotonic()
     rate = run(server.port, seconds)
-    cpu, elapsed = _cpu_seconds(server) - cpu0, time.monotonic() - t0
+    cpu, elapsed = cpu_seconds(server) - cpu0, time.monotonic() - t0
     return rate, cpu * 1e6 / max(rate * elapsed, 1.0)
 
 
@@ -208,8 +205,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 med["pion"],
                 med["pion"] / med["redis"],
                 med["pion"] / med["redis-aof"],
+                med["pion-nowal"],
+                med["pion-nowal"] / med["redis"],
                 cpu_us["redis"],
                 cpu_us["pion"],
+                cpu_us["pion-nowal"],
             ]
         )
         results.append(
@@ -223,7 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
         )
     headers = ["case", "unit", "redis", "redis-aof", "pion", "x redis", "x redis-aof"]
-    print_table([*headers, "redis CPU us/req", "pion CPU us/req"], rows)
+    headers += ["pion-nowal", "nowal x redis"]
+    print_table([*headers, "redis CPU us/req", "pion CPU us/req", "nowal CPU us/req"], rows)
     path = write_results(
         "transactions",
         {

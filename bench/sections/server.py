@@ -131,6 +131,18 @@ def small_commands(results: Mapping[str, Result]) -> Section:
             "",
         ],
     ]
+    for p in (1, 16):
+        # The server's CPU time per request (results from before it was measured lack it).
+        if f"pion_lookup_cpu_us_P{p}" in look:
+            pion_us, redis_us = look[f"pion_lookup_cpu_us_P{p}"], look[f"redis_get_cpu_us_P{p}"]
+            rows.append(
+                [
+                    f"KV.PREFIX.LOOKUP{', -P 16' if p == 16 else ''}: server CPU (µs/req)",
+                    pion_us,
+                    redis_us,
+                    ratio(redis_us / pion_us),
+                ]
+            )
     losses = []
     for key, label in (("ratio_P1", "LOOKUP unpipelined"), ("ratio_P16", "LOOKUP at -P 16")):
         if look.get(key, 1.0) < 1.0:
@@ -215,24 +227,28 @@ def small_commands(results: Mapping[str, Result]) -> Section:
 def keyspace(results: Mapping[str, Result]) -> Section:
     data = results["keyspace"]
     rows, labels, with_log, no_wal, losses = [], [], [], [], []
+    # The server CPU columns, where the results have them (measured since issue 31).
+    with_cpu = any("cpu_us_per_request" in r for r in data.get("results", []))
     for r in data.get("results", []):
         m = r["median"]
         base = m["redis"]
         labels.append(r["case"])
         with_log.append(m["pion"] / base)
         no_wal.append(m["pion-nowal"] / base)
-        rows.append(
-            [
-                r["case"],
-                r["unit"],
-                m["pion"],
-                m["pion-nowal"],
-                base,
-                m["redis-aof"],
-                ratio(m["pion"] / base),
-                ratio(m["pion"] / m["redis-aof"]),
-            ]
-        )
+        row = [
+            r["case"],
+            r["unit"],
+            m["pion"],
+            m["pion-nowal"],
+            base,
+            m["redis-aof"],
+            ratio(m["pion"] / base),
+            ratio(m["pion"] / m["redis-aof"]),
+        ]
+        if with_cpu:
+            cpu = r.get("cpu_us_per_request", {})
+            row += [cpu.get("pion-nowal", ""), cpu.get("redis", "")]
+        rows.append(row)
         if m["pion-nowal"] < base:
             losses.append(f"{r['case']} {ratio(m['pion-nowal'] / base)}")
     fig, (ax,) = figure(width=9)
@@ -248,6 +264,13 @@ def keyspace(results: Mapping[str, Result]) -> Section:
             "redis-server without persistence and with an `everysec` AOF, medians of "
             f"{data.get('rounds', '?')} rounds. Pion runs with its log (`everysec`) and with "
             "`--no-wal`."
+            + (
+                " The CPU columns are each server's CPU time (user + system) per request: on "
+                "a shared machine rates follow each process's share of the CPU, CPU time is "
+                "what the server spends."
+                if with_cpu
+                else ""
+            )
         ),
         headers=[
             "case",
@@ -258,6 +281,7 @@ def keyspace(results: Mapping[str, Result]) -> Section:
             "redis AOF",
             "pion x redis",
             "pion x AOF",
+            *(["--no-wal CPU µs/req", "redis CPU µs/req"] if with_cpu else []),
         ],
         rows=rows,
         losses=(

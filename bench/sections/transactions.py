@@ -13,6 +13,8 @@ def transactions(results: Mapping[str, Result]) -> Section:
     data = results["transactions"]
     target = float(data.get("target", 0.5))
     rows, labels, vs_redis, vs_aof, losses = [], [], [], [], []
+    # pion-server without its log, where the results have it (measured since issue 31).
+    no_wal = any("pion-nowal" in r["median"] for r in data.get("results", []))
     for r in data.get("results", []):
         m = r["median"]
         base = m["redis"]
@@ -20,19 +22,22 @@ def transactions(results: Mapping[str, Result]) -> Section:
         labels.append(r["case"])
         vs_redis.append(m["pion"] / base)
         vs_aof.append(m["pion"] / m["redis-aof"])
-        rows.append(
-            [
-                r["case"],
-                r["unit"],
-                m["pion"],
-                base,
-                m["redis-aof"],
-                ratio(m["pion"] / base),
-                ratio(m["pion"] / m["redis-aof"]),
-                cpu.get("pion", float("nan")),
-                cpu.get("redis", float("nan")),
-            ]
-        )
+        nowal = m.get("pion-nowal")
+        row = [
+            r["case"],
+            r["unit"],
+            m["pion"],
+            *([nowal] if no_wal else []),
+            base,
+            m["redis-aof"],
+            ratio(m["pion"] / base),
+            ratio(m["pion"] / m["redis-aof"]),
+            *([ratio(nowal / base) if nowal else ""] if no_wal else []),
+            cpu.get("pion", float("nan")),
+            *([cpu.get("pion-nowal", float("nan"))] if no_wal else []),
+            cpu.get("redis", float("nan")),
+        ]
+        rows.append(row)
         if m["pion"] / base < target and not r.get("reference", False):
             losses.append(f"{r['case']} {ratio(m['pion'] / base)}")
     fig, (ax,) = figure(width=8)
@@ -56,16 +61,20 @@ def transactions(results: Mapping[str, Result]) -> Section:
             "CPU columns are each server's CPU time (user + system) per request: on a "
             "shared machine rates follow each process's share of the CPU, CPU time is "
             "what the server spends."
+            + (" `--no-wal`: pion-server without its log." if no_wal else "")
         ),
         headers=[
             "case",
             "unit",
             "pion",
+            *(["pion --no-wal"] if no_wal else []),
             "redis",
             "redis AOF",
             "pion x redis",
             "pion x AOF",
+            *(["--no-wal x redis"] if no_wal else []),
             "pion CPU µs/req",
+            *(["--no-wal CPU µs/req"] if no_wal else []),
             "redis CPU µs/req",
         ],
         rows=rows,

@@ -283,6 +283,10 @@ def test_no_wal(spawn_server: Spawn, tmp_path: Path) -> None:
     r.execute_command("V.CREATE", "kept", 8, "VQUANT", "int8")
     assert r.execute_command("KV.PREFIX.SAVE") == b"OK"
     r.execute_command("V.CREATE", "lost", 8, "VQUANT", "int8")
+    # Keyspace writes build no record without a log, and still count as changes.
+    r.set("k", "v")
+    r.delete("k")
+    assert r.info("persistence")["rdb_changes_since_last_save"] == 3
     srv.kill()
     assert not wal_path(tmp_path / "data", 0).exists()
     r2 = spawn_server("--no-wal").client()

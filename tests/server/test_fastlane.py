@@ -1,4 +1,4 @@
-"""The fast lane of ``dispatch.execute`` (GET, SET, a plain KV.PREFIX.LOOKUP, PING):
+"""The fast lane (``pion.server.lane``: GET, SET, a plain KV.PREFIX.LOOKUP, PING, MULTI, EXEC):
 taken for the commands it covers, and byte for byte what the generic path answers,
 with the same counters, for every case a check would refuse (arity, NOAUTH, LOADING,
 MISCONF, WRONGTYPE), RESP3, large values and spellings outside the lane."""
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pion.server import dispatch
+from pion.server import connection, dispatch
 from pion.server.connection import Connection
 from support.transport import FakeTransport, connect
 
@@ -90,18 +90,58 @@ def test_the_lane_answers_as_the_generic_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fast = run_script(tmp_path / "fast", SCRIPT)
-    monkeypatch.setattr(dispatch, "_LANE", {})
+    monkeypatch.setattr(connection, "lane_of", lambda table: {})
     generic = run_script(tmp_path / "generic", SCRIPT)
     assert fast == generic
     assert b"WRONGTYPE" in fast[0] and b"wrong number of arguments for 'get'" in fast[0]
     assert b"$5000\r\n" + BIG + b"\r\n" in fast[0] and fast[1]["internal"] == 0
 
 
+# Commands outside the lane that change what it may take, in the middle of one read's
+# batch: the lane is asked again after each (lane.usable).
+STATE_CHANGES = [
+    frame(b"SET", b"k", VALUE),
+    frame(b"GET", b"k"),
+    frame(b"CLIENT", b"REPLY", b"OFF"),
+    frame(b"GET", b"k"),
+    frame(b"SET", b"k", b"w"),
+    frame(b"CLIENT", b"REPLY", b"ON"),
+    frame(b"GET", b"k"),
+    frame(b"CLIENT", b"REPLY", b"SKIP"),
+    frame(b"GET", b"k"),
+    frame(b"GET", b"k"),
+    frame(b"SUBSCRIBE", b"ch"),
+    frame(b"GET", b"k"),  # a RESP2 subscriber may not
+    frame(b"PING"),
+    frame(b"UNSUBSCRIBE", b"ch"),
+    frame(b"GET", b"k"),
+    frame(b"MULTI"),
+    frame(b"SUBSCRIBE", b"ch"),
+    frame(b"EXEC"),  # runs a command outside the lane: asked again after it
+    frame(b"GET", b"k"),
+    frame(b"UNSUBSCRIBE"),
+    frame(b"GET", b"k"),
+]
+
+
+def test_one_read_answers_as_the_generic_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for script in (SCRIPT, STATE_CHANGES):
+        fast = run_script(tmp_path / "fast", [b"".join(script)])
+        with monkeypatch.context() as patch:
+            patch.setattr(connection, "lane_of", lambda table: {})
+            generic = run_script(tmp_path / "generic", [b"".join(script)])
+        assert fast == generic
+        assert fast == run_script(tmp_path / "one by one", script)
+    assert fast[0].count(b"only (P|S)SUBSCRIBE") == 2 and fast[0].endswith(b":0\r\n$1\r\nw\r\n")
+
+
 def test_noauth_and_loading_leave_the_lane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     script = [frame(b"GET", b"k"), frame(b"AUTH", b"secret"), frame(b"SET", b"k", b"1")]
     script.append(frame(b"GET", b"k"))
     fast = run_script(tmp_path / "fast", script, requirepass="secret")
-    monkeypatch.setattr(dispatch, "_LANE", {})
+    monkeypatch.setattr(connection, "lane_of", lambda table: {})
     assert fast == run_script(tmp_path / "generic", script, requirepass="secret")
     assert fast[0].startswith(b"-NOAUTH") and fast[0].endswith(b"+OK\r\n$1\r\n1\r\n")
 

@@ -32,7 +32,8 @@ Reading order:
    (MULTI/EXEC/WATCH); ``pubsub.py`` (SUBSCRIBE, PUBLISH and the rest); ``scripting.py``
    (EVAL, SCRIPT: the runtime is ``pion.scripting``) with ``scriptbusy.py`` (a long
    script: other clients wait, then -BUSY) and ``functions.py`` (FUNCTION, FCALL); the
-   V-store's ``vstore.py``,
+   V-store's ``vstore.py`` (V.CREATE, V.STOREBATCH) and ``vstore_fetch.py`` (V.FETCH,
+   V.INFO),
    ``tierfetch.py`` (fetches streamed from a tier fill), ``rollback.py`` and
    ``export.py``; ``prefix.py`` (KV.PREFIX.*),
    ``persist.py``, ``attend.py`` and ``ssm.py``. More of strings: ``bitfield.py``
@@ -78,6 +79,7 @@ from pion.commands import (
     strings,
     transactions,
     vstore,
+    vstore_fetch,
     zsets,
     zsets_algebra,
     zsets_more,
@@ -90,6 +92,7 @@ __all__ = ["COMMAND_TABLE", "build_table"]
 _FAMILIES: tuple[Iterable[Command], ...] = (
     generic.COMMANDS,
     vstore.COMMANDS,
+    vstore_fetch.COMMANDS,
     rollback.COMMANDS,
     export.COMMANDS,
     prefix.COMMANDS,

@@ -103,7 +103,8 @@ def _lookup(ctx: Context, args: Sequence[bytes]) -> Reply:
         # The form routers probe with, many times a second: no cursor, and nothing is
         # allocated beyond the reply, which is a constant.
         ns = args[0]
-        check_length(ns, MAX_NS_LEN, f"{cmd}: ns_key")
+        if not 1 <= len(ns) <= MAX_NS_LEN:
+            check_length(ns, MAX_NS_LEN, f"{cmd}: ns_key")  # raises, in its words
     else:
         cur = Args(args, cmd)
         ns = cur.namespace()

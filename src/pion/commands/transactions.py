@@ -54,7 +54,7 @@ from pion.commands.execution import DEFERRED, call, encode, settle
 from pion.commands.state import ClientState, Command, Context, ServerState
 from pion.commands.workers import redirect_namespace, redirect_session
 from pion.errors import ExecAbortError, MisconfError, PionError
-from pion.resp.encoder import Chunks
+from pion.resp.encoder import Chunks, encode_simple
 from pion.resp.reply import ErrorReply, NullArray, Reply, Simple
 from pion.watch import WatchToken
 from pion.wire import namespace_sids
@@ -283,6 +283,9 @@ def _run_queued(ctx: Context, queued: Sequence[tuple[Command, Sequence[bytes]]])
         for cmd, argv in queued:
             counters.total_commands_processed += 1
             result = call(ctx, cmd, argv)
+            if type(result) is Simple:  # +OK, the usual reply of a queued write: cached
+                out.append(encode_simple(result))
+                continue
             if isinstance(result, DEFERRED):
                 if isinstance(result, Steps) and result.taken:
                     parts += [out, result]

@@ -1,6 +1,6 @@
-"""V-store commands: ``V.CREATE``, ``V.STOREBATCH``, ``V.FETCH``, ``V.INFO``
-(docs/protocol.md, "V-store"; ``V.SNAPSHOT``/``V.RESTORE``/``V.COMMIT`` are in
-``rollback.py``).
+"""V-store commands: ``V.CREATE`` and ``V.STOREBATCH`` here, ``V.FETCH`` and ``V.INFO`` in
+``vstore_fetch.py`` (docs/protocol.md, "V-store"; ``V.SNAPSHOT``/``V.RESTORE``/
+``V.COMMIT`` are in ``rollback.py``). The choices below hold for both modules.
 
 Handlers parse and bound every argument with the ``Args`` cursor before touching the
 store, then call :class:`pion.vstore.VStore`. Sizes are declared, never inferred: a
@@ -16,7 +16,8 @@ Large payloads (:data:`OFFLOAD_MIN_BYTES` and up) convert off the event loop
 thread, then checked again and stored on the loop (the hint is used only if the layer
 still has the codec it was quantized for; a failed quantization is redone here, so its
 error is exactly the synchronous one). A fetch that decodes is checked, counted and
-leased here, and streamed: decoded piece by piece while the previous piece is sent.
+leased on the loop, and streamed: decoded piece by piece while the previous piece is
+sent (``vstore_fetch.py``).
 
 Where Pion is silent or lax, we choose (and the tests pin):
 - ``V.CREATE`` without ``VQUANT`` stores ``int8``, as Pion does; an unknown format, an
@@ -49,15 +50,13 @@ import numpy.typing as npt
 
 from pion.codecs import ALL_FORMAT_NAMES, FORMAT_NAMES, SCHEMA_ONLY_FORMATS, Codec
 from pion.commands.args import Args, parse_int
-from pion.commands.deferred import Deferred, LazyBulk, Offload, Split, Stream
+from pion.commands.deferred import Deferred, Offload, Split
 from pion.commands.state import Command, Context
-from pion.commands.tierfetch import batch_reply, fill_source, range_reply
 from pion.commands.workers import redirect_session
 from pion.errors import PionError
 from pion.resp.decoder import SCRATCH_BYTES
 from pion.resp.reply import Reply, Simple
-from pion.vstore import ENCODE_CHUNK_BYTES, Encoded, FloatRows, Pieces, encode_rows
-from pion.wire import bytes_of
+from pion.vstore import ENCODE_CHUNK_BYTES, Encoded, FloatRows, encode_rows
 
 __all__ = [
     "COMMANDS",
@@ -66,6 +65,7 @@ __all__ = [
     "OFFLOAD_MIN_BYTES",
     "PART_BYTES",
     "format_name",
+    "from_tier",
     "store_in_flight_bound",
 ]
 
@@ -73,7 +73,6 @@ __all__ = [
 DEFAULT_FORMAT = "int8"
 _WANT = "|".join(FORMAT_NAMES)
 _WANT_SPEC = "|".join(ALL_FORMAT_NAMES)
-_NATIVE_ERROR = "FMT NATIVE requires the RANGE or BATCH form"
 # One layer spec's text (``fmt=...,dim=...,rope=...`` is under 60 bytes): a bound on
 # what a spec may make the parser split and show back.
 MAX_SPEC_LEN = 256
@@ -125,21 +124,13 @@ def format_name(raw: bytes, names: tuple[str, ...] = FORMAT_NAMES) -> str | None
     return name if name in names else None
 
 
-def _from_tier(ctx: Context, sid: bytes, *, required: bool, may_wait: bool = True) -> None:
+def from_tier(ctx: Context, sid: bytes, *, required: bool, may_wait: bool = True) -> None:
     """With ``--tier``: a session this worker does not hold is filled from the tier
     first. ``required``: the command cannot answer without it (see pion.tier);
     ``may_wait`` False: the fill is read here even on a live connection."""
     if ctx.state.tier is not None:
         wait = may_wait and ctx.may_wait
         ctx.state.tier.ensure_local((sid,), required=required, may_wait=wait)
-
-
-def _bulk(ctx: Context, array: npt.NDArray[np.generic]) -> memoryview:
-    """A flat byte view of a fetched array (no copy for a C-contiguous one), counted in
-    the receipt's bytes served."""
-    view = bytes_of(array)
-    ctx.state.receipt.credit_bytes(view.nbytes)
-    return view
 
 
 # -- V.CREATE ------------------------------------------------------------------------
@@ -179,7 +170,7 @@ def v_create(ctx: Context, argv: Sequence[bytes]) -> Reply:
                 )
             raise PionError(f"V.CREATE: unknown VQUANT format '{_show(raw)}' (want {_WANT})")
         fmt = named
-    _from_tier(ctx, sid, required=False)
+    from_tier(ctx, sid, required=False)
     return ctx.state.vstore.create(sid, dim, fmt)
 
 
@@ -204,7 +195,7 @@ def _create_schema(ctx: Context, a: Args, sid: bytes, default_dim: int) -> Reply
     ]
     schema = [(fmt, dim) for fmt, dim, _ in specs]
     ropes = [rope for _, _, rope in specs]
-    _from_tier(ctx, sid, required=False)
+    from_tier(ctx, sid, required=False)
     return ctx.state.vstore.create_schema(sid, default_dim, schema, ropes)
 
 
@@ -353,7 +344,7 @@ def _storebatch_rows(
     sid, start, count = req.sid, req.start, req.count
     max_rows = ctx.state.config.vstore.max_rows
     redirect_session(ctx, sid, "V.STOREBATCH")
-    _from_tier(ctx, sid, required=True, may_wait=may_wait)
+    from_tier(ctx, sid, required=True, may_wait=may_wait)
     dim, codec = ctx.state.vstore.layer_layout(sid, req.layer)  # not found / out of range
     if start < 0 or count < 1:
         raise PionError("V.STOREBATCH: invalid start/count (start >= 0, count >= 1)")
@@ -370,134 +361,6 @@ def _storebatch_rows(
     return rows, codec
 
 
-# -- V.FETCH -------------------------------------------------------------------------
-
-
-def v_fetch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
-    """``V.FETCH sid layer RANGE start end [FMT NATIVE]`` | ``V.FETCH sid BATCH start end
-    [num_layers] [FMT NATIVE]`` | ``V.FETCH sid layer id [id...]``"""
-    limits = ctx.state.config.vstore
-    vs = ctx.state.vstore
-    a = Args(argv, "V.FETCH")
-    sid = a.arg("session_id")
-    redirect_session(ctx, sid, "V.FETCH")
-    if a.peek_keyword() == "BATCH":
-        a.arg()
-        start = a.integer("start")
-        end = a.integer("end")
-        num_layers = None
-        if not a.done() and a.peek_keyword() != "FMT":
-            num_layers = a.integer("num_layers")
-        native = _fetch_options(a)
-        if start < 0 or end <= start:
-            raise PionError("V.FETCH BATCH invalid range: end must exceed start (>=0)")
-        if num_layers is not None and not 1 <= num_layers <= limits.max_layers:
-            raise PionError(f"V.FETCH BATCH: num_layers out of range (1..{limits.max_layers})")
-        fill = fill_source(ctx, sid)
-        if fill is not None:  # only the tier holds it: reply while it is read
-            return batch_reply(
-                ctx, fill, sid, start=start, end=end, num_layers=num_layers, native=native
-            )
-        layers = vs.fetch_batch_pieces(sid, start, end, num_layers, native=native)
-        if layers is None:
-            raise PionError("V.FETCH BATCH: session has no stored layers")
-        return _rows_reply(ctx, layers, array=True)
-    layer = a.integer("layer_id")
-    if a.peek_keyword() == "RANGE":
-        a.arg()
-        start = a.integer("start")
-        end = a.integer("end")
-        native = _fetch_options(a)
-        if start < 0 or end <= start:
-            raise PionError("invalid RANGE: end must exceed start (>=0)")
-        fill = fill_source(ctx, sid)
-        if fill is not None:
-            return range_reply(ctx, fill, sid, layer=layer, start=start, end=end, native=native)
-        rows = vs.fetch_range_pieces(sid, layer, start, end, native=native)
-        return None if rows is None else _rows_reply(ctx, [rows], array=False)
-    raw_ids = a.rest()
-    if len(raw_ids) > limits.max_fetch_ids:
-        raise PionError(f"V.FETCH: too many ids ({len(raw_ids)} > {limits.max_fetch_ids})")
-    if any(raw.upper() == b"FMT" for raw in raw_ids):
-        raise PionError(_NATIVE_ERROR)
-    ids = [parse_int(raw, "id") for raw in raw_ids]
-    _from_tier(ctx, sid, required=True)
-    found = vs.fetch_ids(sid, layer, ids)
-    return None if found is None else _bulk(ctx, found)
-
-
-def _rows_reply(ctx: Context, items: list[Pieces | None], *, array: bool) -> Reply | Deferred:
-    """Fetched rows as a reply: streamed (decoded off the loop, piece by piece) when
-    they are large and need decoding, else computed here."""
-    total = sum(item.nbytes for item in items if item is not None)
-    if total >= OFFLOAD_MIN_BYTES and any(item.converts for item in items if item is not None):
-        ctx.state.receipt.credit_bytes(total)
-        bulks = [None if item is None else LazyBulk(item.nbytes, item.parts) for item in items]
-        return Stream(bulks, array)
-    values: list[Reply] = [None if item is None else _bulk(ctx, _join(item)) for item in items]
-    return values if array else values[0]
-
-
-def _join(item: Pieces) -> npt.NDArray[np.generic]:
-    """A read's pieces computed here, as one array (the common case is one piece)."""
-    parts = [part() for part in item.parts]
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-
-def _fetch_options(a: Args) -> bool:
-    """The trailing ``[FMT NATIVE|F32]``; True for NATIVE."""
-    native = False
-    while not a.done():
-        option = a.arg().upper()
-        if option == b"FMT" and not a.done():
-            value = a.arg().upper()
-            if value in (b"NATIVE", b"F32"):
-                native = value == b"NATIVE"
-                continue
-        raise PionError("V.FETCH: unknown option (expected FMT NATIVE)")
-    return native
-
-
-# -- V.INFO --------------------------------------------------------------------------
-
-
-def v_info(ctx: Context, argv: Sequence[bytes]) -> Reply:
-    """``V.INFO`` -> global counters; ``V.INFO sid`` -> the session's layout and fill."""
-    vs = ctx.state.vstore
-    a = Args(argv, "V.INFO")
-    if a.done():
-        lines = [
-            "enabled:1",
-            f"sessions:{vs.session_count}",
-            f"total_tokens:{vs.total_tokens}",
-            f"total_fetches:{vs.total_fetches}",
-        ]
-        return "".join(f"{line}\r\n" for line in lines).encode()
-    sid = a.arg("session_id")
-    a.expect_done()
-    redirect_session(ctx, sid, "V.INFO")
-    _from_tier(ctx, sid, required=True)
-    info = vs.describe(sid)
-    hetero = info.heterogeneous
-    lines = [
-        f"session_idx:{info.slot}",
-        f"value_dim:{info.default_dim}",
-        f"v_format:{info.default_fmt}",
-        f"num_layers:{info.num_layers}",
-        f"schema:{'heterogeneous' if hetero else 'uniform'}",
-    ]
-    for layer in info.layers:
-        if layer.tpl:
-            lines.append(f"layer_{layer.index}_tokens:{layer.tpl}")
-        if hetero:
-            lines.append(f"layer_{layer.index}_dim:{layer.dim}")
-            lines.append(f"layer_{layer.index}_fmt:{layer.fmt}")
-        if layer.rope:
-            lines.append(f"layer_{layer.index}_rope:{layer.rope}")
-    lines.append(f"total_tokens:{info.total_tokens}")
-    return "".join(f"{line}\r\n" for line in lines).encode()
-
-
 COMMANDS: list[Command] = [
     Command(
         "V.CREATE",
@@ -512,19 +375,5 @@ COMMANDS: list[Command] = [
         -6,
         frozenset({"write"}),
         "Store count rows of one layer from an fp32 (or FMT F16) blob",
-    ),
-    Command(
-        "V.FETCH",
-        v_fetch,
-        -4,
-        frozenset({"readonly"}),
-        "Fetch rows: RANGE of one layer, BATCH of all layers, or an id list",
-    ),
-    Command(
-        "V.INFO",
-        v_info,
-        -1,
-        frozenset({"readonly", "fast"}),
-        "V-store counters, or one session's layout and row counts",
     ),
 ]

@@ -338,10 +338,20 @@ class Persistence:
         hand V-store mutations here)."""
         VStoreJournal(self).append(m)
 
+    @property
+    def logging(self) -> bool:
+        """Whether records are written (a log is open): without one, a store need not
+        build them (``stores.FrameSink``)."""
+        return self.wal is not None
+
     def append_frame(self, frame: Frame) -> None:
         """Every store's :class:`~pion.persistence.stores.FrameSink`: log the record."""
         if self.wal is not None:
             self.wal.append_frame(frame)
+        self.changes += 1
+
+    def note_change(self) -> None:
+        """A mutation with no record built (no log): counted all the same."""
         self.changes += 1
 
     def begin_unit(self) -> None:

@@ -59,16 +59,22 @@ class _Cursor:
 
 class KeyspaceJournal:
     """One database's journal: each mutation as a record to a sink, after a SELECT
-    record when the last one written was of another database."""
+    record when the last one written was of another database. Without a log
+    (``--no-wal``) no record is built, only the change counted: encoding a SET's record
+    cost about as much as the SET itself."""
 
-    __slots__ = ("cursor", "db", "sink")
+    __slots__ = ("cursor", "db", "logging", "sink")
 
     def __init__(self, sink: FrameSink, db: int = 0, cursor: _Cursor | None = None) -> None:
         self.sink = sink
         self.db = db
         self.cursor = cursor if cursor is not None else _Cursor()
+        self.logging = sink.logging  # fixed for the sink's life (the log is opened once)
 
     def append(self, mutation: KeyMutation) -> None:
+        if not self.logging:
+            self.sink.note_change()
+            return
         drop = isinstance(mutation, _REMOVES_ONLY)
         if self.cursor.db != self.db and not isinstance(mutation, _EVERY_DB):
             # As much a drop as the record it precedes: a drop passes a log that

@@ -87,9 +87,18 @@ class FrameSink(Protocol):
 
     ``append_frame`` returns once the record is accepted (written, or queued for the
     next group commit); it raises (``MisconfError`` while persistence is failing) when
-    it is not, and the store must then apply nothing of that mutation."""
+    it is not, and the store must then apply nothing of that mutation.
+
+    ``logging`` is False when records go nowhere (no log: ``--no-wal``): a store may
+    then skip building the record and call ``note_change`` instead, which counts the
+    mutation for the snapshot schedule as ``append_frame`` would have."""
+
+    @property
+    def logging(self) -> bool: ...
 
     def append_frame(self, frame: Frame) -> None: ...
+
+    def note_change(self) -> None: ...
 
 
 class DurableStore(Protocol):

@@ -21,7 +21,15 @@ from pion.resp.reply import (
     Verbatim,
 )
 
-__all__ = ["NULL_BULK", "SMALL_BULK", "Chunks", "encode_error", "encode_reply", "encode_simple"]
+__all__ = [
+    "NULL_BULK",
+    "SIMPLE_CACHE",
+    "SMALL_BULK",
+    "Chunks",
+    "encode_error",
+    "encode_reply",
+    "encode_simple",
+]
 
 # What a reply becomes: buffers for transport.writelines, never joined.
 Chunks: TypeAlias = list[bytes | bytearray | memoryview]
@@ -34,8 +42,9 @@ _NULL_ARRAY2 = b"*-1\r\n"
 # Small integers are the most common reply after +OK; cache their encodings.
 _INT_CACHE = [b":%d\r\n" % i for i in range(256)]
 # Simple strings are few and fixed (OK, PONG, HIT, MISS, ...): their encodings are
-# cached, up to a bound (a handler that made up simple strings could not grow it).
-_SIMPLE_CACHE: dict[str, bytes] = {"OK": _OK}
+# cached, up to a bound (a handler that made up simple strings could not grow it);
+# the fast lane reads it inline.
+SIMPLE_CACHE: dict[str, bytes] = {"OK": _OK}
 _SIMPLE_CACHE_SIZE = 256
 # Bulk replies up to this size are one chunk (header, value and CRLF joined); larger
 # ones keep the value as its own chunk, never copied.
@@ -55,11 +64,11 @@ NULL_BULK = {2: _NULL2, 3: _NULL3}
 
 def encode_simple(value: Simple) -> bytes:
     """``+value``: cached, up to a bound (the fixed replies of small commands)."""
-    encoded = _SIMPLE_CACHE.get(value)
+    encoded = SIMPLE_CACHE.get(value)
     if encoded is None:
         encoded = b"+" + value.encode() + _CRLF
-        if len(_SIMPLE_CACHE) < _SIMPLE_CACHE_SIZE:
-            _SIMPLE_CACHE[value] = encoded
+        if len(SIMPLE_CACHE) < _SIMPLE_CACHE_SIZE:
+            SIMPLE_CACHE[value] = encoded
     return encoded
 
 

@@ -6,8 +6,10 @@ Reading order, from a request's bytes to its reply:
    every command passes (unknown command, authentication, arity, loading), then run
    inside the one error boundary, ``pion.commands.execution``.
 2. ``connection.py``: one client's bytes in through the sans-IO decoder
-   (``pion.resp``), commands through the dispatcher, replies out, its states named
-   (``Phase``); ``slices.py`` (its share of the loop, the same for both lanes);
+   (``pion.resp``), commands through the dispatcher or ``lane.py`` (the fast lane:
+   GET, SET, LOOKUP, PING, MULTI and EXEC with the same checks made inline), its
+   states named (``Phase``); ``outbound.py`` (its writing half: replies out, flow
+   control, pub/sub pushes); ``slices.py`` (its share of the loop, the same for both lanes);
    ``clients.py`` (what both lanes' connections share: admission, the registry);
    ``clientmem.py`` bounds what all clients together make the server hold
    (``maxmemory-clients``).

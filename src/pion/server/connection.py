@@ -1,5 +1,6 @@
 """One client connection: bytes in through the sans-IO decoder, commands through the
-dispatcher, reply chunks out through the server's :class:`ReplySink`.
+fast lane (``lane.py``) or the dispatcher, reply chunks out through its writing half
+(``outbound.py``) to the server's :class:`ReplySink`.
 
 Replies leave strictly in request order: every command of a read is dispatched in turn
 on the event loop thread, and their chunks are handed to the sink (which writes them or
@@ -48,11 +49,8 @@ command, not once per read:
   limits apply (10 arguments, 16 KB bulks);
 - all connections together report to :class:`ClientMemory` (``maxmemory-clients``);
 - a pub/sub message for it (``client.push``, installed here) is appended to its output
-  at once: into the replies being built while its own commands run (so a message it
-  published to itself precedes that command's reply, as in Redis), after a deferred
-  command's reply while one runs, else at the end of the loop's iteration, in one
-  write with any others (a burst of publishes costs one write per subscriber). Past
-  ``client-output-buffer-limit pubsub`` it is disconnected (``pion.pubsub``);
+  at once, and past ``client-output-buffer-limit pubsub`` it is disconnected
+  (``outbound.py``);
 - past ``maxclients`` (RESP and binary-lane clients together, ``clients.py``) a new
   connection is answered ``-ERR max number of clients reached`` and closed.
 
@@ -80,8 +78,12 @@ from pion.resp.encoder import Chunks, encode_error
 from pion.server.clientmem import ClientMemory
 from pion.server.clients import MAX_CLIENTS_REPLY, ClientConnection, io_error, join, leave
 from pion.server.dispatch import Silenced, execute
+from pion.server.lane import Lane, lane_of
+from pion.server.lane import run as run_lane
+from pion.server.lane import usable as lane_usable
 from pion.server.offload import Offloader
-from pion.server.replies import ReplySink, coalesce
+from pion.server.outbound import Outbound
+from pion.server.replies import ReplySink
 from pion.server.running import Running
 from pion.server.slices import CHECK_EVERY, Share, Turns
 
@@ -93,12 +95,11 @@ log = logging.getLogger("pion.server")
 # of PINGs then costs one writelines per 64 KiB, not one per command.
 _FLUSH_BYTES = 64 * 1024
 _FLUSH_CHUNKS = 4096
+# The lane while it may not take this client's commands (pion.server.lane.usable).
+_NO_LANE: Lane = {}
 # The most one socket read takes (large bulks are received in place, unaffected).
 # Redis reads 16 KiB at a time; 64 KiB of small arguments is a few ms of parsing.
 READ_BYTES = 64 * 1024
-# What a reply piece held for the client costs beyond its payload (a bytes object's
-# header and its slot in a list), counted in its unsent reply bytes.
-PIECE_OVERHEAD = 64
 
 
 class Phase(enum.Enum):
@@ -111,7 +112,7 @@ class Phase(enum.Enum):
     CLOSED = "closed"
 
 
-class Connection(asyncio.BufferedProtocol):
+class Connection(Outbound):
     def __init__(
         self,
         state: ServerState,
@@ -125,8 +126,7 @@ class Connection(asyncio.BufferedProtocol):
         scratch: memoryview | None = None,
         turns: Turns | None = None,
     ) -> None:
-        self._state = state
-        self._sink = sink
+        super().__init__(state, sink)
         self._registry = registry
         self._memory = memory
         self._offload = offload
@@ -136,18 +136,8 @@ class Connection(asyncio.BufferedProtocol):
         self._read_view = self._scratch[:READ_BYTES]
         self._decoder = RequestDecoder(state.config.protocol)
         self._decoder.authenticated = not state.config.auth_required
-        self._high_water = state.config.protocol.reply_high_water
-        self._transport: asyncio.Transport | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        # The transport asked us to stop writing (its buffer passed the mark).
-        self._writing_paused = False
-        # We stopped ourselves: unsent bytes over the mark, mostly held by the sink.
-        self._backlogged = False
         self._reading_paused = False
-        self._closed = False
         self._registered = False
-        # Reply bytes handed to the sink and not yet written to the transport.
-        self._held = 0
         # The next command, parsed ahead while a deferred one runs (or the protocol
         # error in its place), and that command's size.
         self._next: list[bytes] | None = None
@@ -158,19 +148,9 @@ class Connection(asyncio.BufferedProtocol):
         self._share_turns = turns is not None
         self._steps_async = turns is not None
         self.client = ClientState(id=client_id, created=time.time())
-        # Pub/sub pushes (``_push``): the batch of replies being built while commands
-        # run (a push to this client lands in it, in order), the bytes pushed into it,
-        # pushes parked until the end of this loop iteration (one write for all a
-        # burst of publishes sends it) or of a deferred command, and since when the
-        # client has been over the pubsub soft output limit.
-        self.client.push = self._push
-        self._out: Chunks | None = None
-        self._pushed = 0
-        self._parked: Chunks = []
-        self._parked_bytes = 0
-        self._flush_due = False
-        self._soft_since: float | None = None
+        self.client.push = self._push  # pub/sub messages for it (outbound.py)
         self._ctx = Context(state=state, client=self.client, table=table, may_wait=True)
+        self._lane = lane_of(table)
         # The deferred command in progress (module docstring).
         self._running = Running(
             self._ctx,
@@ -296,6 +276,9 @@ class Connection(asyncio.BufferedProtocol):
         decoder = self._decoder
         running = self._running
         client = self.client
+        ctx = self._ctx
+        # The fast lane's rows while it may take this client's commands (lane.usable).
+        lane = self._lane if lane_usable(ctx) else _NO_LANE
         ran = 0
         yielded = close_after = False
         out: Chunks = []
@@ -303,7 +286,9 @@ class Connection(asyncio.BufferedProtocol):
         out_bytes = 0
         proto_error: ProtocolError | None = None
         # Unsent bytes change only when this loop sends: read once, and after a send.
-        unsent = self._unsent()
+        # The batch goes out once it passes either bound: the flush size, or what
+        # keeps the unsent bytes within the high-water mark.
+        flush_over = min(_FLUSH_BYTES - 1, self._high_water - self._unsent())
         # READY (``phase``), tested inline: this loop runs once per command.
         while not (self._closed or self._writing_paused or self._backlogged or running.busy):
             if transport.is_closing():
@@ -329,7 +314,14 @@ class Connection(asyncio.BufferedProtocol):
                 yielded = True
                 break
             ran += 1
-            result = execute(self._ctx, argv, out)
+            entry = lane.get(argv[0])
+            if entry is None:
+                result = execute(ctx, argv, out)
+                lane = self._lane if lane_usable(ctx) else _NO_LANE
+            else:
+                result = run_lane(ctx, entry, argv, out)
+                if entry.runs_any:
+                    lane = self._lane if lane_usable(ctx) else _NO_LANE
             if not isinstance(result, int):
                 result = self._deferred(argv, result, out, out_bytes)
                 if result < 0:
@@ -342,15 +334,11 @@ class Connection(asyncio.BufferedProtocol):
             if client.closing:
                 close_after = True
                 break
-            if (
-                out_bytes >= _FLUSH_BYTES
-                or len(out) >= _FLUSH_CHUNKS
-                or out_bytes + unsent > self._high_water
-            ):
+            if out_bytes > flush_over or len(out) >= _FLUSH_CHUNKS:
                 self._send(out, out_bytes)
                 out, out_bytes = [], 0
                 self._out = out
-                unsent = self._check_backlog()
+                flush_over = min(_FLUSH_BYTES - 1, self._high_water - self._check_backlog())
         self._after_run(out, out_bytes, proto_error, close_after, yielded)
 
     def _after_run(
@@ -383,13 +371,6 @@ class Connection(asyncio.BufferedProtocol):
         self._update_reading()
         self._report()
 
-    def _check_backlog(self) -> int:
-        unsent = self._unsent()
-        if unsent > self._high_water and not self._writing_paused:
-            # The sink holds them (group commit): wait for it to write them.
-            self._backlogged = True
-        return unsent
-
     # -- deferred commands (module docstring) -------------------------------------
 
     def _deferred(
@@ -409,15 +390,6 @@ class Connection(asyncio.BufferedProtocol):
         self._running.start(argv, deferred, silent=silent)
         return -1
 
-    def _behind(self) -> bool:
-        """The client is behind on reading: no further piece of a stream starts."""
-        if self._writing_paused:
-            return True
-        if self._unsent() > self._high_water:
-            self._backlogged = True  # the sink holds them: its write() resumes us
-            return True
-        return False
-
     def _done(self) -> None:
         """The deferred command's reply has been handed on: the next one may start."""
         client = self.client
@@ -432,26 +404,6 @@ class Connection(asyncio.BufferedProtocol):
             self._process()
 
     # -- sending and flow control ---------------------------------------------------
-
-    def _send(self, out: Chunks, nbytes: int) -> None:
-        # Coalesced here, once: the sink may hold them (group commit), and the
-        # transport must never be handed more pieces than it takes (replies.py).
-        if self._parked and not self._running.busy:
-            # Parked pushes came first: they leave ahead (never inside a stream).
-            out = self._parked + out
-            nbytes += self._parked_bytes
-            self._parked, self._parked_bytes = [], 0
-        out = coalesce(out)
-        # Pushes that landed in this batch (``_push``) count with its replies.
-        nbytes += len(out) * PIECE_OVERHEAD + self._pushed
-        self._pushed = 0
-        self._held += nbytes
-        self._sink.send(self, out, nbytes)
-
-    def _unsent(self) -> int:
-        transport = self._transport
-        buffered = transport.get_write_buffer_size() if transport is not None else 0
-        return buffered + self._held
 
     def _update_reading(self) -> None:
         """Read the socket unless the client is behind on reading its replies, or its
@@ -490,69 +442,6 @@ class Connection(asyncio.BufferedProtocol):
         return self._decoder.held + self._next_bytes + self._running.nbytes
 
     # -- used by the sink, the accounting and the server ---------------------------
-
-    def write(self, chunks: Chunks, nbytes: int) -> None:
-        self._held -= nbytes
-        transport = self._transport
-        if transport is not None and not transport.is_closing():
-            try:
-                transport.writelines(chunks)
-            except (OSError, RuntimeError) as exc:
-                # A reply that cannot be written is never dropped silently.
-                self._io_error("writing a reply failed", exc)
-                self.abort()
-                return
-        if self._backlogged and (self._writing_paused or self._unsent() <= self._high_water):
-            # Released by the sink. If the transport is now over the mark itself, its
-            # resume_writing() takes over; else run the commands that waited, after
-            # this callback (never inside the sink's loop over its queue).
-            self._backlogged = False
-            if not self._writing_paused:
-                asyncio.get_running_loop().call_soon(self._resume)
-        self._report()
-
-    def _push(self, data: bytes) -> None:
-        """A pub/sub message for this client: appended to its output now, behind the
-        replies before it, never waiting for the client to read."""
-        if self._closed:
-            return
-        if self._out is not None:
-            self._out.append(data)  # its commands are running: into their batch
-            self._pushed += len(data)
-        else:
-            # Sent at the end of this iteration of the loop, or after the deferred
-            # command's reply (_done), or ahead of the next replies (_send).
-            self._parked.append(data)
-            self._parked_bytes += len(data)
-            if not self._flush_due and not self._running.busy and self._loop is not None:
-                self._flush_due = True
-                try:
-                    asyncio.get_running_loop().call_soon(self._flush_pushes)
-                except RuntimeError:
-                    # Published by a script on its own thread (its PUBLISH, a keyspace
-                    # notification of its writes) while the loop thread is parked.
-                    self._loop.call_soon_threadsafe(self._flush_pushes)
-        if self._over_output_limit():
-            self._state.pubsub.limit_disconnects += 1
-            log.warning(
-                "client %d (%s) closed for overcoming of output buffer limits (pubsub)",
-                self.client.id,
-                self.client.addr,
-            )
-            self.evict()
-
-    def _flush_pushes(self) -> None:
-        self._flush_due = False
-        if self._parked and not self._closed and not self._running.busy:
-            self._send([], 0)  # the parked pushes (_send puts them first)
-            self._report()
-
-    def _over_output_limit(self) -> bool:
-        """``client-output-buffer-limit pubsub`` (``pion.pubsub.OutputLimit``)."""
-        used = self._unsent() + self._pushed + self._parked_bytes
-        limit = self._state.pubsub.limits["pubsub"]
-        over, self._soft_since = limit.exceeded(used, self._soft_since, time.monotonic)
-        return over
 
     def buffer_usage(self) -> tuple[int, int]:
         return self._query_bytes(), self._unsent()

@@ -22,6 +22,11 @@ Inside MULTI a command that passed those checks is queued instead of run
 ``CLIENT REPLY OFF|SKIP`` silences a client, :func:`execute` runs its commands as any
 client's and appends nothing (``pion.commands.clientctl``); a deferred one comes back
 :class:`Silenced`.
+
+The small commands of a cache's traffic reach :func:`execute` only when replies are
+switched off or a script runs: otherwise the connection runs them through the fast
+lane (``pion.server.lane``), which skips the name decoding and the general encoder
+and makes the same checks by calling :func:`checked`.
 """
 
 from __future__ import annotations
@@ -41,10 +46,10 @@ from pion.commands.state import Command, Context
 from pion.commands.transactions import IMMEDIATE, queue_command, refused_in_multi
 from pion.errors import LoadingError, MisconfError, NoAuthError, PionError
 from pion.persistence.stores import FREEING_COMMANDS
-from pion.resp.encoder import NULL_BULK, SMALL_BULK, Chunks, encode_simple
-from pion.resp.reply import ErrorReply, Reply, Simple
+from pion.resp.encoder import Chunks
+from pion.resp.reply import ErrorReply, Reply
 
-__all__ = ["Silenced", "admit", "dispatch", "execute"]
+__all__ = ["Silenced", "admit", "checked", "dispatch", "execute"]
 
 
 # Command names as sent (any case) -> upper-case. Bounded, so a client sending random
@@ -118,13 +123,22 @@ def dispatch(ctx: Context, argv: Sequence[bytes]) -> Reply | Deferred:
 
 
 def _run(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply | Deferred:
-    """A known command: its checks, then queued (inside MULTI) or run, timed."""
+    """A known command: the gate of a running script, then :func:`checked`."""
     state = ctx.state
-    client = ctx.client
     if state.scripts is not None and state.scripts.busy is not None:
         held = gate(ctx, cmd, argv, partial(_run, ctx, cmd, argv))
         if held is not None:
             return held
+    return checked(ctx, cmd, argv)
+
+
+def checked(ctx: Context, cmd: Command, argv: Sequence[bytes]) -> Reply | Deferred:
+    """A known command while no script holds the server: its checks (:func:`admit`, a
+    RESP2 subscriber's), then queued (inside MULTI) or run, timed. The fast lane
+    (``pion.server.lane``) calls it directly, so every check is made in this one
+    place whichever way a command came."""
+    state = ctx.state
+    client = ctx.client
     client.last_command = cmd.name
     try:
         admit(ctx, cmd, len(argv) - 1, argv)
@@ -158,11 +172,6 @@ def _execute(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int | Deferred
     client = ctx.client
     if client.reply_mode != "on":
         return _silent(ctx, argv, out)
-    name = _LANE.get(argv[0])
-    if name is not None:
-        taken = _fast_lane(ctx, name, argv, out)
-        if taken != -1:
-            return taken
     reply = dispatch(ctx, argv)
     if isinstance(reply, DEFERRED):
         return reply
@@ -188,42 +197,3 @@ def _silent(ctx: Context, argv: Sequence[bytes], out: Chunks) -> int | Deferred 
     if quiet:
         return 0
     return encode(ctx, argv, reply, out)
-
-
-# -- the fast lane -----------------------------------------------------------------
-#
-# The small commands that dominate a cache's traffic (GET, SET key value, a plain
-# KV.PREFIX.LOOKUP, PING) and the brackets of a transaction (MULTI, EXEC: redis-py's
-# default pipeline sends them), as the batch scanner hands them over complete, skip
-# the name decoding: the table spells them as they arrive, and their reply is encoded
-# as one chunk from its type. What they do is unchanged: the same checks, queueing
-# inside MULTI and timing (:func:`_run`). Spellings outside the table (mixed case) and
-# replies switched off take the generic path.
-
-_LANE_COMMANDS = ("GET", "SET", "KV.PREFIX.LOOKUP", "PING", "MULTI", "EXEC")
-_LANE: dict[bytes, str] = {
-    spelling: name for name in _LANE_COMMANDS for spelling in (name.encode(), name.lower().encode())
-}
-
-
-def _fast_lane(ctx: Context, name: str, argv: Sequence[bytes], out: Chunks) -> int | Deferred:
-    """Run ``argv`` (command ``name``) as :func:`execute` does, its reply encoded as one
-    chunk from its type where it can be; -1, nothing done, for an unknown name."""
-    cmd = ctx.table.get(name)
-    if cmd is None:
-        return -1
-    ctx.state.counters.total_commands_processed += 1
-    reply = _run(ctx, cmd, argv)
-    client = ctx.client
-    if type(reply) is Simple:
-        chunk = encode_simple(reply)
-    elif type(reply) is bytes and len(reply) <= SMALL_BULK:
-        chunk = b"$%d\r\n%b\r\n" % (len(reply), reply)
-    elif reply is None:
-        chunk = NULL_BULK[client.proto]
-    elif isinstance(reply, DEFERRED):  # none of the lane's handlers defers
-        return reply
-    else:
-        return encode(ctx, argv, reply, out)
-    out.append(chunk)
-    return len(chunk)

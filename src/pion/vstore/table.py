@@ -144,8 +144,13 @@ class SessionTable:
         sk, sv = sessions.get(k), sessions.get(v)
         if sk is None or sv is None:
             return None
-        self._touch(sk)
-        self._touch(sv)
+        # _touch() of each, the group's LRU move made once when they share it (a
+        # namespace's halves always do).
+        clock = self._clock = self._clock + 2
+        sk.clock, sv.clock = clock - 1, clock
+        self._lru.touch(sk.group)
+        if sv.group != sk.group:
+            self._lru.touch(sv.group)
         layer0 = sk.layers.get(0)
         return layer0.tpl if layer0 is not None else 0
 
