@@ -9,6 +9,7 @@ The pi-prefix-cache behaviour in Python (docs/llama.md). Reading order:
 - :mod:`~pion.llama.learn`       the boundary learned from what a harness's requests share
 - :mod:`~pion.llama.divergence`  where a request left the learned prefix, and why
 - :mod:`~pion.llama.watch`       each harness's last divergences, for the log and status
+- :mod:`~pion.llama.tokencache`  tokens of prefixes rendered before: a hit is not tokenized
 - :mod:`~pion.llama.prompt`      the warmable prefix of a request to any endpoint
 - :mod:`~pion.llama.fingerprint` SHA-256 fingerprint, slot file names, model identity
 - :mod:`~pion.llama.client`      httpx client for llama-server's HTTP API

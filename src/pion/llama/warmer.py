@@ -13,8 +13,10 @@ threads. For one prefix in one slot or, with ``slots``/``all_slots``, one prefix
    (``lease_wait``), then the request passes through unwarmed. The lease covers the
    warm-up, the real request (the proxy pins it with ``id_slot``) and the observation and
    save after its answer (:meth:`PrefixWarmer.finish`).
-1. **Hit.** The slot holds the fingerprint: trusted under the lease while no unpinned
-   request ran since; else ``GET /slots`` must still show its prompt. Also a hit: a slot
+1. **Hit.** The slot holds the fingerprint: the ``GET /slots`` a proxied request asks
+   beside its rendering must still show its prompt (not asked while every slot was
+   confirmed within ``slot_trust`` with no unpinned request run since); a library call's
+   slot is trusted under the lease while no unpinned request ran since. Also a hit: a slot
    whose prefix starts with the request's (a learned boundary moved back), taken over as
    it is and, with ``persist``, saved once the real request confirmed the reuse.
 2. **Restore** (``persist``): from disk, else from the store, after checking size, hash and
@@ -62,6 +64,7 @@ from pion.llama.status import files_status, warmer_status
 from pion.llama.steps import SLOTS_SNAPSHOT, SlotsSnapshot, WarmerSteps
 from pion.llama.store import SlotStore, StoreError
 from pion.llama.timings import Timings
+from pion.llama.tokencache import LazyConversation, TokenCache
 from pion.llama.watch import DivergenceWatch
 
 __all__ = ["HYBRID_ADVICE", "PrefixWarmer", "Ticket"]
@@ -78,8 +81,10 @@ class Ticket:
     lease: Lease | None = None
     pin: int | None = None
     # The whole request's tokens (token mode): a checkpoint of the conversation after
-    # its answer is checked against them (pion.llama.checkpoint).
+    # its answer is checked against them (pion.llama.checkpoint). ``lazy``: not asked for
+    # yet (the prefix came from the token cache).
     conversation: tuple[int, ...] | None = None
+    lazy: LazyConversation | None = None
 
 
 class PrefixWarmer(WarmerSteps):
@@ -122,6 +127,7 @@ class PrefixWarmer(WarmerSteps):
         self.unpinned_inflight = 0
         self.unpinned_epoch = 0
         self.learner = BoundaryLearner()
+        self.token_cache = TokenCache()
         self.divergence = DivergenceWatch(self.log, excerpts=config.divergence_excerpts)
 
     def _open_store(self, index: SlotIndex | None) -> tuple[SlotStore | None, Background | None]:
@@ -209,11 +215,26 @@ class PrefixWarmer(WarmerSteps):
         t0 = time.monotonic()
         # Beside the rendering, not after it: whether the slots still hold their prompts
         # (a restarted llama-server shows none) costs no round trip of its own.
-        token = SLOTS_SNAPSHOT.set(self._shared_snapshot())
+        token = SLOTS_SNAPSHOT.set(self._snapshot_if_needed())
         try:
             return await self._claim_found(kind, body, harness, t0, pinnable=pinnable)
         finally:
             SLOTS_SNAPSHOT.reset(token)
+
+    def _snapshot_if_needed(self) -> SlotsSnapshot | None:
+        """:meth:`_shared_snapshot`, unless ``slot_trust`` trusts every slot we know of:
+        each confirmed within it, no unpinned request run since (then a hit costs no
+        ``GET /slots``; with no slot known there is no hit to check)."""
+        trust = self.config.slot_trust
+        if trust <= 0:
+            return self._shared_snapshot()
+        now = time.monotonic()
+        if all(
+            s.epoch == self.unpinned_epoch and now - s.checked <= trust
+            for s in self.ctx.slots.values()
+        ):
+            return None
+        return self._shared_snapshot()
 
     def _shared_snapshot(self) -> SlotsSnapshot:
         """The ``GET /slots`` in flight, else a new one: requests that arrive together
@@ -250,6 +271,12 @@ class PrefixWarmer(WarmerSteps):
     ) -> WarmRequest | Ticket:
         """The warmable prefix of a request, rendered and learned by this warmer's server;
         a ticket without a lease when there is none (skipped, or rendering failed)."""
+
+        async def identity() -> str:
+            # The token cache's entries hold for one (build, model): known after the first
+            # request, asked again only off the hit path.
+            return (await self._server_info(refresh=False)).restore_key()
+
         try:
             found = await warm_request_for(
                 kind,
@@ -261,6 +288,8 @@ class PrefixWarmer(WarmerSteps):
                 seeds=lambda: self._seeds(harness),
                 log=self.log,
                 watch=self.divergence,
+                cache=self.token_cache,
+                identity=identity,
             )
         except Exception as exc:
             self.ctx.failure("prefix", exc)
@@ -277,7 +306,7 @@ class PrefixWarmer(WarmerSteps):
         must take (the fleet's registry says the prefix is there), waiting for it."""
         exclusive = not pinnable and self.config.multi_slot
         # A fleet routes before it claims: the slots are checked as in claim(), here.
-        token = SLOTS_SNAPSHOT.set(SLOTS_SNAPSHOT.get() or self._shared_snapshot())
+        token = SLOTS_SNAPSHOT.set(SLOTS_SNAPSHOT.get() or self._snapshot_if_needed())
         try:
             return await self._claim(found, slot, t0, exclusive=exclusive, pinnable=pinnable)
         finally:
@@ -309,6 +338,10 @@ class PrefixWarmer(WarmerSteps):
                 exclusive = ticket.lease is not None and ticket.lease.exclusive
                 if exclusive and not await self._placed(ticket.outcome):
                     conversation = None  # the warmed slot does not hold it
+                elif conversation is None and ticket.lazy is not None:
+                    conversation = await self._checkpoint_tokens(
+                        ticket.outcome, ticket.lazy, timings
+                    )
                 await self._after_answer(ticket.outcome, timings, conversation)
         except Exception as exc:
             self.ctx.failure("observe", exc)
@@ -529,7 +562,9 @@ class PrefixWarmer(WarmerSteps):
             self.ctx.slots.pop(target, None)
             leases.release(lease)
             return Ticket(self._record(self._failed(exc, target, t0)))
-        ticket = Ticket(self._record(outcome), lease, conversation=request.conversation)
+        ticket = Ticket(
+            self._record(outcome), lease, conversation=request.conversation, lazy=request.lazy
+        )
         if outcome.kind in WARM_KINDS and pinnable:
             ticket.pin = outcome.slot
         return ticket
