@@ -60,7 +60,7 @@ from pion.llama.restore import (
 )
 from pion.llama.serverinfo import ServerInfo
 from pion.llama.slots import SlotTable
-from pion.llama.status import files_status, warmer_status
+from pion.llama.status import FilesView, warmer_status
 from pion.llama.steps import SLOTS_SNAPSHOT, SlotsSnapshot, WarmerSteps
 from pion.llama.store import SlotStore, StoreError
 from pion.llama.timings import Timings
@@ -110,6 +110,7 @@ class PrefixWarmer(WarmerSteps):
             index = SlotIndex(config.slot_dir, self.log)
         store, background = self._open_store(index)
         self.ctx = WarmerContext(config, self.client, self.log, index, store, background)
+        self._files = FilesView(self.ctx)
         if background is not None:
             background.on_failure = self.ctx.failure
         self._table: SlotTable | None = None
@@ -169,6 +170,7 @@ class PrefixWarmer(WarmerSteps):
         if self.ctx.store is not None:
             await asyncio.to_thread(self.ctx.store.close)
         await self.client.aclose()
+        self._files.close()
         await asyncio.to_thread(self.log.flush)
 
     async def flush(self, timeout: float = 60.0) -> bool:
@@ -433,7 +435,7 @@ class PrefixWarmer(WarmerSteps):
     async def status(self) -> dict[str, Any]:
         """Slots and their prefixes, leases, last outcomes, counters, files, the log tail.
         Never waits on a lease or llama-server; ``index.json`` is read off the loop."""
-        files = await asyncio.to_thread(files_status, self.ctx)
+        files = await self._files.get()
         with self.ctx.guard:
             outcomes = [o.to_json() for o in self._outcomes]
             counts = dict(self._counts)
