@@ -28,12 +28,14 @@ The pi-prefix-cache behaviour in Python (docs/llama.md). Reading order:
 - :mod:`~pion.llama.context`     state the warmer's steps share
 - :mod:`~pion.llama.lease`       a request owns its slot until its answer is done
 - :mod:`~pion.llama.restore`     restore from disk or store, then verify
+- :mod:`~pion.llama.partial`     restore a saved prefix sharing most of a new one's tokens
 - :mod:`~pion.llama.coldbuild`   cold warm-up, save, push; saving an evicted prefix
 - :mod:`~pion.llama.checkpoint`  a conversation saved after its answer, rate-limited
 - :mod:`~pion.llama.steps`       the state machine in a slot: hit / restore / cold, answers
 - :mod:`~pion.llama.warmer`      routing, leases, the public API
 - :mod:`~pion.llama.route`       which llama-server of a fleet a request goes to (pure)
 - :mod:`~pion.llama.registry`    where prefixes are, shared by several proxies via the store
+- :mod:`~pion.llama.upstream`    one llama-server of a fleet, as routing sees it
 - :mod:`~pion.llama.fleet`       several llama-servers: health, load, routing
 - :mod:`~pion.llama.status`      ``/pion/status`` data
 - :mod:`~pion.llama.metrics`     ``/pion/metrics``: routing for Prometheus

@@ -62,11 +62,12 @@ from starlette.types import Receive, Scope, Send
 from pion.llama import metrics
 from pion.llama.config import WarmerConfig
 from pion.llama.endpoints import ENDPOINTS, EndpointKind, strip_billing_header
-from pion.llama.fleet import CONNECT_TIMEOUT, Fleet, Upstream, unless_down
+from pion.llama.fleet import CONNECT_TIMEOUT, Fleet
 from pion.llama.httpserver import read_body, serve_in_thread, uvicorn_options
 from pion.llama.prompt import MAX_WARM_BODY
 from pion.llama.status import redact_url
 from pion.llama.timings import TimingsScanner
+from pion.llama.upstream import Upstream, unless_down
 from pion.llama.warmer import PrefixWarmer, Ticket
 
 __all__ = [

@@ -21,7 +21,8 @@ verify (:func:`reject`). In order:
    gate and the divergent probe now; ``"fast"`` leaves it to the real request
    (:meth:`PrefixWarmer.observe <pion.llama.warmer.PrefixWarmer.observe>`).
 
-Returns the outcome, or None when the caller must build the prefix cold.
+Returns the outcome, or None when the caller must build the prefix cold (after a partial
+restore, :mod:`pion.llama.partial`, when a saved prefix shares most of its tokens).
 """
 
 from __future__ import annotations
@@ -47,20 +48,15 @@ from pion.llama.store import StoreCorrupt, StoreError
 __all__ = [
     "HYBRID_ADVICE",
     "NO_SAVING_ADVICE",
-    "PARTIAL_MIN_TOKENS",
+    "FileChecker",
     "longest_checkpoint",
     "reject",
     "restore",
-    "restore_partial",
+    "target_tokens",
     "warm_body",
     "warm_up",
 ]
 
-# A saved prefix that shares at least this many tokens, and at least
-# ``PARTIAL_MIN_SHARE`` of the new prefix, is restored before the new one is warmed:
-# llama-server reuses the common tokens and computes only the rest.
-PARTIAL_MIN_TOKENS = 32
-PARTIAL_MIN_SHARE = 0.5
 
 HYBRID_ADVICE = (
     "this llama.cpp build does not keep context checkpoints in slot files (a build with "
@@ -99,7 +95,7 @@ async def warm_up(
     return await client.chat(body)
 
 
-class _Checker:
+class FileChecker:
     """Compares file facts with the running server, learning its layout when needed."""
 
     def __init__(self, ctx: WarmerContext, info: ServerInfo, slot: int) -> None:
@@ -130,7 +126,7 @@ async def restore(ctx: WarmerContext, target: Target) -> Outcome | None:
             ctx.log(f"restore disabled for this server build/model ({reason}) → cold build")
         return None
     name = file_name(fp)
-    checker = _Checker(ctx, info, slot)
+    checker = FileChecker(ctx, info, slot)
     tier = "disk"
     entry: IndexEntry | None
     found = await _checkpoint(ctx, index, target, checker)
@@ -222,7 +218,7 @@ def longest_checkpoint(
 
 
 async def _checkpoint(
-    ctx: WarmerContext, index: SlotIndex, target: Target, checker: _Checker
+    ctx: WarmerContext, index: SlotIndex, target: Target, checker: FileChecker
 ) -> tuple[str, IndexEntry, str] | None:
     """The checkpoint to restore for the target's request instead of its prefix's own
     file: the compatible one sharing the longest token prefix with the whole request,
@@ -255,7 +251,7 @@ async def _checkpoint(
 
 
 async def _stored_checkpoint(
-    ctx: WarmerContext, target: Target, index: SlotIndex, floor: int, checker: _Checker
+    ctx: WarmerContext, target: Target, index: SlotIndex, floor: int, checker: FileChecker
 ) -> tuple[str, IndexEntry, str] | None:
     """The longest checkpoint the store lists under the target's prefix whose tokens
     (by their SHA-256) start the request and are more than ``floor``, pulled into the
@@ -289,69 +285,6 @@ async def _stored_checkpoint(
     return None
 
 
-def longest_shared(
-    ctx: WarmerContext, index: SlotIndex, tokens: tuple[int, ...], skip: str
-) -> tuple[int, str, IndexEntry] | None:
-    """The indexed file (not of fingerprint ``skip``) whose tokens share the longest
-    prefix with ``tokens``: (tokens shared, name, entry). Reads the slot dir: call it off
-    the event loop."""
-    best: tuple[int, str, IndexEntry] | None = None
-    for name, entry in sorted(index.files.items()):
-        path = index.slot_dir / name
-        if entry.fingerprint == skip or not path.is_file():
-            continue
-        if path.stat().st_size != entry.bytes:
-            continue
-        held = ctx.file_tokens(path)
-        if held is None:
-            continue
-        shared = common_prefix(held, tokens)
-        if best is None or shared > best[0]:
-            best = (shared, name, entry)
-    return best
-
-
-async def restore_partial(ctx: WarmerContext, target: Target) -> tuple[str, int] | None:
-    """No file of this prefix: restore the saved prefix that shares the most tokens with
-    it, when that is long (:data:`PARTIAL_MIN_TOKENS`, :data:`PARTIAL_MIN_SHARE`), so the
-    cold build that follows computes only the rest. Returns (file, tokens shared)."""
-    index, slot, info = ctx.index, target.slot, target.info
-    if index is None:
-        return None
-    loaded = await asyncio.to_thread(index.load)
-    key = info.restore_key()
-    if key in loaded.no_restore or not loaded.files:
-        return None
-    try:
-        tokens = await target_tokens(ctx, target.request, slot)
-    except LlamaServerError as exc:
-        ctx.log(f"no partial restore (tokenizing failed: {exc.short()})")
-        return None
-    checker = _Checker(ctx, info, slot)
-    best = await asyncio.to_thread(longest_shared, ctx, loaded, tokens, target.fingerprint)
-    need = max(PARTIAL_MIN_TOKENS, PARTIAL_MIN_SHARE * len(tokens))
-    if best is None or best[0] < need:
-        return None
-    shared, name, entry = best
-    why = await checker.why_not(entry.facts())
-    if why is not None:
-        ctx.count("refused_compat")
-        ctx.log(f"REFUSED {name} for a partial restore: {why} → cold build")
-        return None
-    try:
-        res = await ctx.client.slot_restore(slot, name)
-    except LlamaServerError as exc:
-        ctx.log(f"partial restore of {name} failed ({exc.short()}) → cold build")
-        return None
-    await asyncio.to_thread(index.touch, name)
-    ctx.count("partial_restores")
-    ctx.log(
-        f"RESTORE {name} (partial): shares {shared} of {len(tokens)} tokens with this "
-        f"prefix, n_restored={res.get('n_restored')} → warming the rest, saving it beside"
-    )
-    return name, shared
-
-
 def _put(ctx: WarmerContext, index: SlotIndex, name: str, entry: IndexEntry) -> None:
     index.put(name, entry)
     index.cleanup(ctx.config.max_files, ctx.config.max_bytes, keep=frozenset({name}))
@@ -363,7 +296,7 @@ def _finish(outcome: Outcome, t0: float) -> Outcome:
 
 
 async def _local(
-    ctx: WarmerContext, index: SlotIndex, name: str, fp: str, checker: _Checker
+    ctx: WarmerContext, index: SlotIndex, name: str, fp: str, checker: FileChecker
 ) -> IndexEntry | None:
     then = "trying the store" if ctx.store is not None else "cold build"
     entry = index.files.get(name)
@@ -397,7 +330,7 @@ async def _local(
 
 
 async def _pull(
-    ctx: WarmerContext, target: Target, index: SlotIndex, name: str, checker: _Checker
+    ctx: WarmerContext, target: Target, index: SlotIndex, name: str, checker: FileChecker
 ) -> IndexEntry | None:
     fp = target.fingerprint
     store = ctx.store

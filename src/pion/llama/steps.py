@@ -29,13 +29,13 @@ from pion.llama.eventlog import EventLog
 from pion.llama.fingerprint import FingerprintInputs, fingerprint, model_file_identity
 from pion.llama.modelkind import ModelKind, detect_model_state
 from pion.llama.outcome import WARM_KINDS, Outcome
+from pion.llama.partial import restore_partial
 from pion.llama.prefix import WarmRequest
 from pion.llama.restore import (
     HYBRID_ADVICE,
     NO_SAVING_ADVICE,
     reject,
     restore,
-    restore_partial,
 )
 from pion.llama.serverinfo import ServerInfo
 from pion.llama.slots import SlotTable
