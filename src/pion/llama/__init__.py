@@ -32,7 +32,8 @@ The pi-prefix-cache behaviour in Python (docs/llama.md). Reading order:
 - :mod:`~pion.llama.coldbuild`   cold warm-up, save, push; saving an evicted prefix
 - :mod:`~pion.llama.checkpoint`  a conversation saved after its answer, rate-limited
 - :mod:`~pion.llama.steps`       the state machine in a slot: hit / restore / cold, answers
-- :mod:`~pion.llama.warmer`      routing, leases, the public API
+- :mod:`~pion.llama.leasing`     which slot a request takes, and its lease there
+- :mod:`~pion.llama.warmer`      the public API: claim, finish, ensure, status
 - :mod:`~pion.llama.route`       which llama-server of a fleet a request goes to (pure)
 - :mod:`~pion.llama.registry`    where prefixes are, shared by several proxies via the store
 - :mod:`~pion.llama.upstream`    one llama-server of a fleet, as routing sees it

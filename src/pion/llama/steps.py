@@ -8,8 +8,8 @@ build) and what follows an answer (``_observe``: the fast-path verification, the
 receipt; ``_after_answer``: the save of a taken-over prefix and a checkpoint of the
 conversation; ``_placed``: where an
 unpinnable request ran; ``_upstream_failed``). Every method runs under the slot's lease,
-on the warmer's event loop. Routing, leases and the public API are
-:mod:`pion.llama.warmer`'s.
+on the warmer's event loop. Routing and leases are :mod:`pion.llama.leasing`'s, the
+public API :mod:`pion.llama.warmer`'s.
 """
 
 from __future__ import annotations
