@@ -24,6 +24,7 @@ Errors of llama-server (down, refuses the body) propagate as
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +76,17 @@ class Rendering:
     label: str
 
 
+def _with_chat(found: WarmRequest, body: Mapping[str, Any]) -> WarmRequest:
+    """A Pi-marker prefix (text mode), with the body whose whole tokens a checkpoint of
+    its conversation needs: rendered and tokenized only then (after an answer that grew
+    the conversation enough, or to pick a checkpoint to restore)."""
+    try:
+        chat = to_chat("chat", body)
+    except ValueError:
+        return found
+    return dataclasses.replace(found, lazy=LazyConversation(None, chat=chat))
+
+
 async def _render(
     kind: EndpointKind,
     body: Mapping[str, Any],
@@ -94,7 +106,7 @@ async def _render(
     if kind == "chat":
         found = warm_request_from_chat(body, markers, harness=harness)
         if isinstance(found, WarmRequest):
-            return found
+            return _with_chat(found, body)
         if found.reason not in _NO_MARKER:
             return found
     try:

@@ -129,9 +129,10 @@ async def restore(ctx: WarmerContext, target: Target) -> Outcome | None:
     checker = FileChecker(ctx, info, slot)
     tier = "disk"
     entry: IndexEntry | None
+    prefix_n = len(request.tokens or ())
     found = await _checkpoint(ctx, index, target, checker)
     if found is not None:
-        name, entry, tier = found
+        (name, entry, tier), prefix_n = found
     else:
         entry = await _local(ctx, index, name, fp, checker)
     if entry is None and ctx.store is not None:
@@ -154,7 +155,7 @@ async def restore(ctx: WarmerContext, target: Target) -> Outcome | None:
     own_file = n_restored == (entry.file_tokens or entry.tokens)
     # A checkpoint holds the prefix and a conversation after it: the prefix's own count
     # is what the real request is verified against and what later hits check.
-    tokens = len(request.tokens or ()) if entry.checkpoint else entry.tokens
+    tokens = prefix_n if entry.checkpoint else entry.tokens
     prompt = request.tokens
     if prompt is None:
         # Text mode: the file's own tokens (checked when it was saved) stand for the prefix.
@@ -219,21 +220,30 @@ def longest_checkpoint(
 
 async def _checkpoint(
     ctx: WarmerContext, index: SlotIndex, target: Target, checker: FileChecker
-) -> tuple[str, IndexEntry, str] | None:
+) -> tuple[tuple[str, IndexEntry, str], int] | None:
     """The checkpoint to restore for the target's request instead of its prefix's own
     file: the compatible one sharing the longest token prefix with the whole request,
     when that is longer than the prefix (the conversation up to an earlier turn); from
-    the slot dir, or pulled from the store when it lists a longer one. (name, entry,
-    tier)."""
+    the slot dir, or pulled from the store when it lists a longer one. ((name, entry,
+    tier), the prefix's tokens)."""
     request = target.request
     conversation, prefix = request.conversation, request.tokens
+    if conversation is not None and prefix is None:
+        # Text mode (a Pi marker): the prefix is the part of its warm-up's rendering the
+        # request holds.
+        try:
+            warm = await target_tokens(ctx, request, target.slot)
+        except LlamaServerError as exc:
+            ctx.log(f"no checkpoint restore (tokenizing failed: {exc.short()})")
+            return None
+        prefix = conversation[: common_prefix(warm, conversation)]
     if conversation is None or prefix is None or len(conversation) <= len(prefix):
         return None
     best = await asyncio.to_thread(longest_checkpoint, ctx, index, conversation)
     local = best[0] if best is not None else 0
     pulled = await _stored_checkpoint(ctx, target, index, max(local, len(prefix)), checker)
     if pulled is not None:
-        return pulled
+        return pulled, len(prefix)
     if best is None or best[0] <= len(prefix):
         return None
     shared, name, entry = best
@@ -247,7 +257,7 @@ async def _checkpoint(
         f"CHECKPOINT {name} shares {shared} of the request's {len(conversation)} tokens "
         f"(the prefix: {len(prefix)}) → restoring it"
     )
-    return name, entry, "disk"
+    return (name, entry, "disk"), len(prefix)
 
 
 async def _stored_checkpoint(

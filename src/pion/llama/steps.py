@@ -160,7 +160,7 @@ class WarmerSteps:
         # restarted server with another build or model.
         info = await self._server_info(refresh=True)
         lazy = request.lazy
-        if lazy is not None and lazy.identity != info.restore_key():
+        if lazy is not None and lazy.identity not in (None, info.restore_key()):
             # Its prefix's tokens came from the cache of another build or model.
             self.log("llama-server changed since the prefix was tokenized → forwarded unwarmed")
             return Outcome("skipped", slot=slot, detail="llama-server changed", at=time.time())
@@ -284,6 +284,10 @@ class WarmerSteps:
         them (llama-server did not answer) the prefix's own file is restored."""
         if request.conversation is not None or request.lazy is None:
             return request
+        if request.tokens is None and (
+            self.ctx.index is None or self.config.checkpoint_tokens <= 0
+        ):
+            return request  # text mode: only a checkpoint would need them
         try:
             tokens = await request.lazy.tokens(self.client)
         except LlamaServerError as exc:
@@ -384,7 +388,7 @@ class WarmerSteps:
         state = self.ctx.slots.get(outcome.slot)
         if state is None or state.fingerprint != outcome.fingerprint:
             return None
-        grown = timings.total - len(lazy.prefix)
+        grown = timings.total - state.tokens
         if state.saved and grown < self.config.checkpoint_tokens:
             reused = (
                 timings.cache_n > 0 and timings.cache_n >= self.config.gate_ratio * state.tokens

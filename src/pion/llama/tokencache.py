@@ -34,9 +34,9 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = [
     "ENTRY_OVERHEAD",
@@ -68,6 +68,8 @@ class Tokenizer(Protocol):
     a protocol, so that :mod:`pion.llama.prefix` may name this module without a cycle)."""
 
     async def tokenize(self, content: str, add_special: bool = False) -> list[int]: ...
+
+    async def apply_template(self, body: Mapping[str, Any]) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -200,24 +202,31 @@ def prefix_chars(text: str, pieces: Sequence[bytes], n: int) -> int | None:
 
 @dataclass(eq=False)
 class LazyConversation:
-    """The rendering of a request whose prefix came from the :class:`TokenCache`: its
-    whole tokens are asked for once, when something needs them (a restore looks for a
-    checkpoint, a checkpoint is checked against them). ``identity``: the server the
-    prefix was cached for. ``mismatch`` is called when they do not start with the cached
-    ``prefix`` (the entry is then dropped)."""
+    """A request's whole tokens, asked for once, when something needs them (a restore
+    looks for a checkpoint, a checkpoint is checked against them): the rendering
+    ``text`` of a request whose prefix came from the :class:`TokenCache`, or the ``chat``
+    body of a Pi-marker request (text mode: its prefix is text, nothing was rendered).
+    ``identity``: the server the prefix was cached for (None: not from the cache).
+    ``mismatch`` is called when they do not start with the cached ``prefix`` (the entry is
+    then dropped)."""
 
-    text: str
-    prefix: tuple[int, ...]
-    identity: str
-    mismatch: Callable[[], None]
+    text: str | None
+    prefix: tuple[int, ...] = ()
+    identity: str | None = None
+    mismatch: Callable[[], None] | None = None
+    chat: Mapping[str, Any] | None = None
     _tokens: tuple[int, ...] | None = None
 
     async def tokens(self, client: Tokenizer) -> tuple[int, ...]:
-        """The rendering's tokens, as ``/tokenize`` gives them (asked once). Raises
+        """The rendering's tokens, as ``/tokenize`` gives them (asked once; the chat body
+        rendered by ``/apply-template`` first). Raises
         :class:`~pion.llama.client.LlamaServerError`."""
         if self._tokens is None:
-            tokens = tuple(await client.tokenize(self.text, True))
-            if tokens[: len(self.prefix)] != self.prefix:
+            text = self.text
+            if text is None:
+                text = await client.apply_template(self.chat or {})
+            tokens = tuple(await client.tokenize(text, True))
+            if tokens[: len(self.prefix)] != self.prefix and self.mismatch is not None:
                 self.mismatch()
             self._tokens = tokens
         return self._tokens
