@@ -237,10 +237,6 @@ class PrefixProxy:
     async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
         self._loop = asyncio.get_running_loop()
         self.fleet.start()
-        # What was imported and built until now lives as long as the proxy: out of the
-        # collector's reach, a full collection under a burst walks only the requests'
-        # objects (it walked every module's too: 100+ ms, the loop and /pion/status held).
-        gc.freeze()
         try:
             yield
         finally:
@@ -484,6 +480,12 @@ def serve(
         f"({slots}, persist {'on' if proxy.warmer.index else 'off'}, "
         f"store {redact_url(store.config.url) if store else 'off'}, verify {config.verify})"
     )
+    # What was imported and built until now lives as long as the process: out of the
+    # collector's reach, a full collection under a burst walks only the requests' objects
+    # (it walked every module's too: 100+ ms, the loop and /pion/status held). Here, not
+    # in the app: an embedding process (tests) keeps its own collector as it is.
+    gc.collect()
+    gc.freeze()
     uvicorn.run(proxy.app, **uvicorn_options(host, port))
 
 
