@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pion_testing.llama_samples import pi_chat_body
 
 from pion.llama.proxy import PrefixProxy, running_proxy
 from support.fake_llama import FakeLlamaServer, fake_llama_server
@@ -130,6 +131,77 @@ def test_resumed_conversation_restores_its_last_checkpoint(
     # once the answer follows it), and the answer: only the new turn is computed.
     assert len(fifth) - 1 <= cached < len(sixth)
     assert fake.records_for("messages")[-1].cache_n == cached
+
+
+class PiConversation:
+    """One Pi session on ``/v1/chat/completions``: its system prompt holds Pi's boundary
+    marker (text mode: the proxy renders nothing on the way); each turn is the previous
+    conversation, its answer, and a new user message."""
+
+    def __init__(self) -> None:
+        self.base = pi_chat_body("", max_tokens=2)
+        self.system = self.base["messages"][0]
+        self.messages: list[dict[str, Any]] = []
+        self.sent: list[dict[str, Any]] = []
+
+    def turn(self, url: str) -> dict[str, Any]:
+        self.messages.append({"role": "user", "content": user_turn(len(self.sent))})
+        body = {**self.base, "messages": [self.system, *self.messages]}
+        self.sent.append(body)
+        response = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+        assert response.status_code == 200
+        answer: dict[str, Any] = response.json()
+        self.messages.append(answer["choices"][0]["message"])
+        return answer
+
+    def tokens(self, turn: int) -> list[int]:
+        return prompt_tokens("chat", self.sent[turn])
+
+
+def test_a_pi_conversation_is_checkpointed_and_restored(
+    fake: FakeLlamaServer,
+    tmp_path: Path,
+) -> None:
+    """A Pi-marker prefix (text mode) keeps its conversation too: its tokens are asked for
+    after an answer that grew it past the threshold, not on the way, and a restarted
+    llama-server gets the last checkpoint back."""
+    config = config_for(fake, tmp_path, checkpoint_tokens=16)
+    chat = PiConversation()
+    with running_proxy(PrefixProxy(config)) as url:
+        chat.turn(url)
+        until(lambda: status(url)["leases"]["held"] == {})
+        seen = len(fake.records)
+        chat.turn(url)  # a hit: nothing rendered before the request
+        until(lambda: status(url)["leases"]["held"] == {})
+        second = [r.endpoint for r in fake.records[seen:]]
+        for _ in range(2):
+            chat.turn(url)
+        until(lambda: status(url)["leases"]["held"] == {})
+        before = status(url)
+        saved = checkpoints(fake)
+        held = file_tokens(fake, next(iter(saved)))
+        fake.restart()
+        n_records = len(fake.records)
+        answer = chat.turn(url)
+        after = status(url)
+    # The hit asked nothing before the request; after its answer, its tokens (rendered,
+    # tokenized), then the checkpoint's save.
+    assert second[: second.index("chat") + 1] == ["slots", "chat"]
+    assert second[second.index("chat") + 1 :] == ["apply-template", "tokenize", "save"]
+    # Every turn grew past the threshold (the first too: its user turn follows the
+    # prefix); each checkpoint replaced the one before.
+    assert before["events"]["checkpoints_saved"] == 4
+    assert len(saved) == 1
+    (name, entry) = next(iter(saved.items()))
+    fourth, fifth = chat.tokens(3), chat.tokens(4)
+    assert held[: len(fourth)] == fourth and entry["tokens"] >= len(fourth)
+    resumed = fake.records[n_records:]
+    assert [r.endpoint for r in resumed if r.endpoint in ("restore", "completion")] == ["restore"]
+    assert [r.filename for r in resumed if r.endpoint == "restore"] == [name]
+    assert after["events"]["checkpoint_restores"] == 1
+    assert after["outcomes"][-1]["kind"] == "restored"
+    cached = answer["timings"]["cache_n"]
+    assert len(fourth) - 1 <= cached < len(fifth)
 
 
 def test_checkpoints_are_rate_limited_by_new_tokens(

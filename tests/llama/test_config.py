@@ -116,3 +116,13 @@ def test_checkpoint_tokens_from_env_and_flags() -> None:
     assert WarmerConfig.from_env(env, checkpoint_tokens=0).checkpoint_tokens == 0
     bad = {"PI_PREFIX_CACHE_CHECKPOINT_TOKENS": "-5"}
     assert WarmerConfig.from_env(bad).checkpoint_tokens == 0
+
+
+def test_slot_trust_from_env_and_flags() -> None:
+    assert WarmerConfig().slot_trust == 0.0
+    env = {"PI_PREFIX_CACHE_SLOT_TRUST": "2.5"}
+    assert WarmerConfig.from_env(env).slot_trust == 2.5
+    assert WarmerConfig.from_env(env, slot_trust=0.0).slot_trust == 0.0
+    assert WarmerConfig.from_env({"PI_PREFIX_CACHE_SLOT_TRUST": "-1"}).slot_trust == 0.0
+    with pytest.raises(ValueError, match="slot trust"):
+        WarmerConfig(slot_trust=-1.0)

@@ -9,6 +9,7 @@ The pi-prefix-cache behaviour in Python (docs/llama.md). Reading order:
 - :mod:`~pion.llama.learn`       the boundary learned from what a harness's requests share
 - :mod:`~pion.llama.divergence`  where a request left the learned prefix, and why
 - :mod:`~pion.llama.watch`       each harness's last divergences, for the log and status
+- :mod:`~pion.llama.tokencache`  tokens of prefixes rendered before: a hit is not tokenized
 - :mod:`~pion.llama.prompt`      the warmable prefix of a request to any endpoint
 - :mod:`~pion.llama.fingerprint` SHA-256 fingerprint, slot file names, model identity
 - :mod:`~pion.llama.client`      httpx client for llama-server's HTTP API
@@ -27,12 +28,15 @@ The pi-prefix-cache behaviour in Python (docs/llama.md). Reading order:
 - :mod:`~pion.llama.context`     state the warmer's steps share
 - :mod:`~pion.llama.lease`       a request owns its slot until its answer is done
 - :mod:`~pion.llama.restore`     restore from disk or store, then verify
+- :mod:`~pion.llama.partial`     restore a saved prefix sharing most of a new one's tokens
 - :mod:`~pion.llama.coldbuild`   cold warm-up, save, push; saving an evicted prefix
 - :mod:`~pion.llama.checkpoint`  a conversation saved after its answer, rate-limited
 - :mod:`~pion.llama.steps`       the state machine in a slot: hit / restore / cold, answers
-- :mod:`~pion.llama.warmer`      routing, leases, the public API
+- :mod:`~pion.llama.leasing`     which slot a request takes, and its lease there
+- :mod:`~pion.llama.warmer`      the public API: claim, finish, ensure, status
 - :mod:`~pion.llama.route`       which llama-server of a fleet a request goes to (pure)
 - :mod:`~pion.llama.registry`    where prefixes are, shared by several proxies via the store
+- :mod:`~pion.llama.upstream`    one llama-server of a fleet, as routing sees it
 - :mod:`~pion.llama.fleet`       several llama-servers: health, load, routing
 - :mod:`~pion.llama.status`      ``/pion/status`` data
 - :mod:`~pion.llama.metrics`     ``/pion/metrics``: routing for Prometheus

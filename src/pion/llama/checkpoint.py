@@ -9,9 +9,13 @@ answer waits for). The restore side is :func:`pion.llama.restore.restore` (the
 checkpoint sharing the longest token prefix with the request, before the prefix's own
 file). The rules:
 
-- **Token mode only**: the request's own tokens (:attr:`WarmRequest.conversation
+- **The request's own tokens** (:attr:`WarmRequest.conversation
   <pion.llama.prefix.WarmRequest.conversation>`) are what a checkpoint is checked
-  against and later found by; a Pi marker prefix (text mode) keeps only its prefix file.
+  against and later found by. A Pi-marker request (text mode) renders nothing on its way:
+  its tokens are asked for (``/apply-template``, ``/tokenize``) only after an answer that
+  grew its conversation enough, or to pick a checkpoint to restore; its prefix is then
+  the part of its warm-up's rendering (the prefix, then an empty user turn) the
+  conversation holds, at least the gate ratio of it.
 - **Rate-limited by new tokens**: saved only when the conversation grew by at least
   ``checkpoint_tokens`` (``--checkpoint-tokens``) past the longest slot file that
   already holds its start (the prefix's own file, or an earlier checkpoint).
@@ -92,8 +96,15 @@ async def save_checkpoint(
     file's name, or None when nothing was saved."""
     index, cfg = ctx.index, ctx.config
     prefix = state.prompt
-    if index is None or cfg.checkpoint_tokens <= 0 or prefix is None or not state.prompt_exact:
+    if index is None or cfg.checkpoint_tokens <= 0 or prefix is None:
         return None
+    if not state.prompt_exact:
+        # Text mode (a Pi marker): the slot's prompt is its warm-up's rendering, the
+        # prefix then an empty user turn; the conversation holds the prefix part of it.
+        shared = common_prefix(prefix, conversation)
+        if shared < cfg.gate_ratio * state.tokens:
+            return None
+        prefix = conversation[:shared]
     if len(conversation) <= len(prefix) or conversation[: len(prefix)] != prefix:
         return None
     loaded = await asyncio.to_thread(index.load)

@@ -119,6 +119,12 @@ _WARMER_OPTIONS = [
         "forwarded unwarmed [..._LEASE_WAIT]",
     ),
     click.option(
+        "--slot-trust",
+        type=click.FloatRange(min=0),
+        help="seconds a slot confirmed to hold its prefix is trusted without asking "
+        "GET /slots (0: every hit asks; default 0) [..._SLOT_TRUST]",
+    ),
+    click.option(
         "--checkpoint-tokens",
         type=click.IntRange(min=0),
         help="save a checkpoint of a conversation once it grew by this many tokens "
@@ -180,6 +186,7 @@ def _config(**flags: Any) -> WarmerConfig:
         upstream_timeout=flags.get("upstream_timeout"),
         divergence_excerpts=flags.get("divergence_excerpts"),
         checkpoint_tokens=flags.get("checkpoint_tokens"),
+        slot_trust=flags.get("slot_trust"),
     )
 
 

@@ -310,6 +310,39 @@ class AsyncLlamaClient:
             raise LlamaServerError("/tokenize: no tokens")
         return [t if isinstance(t, int) else int(t["id"]) for t in tokens]
 
+    async def tokenize_pieces(
+        self, content: str, add_special: bool = False
+    ) -> list[tuple[int, bytes]]:
+        """``POST /tokenize`` with ``with_pieces``: each token with the bytes it stands for
+        (llama-server sends a piece that is not whole UTF-8 as a list of byte values)."""
+        data = await self._json_object(
+            "POST",
+            "/tokenize",
+            json={
+                "content": content,
+                "add_special": add_special,
+                "parse_special": True,
+                "with_pieces": True,
+            },
+        )
+        tokens = data.get("tokens")
+        if not isinstance(tokens, list):
+            raise LlamaServerError("/tokenize: no tokens")
+        out: list[tuple[int, bytes]] = []
+        for t in tokens:
+            if not isinstance(t, dict) or not isinstance(t.get("id"), int):
+                raise LlamaServerError("/tokenize: a token without its piece")
+            piece = t.get("piece")
+            if isinstance(piece, str):
+                out.append((t["id"], piece.encode("utf-8", "surrogatepass")))
+            elif isinstance(piece, list) and all(
+                isinstance(b, int) and 0 <= b < 256 for b in piece
+            ):
+                out.append((t["id"], bytes(piece)))
+            else:
+                raise LlamaServerError("/tokenize: a piece is neither text nor bytes")
+        return out
+
     async def apply_template(self, body: Mapping[str, Any]) -> str:
         data = await self._json_object("POST", "/apply-template", json=dict(body))
         prompt = data.get("prompt")

@@ -34,6 +34,7 @@ PI_PREFIX_CACHE_DIVERGENCE_EXCERPTS  0 = no prompt text in divergence reports   
 PI_PREFIX_CACHE_LEASE_WAIT         seconds a request waits for a slot          30
 PI_PREFIX_CACHE_UPSTREAM_TIMEOUT   seconds without a byte from llama-server    600
 PI_PREFIX_CACHE_CHECKPOINT_TOKENS  new tokens before a conversation checkpoint 1024
+PI_PREFIX_CACHE_SLOT_TRUST         seconds a confirmed slot is trusted unasked  0
 =================================  ==========================================  ===========
 
 The log defaults to ``$PION_CACHE/prefix-cache.log`` (``~/.cache/pion/prefix-cache.log``).
@@ -140,6 +141,12 @@ class WarmerConfig:
     # slot is saved as a checkpoint of the conversation when it grew by at least this many
     # tokens past the longest file of it already saved; 0 turns checkpoints off.
     checkpoint_tokens: int = 1024
+    # Seconds a slot is trusted to hold its prefix without ``GET /slots`` once llama-server
+    # or a real request confirmed it, while no unpinned request ran (docs/llama.md, "What
+    # a hit costs"). 0: every proxied hit is checked, and a restarted llama-server is
+    # noticed before the request (its prefix restored); above 0, a restart within that
+    # time is noticed by the request's own answer (it ran cold, the next one restores).
+    slot_trust: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "base_url", normalize_base_url(self.base_url))
@@ -151,6 +158,8 @@ class WarmerConfig:
             raise ValueError("slots must be distinct")
         if self.lease_wait < 0 or self.upstream_timeout <= 0:
             raise ValueError("lease wait must be >= 0 and upstream timeout > 0")
+        if self.slot_trust < 0:
+            raise ValueError("slot trust must be >= 0 (0: every hit checked)")
         if self.checkpoint_tokens < 0:
             raise ValueError("checkpoint tokens must be >= 0 (0: no checkpoints)")
         if self.store_timeout <= 0 or self.store_deadline <= 0 or self.store_ttl < 0:
@@ -244,6 +253,7 @@ class WarmerConfig:
             else default.upstream_timeout,
             "api_key": get("API_KEY"),
             "checkpoint_tokens": max(0, num("CHECKPOINT_TOKENS", default.checkpoint_tokens)),
+            "slot_trust": max(0.0, flt("SLOT_TRUST", default.slot_trust)),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

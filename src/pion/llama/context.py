@@ -94,6 +94,9 @@ class SlotState:
     # The warmer's count of unpinned requests when the slot was last known to hold this
     # (see PrefixWarmer._trusted): equal, and no other request can have run in the slot.
     epoch: int = 0
+    # When (``time.monotonic()``) llama-server or a real request last confirmed the slot
+    # holds it: within ``slot_trust`` of it, a proxied hit asks no ``GET /slots``.
+    checked: float = field(default_factory=time.monotonic)
     # A prefix found in the slot with no file of its own yet: saved once a real request
     # has confirmed the slot serves it (in the background, see PrefixWarmer.observe).
     save_later: bool = False

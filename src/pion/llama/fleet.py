@@ -1,17 +1,19 @@
 """Several llama-servers behind one proxy: the servers, their health and load, and where
 each request goes.
 
-Owns :class:`Fleet` and :class:`Upstream`. Each ``--upstream`` gets its own
-:class:`~pion.llama.warmer.PrefixWarmer` (its slots, leases, slot dir, client); the fleet
-picks one per request (:func:`pion.llama.route.route`, over a snapshot taken here) and
-hands it the prefix it already found. One upstream is today's proxy exactly: no probes,
-every request to it, the warmer's own :meth:`~PrefixWarmer.claim`.
+Owns :class:`Fleet`; each server is an :class:`~pion.llama.upstream.Upstream`. Each
+``--upstream`` gets its own :class:`~pion.llama.warmer.PrefixWarmer` (its slots, leases,
+slot dir, client); the fleet picks one per request (:func:`pion.llama.route.route`, over
+a snapshot taken here) and hands it the prefix it already found. One upstream is today's
+proxy exactly: no probes, every request to it, the warmer's own
+:meth:`~PrefixWarmer.claim`.
 
 - **Prefixes by (build, model).** Servers that report the same build and model file
-  (``/props``: :func:`fleet_key`) give a request the same fingerprint, so it is rendered
-  and learned once per such group, by its first server, with one boundary learner shared
-  by the group; a prefix is only ever routed among the servers of the group it was
-  rendered for. A request whose ``model`` names some servers' model alias goes to those.
+  (``/props``: :func:`~pion.llama.upstream.fleet_key`) give a request the same
+  fingerprint, so it is rendered and learned once per such group, by its first server,
+  with one boundary learner shared by the group; a prefix is only ever routed among the
+  servers of the group it was rendered for. A request whose ``model`` names some
+  servers' model alias goes to those.
 - **Affinity** is learned, not a header: the server a prefix was last placed on is
   remembered (bounded, :data:`MAX_PLACED`), and a later request with that prefix, a
   session's next turn, finds it there (a hit, else a restore from its slot dir first).
@@ -20,18 +22,18 @@ every request to it, the warmer's own :meth:`~PrefixWarmer.claim`.
   again. A warm-up that failed on a server that then fails ``/health`` takes it out at
   once and the request is routed again (its session continues elsewhere: a restore from
   the store where the prefix was pushed, else cold). What waits on a server when it is
-  taken out stops waiting (:func:`unless_down`): a warm-up there is given up and routed
-  again, a forwarded request awaiting its answer's head gets a 502 (the proxy's). A
-  server back in may have restarted with an empty cache: none of its slots is trusted
-  without ``GET /slots`` (the warmer's unpinned epoch moves), so its prefixes come back
-  lazily, as requests need them.
+  taken out stops waiting (:func:`~pion.llama.upstream.unless_down`): a warm-up there is
+  given up and routed again, a forwarded request awaiting its answer's head gets a 502
+  (the proxy's). A server back in may have restarted with an empty cache: none of its
+  slots is trusted without ``GET /slots`` (the warmer's unpinned epoch moves), so its
+  prefixes come back lazily, as requests need them.
 - **Several proxies** (with a store): where a warm-up left each prefix is published to
   the store's registry (:mod:`pion.llama.registry`), in the background; a prefix none of
   this proxy's slots holds is looked up there, and the server and slot it names count as
   holding it, so every proxy sends it to the same slot.
 
-Runs on the proxy's event loop; nothing here blocks it (slot-dir reads and store look-ups
-go to worker threads). The forwarding itself is :mod:`pion.llama.proxy`'s.
+Runs on the proxy's event loop; nothing here blocks it (slot-dir reads and store
+look-ups go to worker threads). The forwarding itself is :mod:`pion.llama.proxy`'s.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ import asyncio
 import dataclasses
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,13 +51,13 @@ from pion.llama.client import LlamaServerError
 from pion.llama.config import WarmerConfig
 from pion.llama.endpoints import EndpointKind
 from pion.llama.eventlog import EventLog
-from pion.llama.fingerprint import file_name, model_file_identity
 from pion.llama.learn import BoundaryLearner
 from pion.llama.prefix import WarmRequest
 from pion.llama.registry import Place, PrefixRegistry
 from pion.llama.route import Reason, Route, ServerView, route
 from pion.llama.serverinfo import ServerInfo
 from pion.llama.store import StoreError
+from pion.llama.upstream import Upstream, fleet_key, unless_down
 from pion.llama.warmer import PrefixWarmer, Ticket
 
 __all__ = [
@@ -64,9 +66,6 @@ __all__ = [
     "PROBE_INTERVAL",
     "PROBE_TIMEOUT",
     "Fleet",
-    "Upstream",
-    "fleet_key",
-    "unless_down",
 ]
 
 T = TypeVar("T")
@@ -88,64 +87,6 @@ _REASONS: dict[str, Reason] = {
     "partial": "restore",
     "cold": "cold",
 }
-
-
-def fleet_key(info: ServerInfo) -> str:
-    """The servers a prefix can move between: the same build and the same model file
-    (alias, size and sampled hash, as the fingerprint takes them)."""
-    ident = model_file_identity(info.model_path)
-    file_part = f"{ident.size}:{ident.sample_sha256[:16]}" if ident else "?"
-    return f"{info.build}|{info.model_id}|{file_part}"
-
-
-@dataclass
-class Upstream:
-    """One llama-server of the fleet and what the fleet knows about it."""
-
-    url: str
-    order: int
-    warmer: PrefixWarmer
-    healthy: bool = True
-    since: float = field(default_factory=time.time)  # when ``healthy`` last changed
-    key: str | None = None  # fleet_key, once /props answered
-    info: ServerInfo | None = None
-    last_error: str | None = None
-    downs: int = 0
-    routed: Counter[str] = field(default_factory=Counter)
-    tokens_reused: int = 0
-    # Set when the server is taken out: a warm-up waiting on it gives up and the request
-    # is routed again. A new event once it is back (waiters on the old one still wake).
-    went_down: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def load(self) -> ServerView:
-        """This server's load, as :func:`route` sees it (no prefix)."""
-        leases, table = self.warmer.leases, self.warmer.table
-        busy, queued = leases.load() if leases is not None else (0, 0)
-        slots = len(leases.slots) if leases is not None else 1
-        queued += self.warmer.unpinned_inflight
-        claimed = len(table.lru_order()) if table is not None else 0
-        return ServerView(self.url, self.order, slots, busy=busy, queued=queued, claimed=claimed)
-
-    def view(self, fp: str, request: WarmRequest, files: set[str], last: bool) -> ServerView:
-        """This server as :func:`route` sees it for a request with fingerprint ``fp``."""
-        held, busy = 0, True
-        leases = self.warmer.leases
-        for slot, state in list(self.warmer.ctx.slots.items()):
-            tokens = 0
-            if state.fingerprint == fp:
-                tokens = state.tokens
-            elif state.holds_start_of(request.tokens):
-                tokens = len(request.tokens or ())
-            if tokens:
-                held = max(held, tokens)
-                busy = busy and leases is not None and leases.holder(slot) is not None
-        return dataclasses.replace(
-            self.load(),
-            held_tokens=held,
-            held_busy=held > 0 and busy,
-            has_file=file_name(fp) in files,
-            last_placed=last,
-        )
 
 
 @dataclass
@@ -525,26 +466,7 @@ class Fleet:
         servers = []
         for up in self.servers:
             data = await up.warmer.status()
-            busy, queued = up.warmer.leases.load() if up.warmer.leases else (0, 0)
-            servers.append(
-                {
-                    "url": up.url,
-                    "healthy": up.healthy,
-                    "since": up.since,
-                    "last_error": up.last_error,
-                    "downs": up.downs,
-                    "model": up.info.model_id if up.info else None,
-                    "build": up.info.build if up.info else None,
-                    "key": up.key,
-                    "busy": busy,
-                    "queued": queued,
-                    "unpinned_inflight": up.warmer.unpinned_inflight,
-                    "slots": data["slots"],
-                    "counts": data["counts"],
-                    "routed": dict(up.routed),
-                    "tokens_reused": up.tokens_reused,
-                }
-            )
+            servers.append(up.status(data))
         return {
             "servers": servers,
             "decisions": dict(self.decisions),
@@ -564,30 +486,3 @@ def _files(members: list[Upstream]) -> dict[str, set[str]]:
         except OSError:
             out[up.url] = set()
     return out
-
-
-async def unless_down(
-    up: Upstream, coro: Coroutine[Any, Any, T], abandon: Callable[[T], Awaitable[None]]
-) -> T | None:
-    """``coro``'s result, or None when ``up`` is taken out first (``coro`` is then
-    cancelled; a result it produced all the same goes to ``abandon``)."""
-    down = up.went_down
-    if down.is_set():
-        coro.close()
-        return None
-    work = asyncio.ensure_future(coro)
-    watch = asyncio.ensure_future(down.wait())
-    try:
-        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        work.cancel()
-        raise
-    finally:
-        watch.cancel()
-    if work in done:
-        return work.result()
-    work.cancel()
-    await asyncio.wait({work})
-    if not work.cancelled() and work.exception() is None:
-        await abandon(work.result())  # it finished as it was cancelled
-    return None

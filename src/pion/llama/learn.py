@@ -157,6 +157,26 @@ class BoundaryLearner:
             self._trim()
         return found
 
+    def reuse(self, key: str, tokens: Sequence[int]) -> bool:
+        """Whether ``tokens`` are one of ``key``'s families and none of the others starts
+        with them: then a request that starts with them gets exactly them as its boundary
+        (what :meth:`boundary` would say with the request's whole tokens), and the family
+        becomes the most recent without them (the token cache, :mod:`pion.llama.tokencache`)."""
+        toks = _as_family(tokens)
+        with self._lock:
+            families = self._keys.get(key)
+            if not families:
+                return False
+            at = next((i for i, f in enumerate(families) if f == toks), -1)
+            if at < 0:
+                return False
+            n = len(toks)
+            if any(len(f) > n and f[:n] == toks for f in families):
+                return False
+            families.insert(0, families.pop(at))
+            self._keys.move_to_end(key)
+            return True
+
     def _families(self, key: str) -> list[Family]:
         """``key``'s families, the key now the most recently used (lock held)."""
         families = self._keys.setdefault(key, [])

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pion.llama.tokencache import LazyConversation
 
 __all__ = [
     "LABEL_CHARS",
@@ -63,6 +66,9 @@ class WarmRequest:
     # what a checkpoint of the conversation is looked up by and checked against
     # (:mod:`pion.llama.checkpoint`). Not part of the prefix's identity.
     conversation: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
+    # Token mode, the prefix found in the token cache: the rendering, tokenized into
+    # ``conversation`` only when something needs it (a restore, a checkpoint).
+    lazy: LazyConversation | None = field(default=None, compare=False, repr=False)
 
     def label(self) -> str:
         """A human name for the prefix in status output: its first non-empty line, or its

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterator
@@ -62,11 +63,12 @@ from starlette.types import Receive, Scope, Send
 from pion.llama import metrics
 from pion.llama.config import WarmerConfig
 from pion.llama.endpoints import ENDPOINTS, EndpointKind, strip_billing_header
-from pion.llama.fleet import CONNECT_TIMEOUT, Fleet, Upstream, unless_down
+from pion.llama.fleet import CONNECT_TIMEOUT, Fleet
 from pion.llama.httpserver import read_body, serve_in_thread, uvicorn_options
 from pion.llama.prompt import MAX_WARM_BODY
 from pion.llama.status import redact_url
 from pion.llama.timings import TimingsScanner
+from pion.llama.upstream import Upstream, unless_down
 from pion.llama.warmer import PrefixWarmer, Ticket
 
 __all__ = [
@@ -478,6 +480,12 @@ def serve(
         f"({slots}, persist {'on' if proxy.warmer.index else 'off'}, "
         f"store {redact_url(store.config.url) if store else 'off'}, verify {config.verify})"
     )
+    # What was imported and built until now lives as long as the process: out of the
+    # collector's reach, a full collection under a burst walks only the requests' objects
+    # (it walked every module's too: 100+ ms, the loop and /pion/status held). Here, not
+    # in the app: an embedding process (tests) keeps its own collector as it is.
+    gc.collect()
+    gc.freeze()
     uvicorn.run(proxy.app, **uvicorn_options(host, port))
 
 

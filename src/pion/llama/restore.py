@@ -21,7 +21,8 @@ verify (:func:`reject`). In order:
    gate and the divergent probe now; ``"fast"`` leaves it to the real request
    (:meth:`PrefixWarmer.observe <pion.llama.warmer.PrefixWarmer.observe>`).
 
-Returns the outcome, or None when the caller must build the prefix cold.
+Returns the outcome, or None when the caller must build the prefix cold (after a partial
+restore, :mod:`pion.llama.partial`, when a saved prefix shares most of its tokens).
 """
 
 from __future__ import annotations
@@ -47,20 +48,15 @@ from pion.llama.store import StoreCorrupt, StoreError
 __all__ = [
     "HYBRID_ADVICE",
     "NO_SAVING_ADVICE",
-    "PARTIAL_MIN_TOKENS",
+    "FileChecker",
     "longest_checkpoint",
     "reject",
     "restore",
-    "restore_partial",
+    "target_tokens",
     "warm_body",
     "warm_up",
 ]
 
-# A saved prefix that shares at least this many tokens, and at least
-# ``PARTIAL_MIN_SHARE`` of the new prefix, is restored before the new one is warmed:
-# llama-server reuses the common tokens and computes only the rest.
-PARTIAL_MIN_TOKENS = 32
-PARTIAL_MIN_SHARE = 0.5
 
 HYBRID_ADVICE = (
     "this llama.cpp build does not keep context checkpoints in slot files (a build with "
@@ -99,7 +95,7 @@ async def warm_up(
     return await client.chat(body)
 
 
-class _Checker:
+class FileChecker:
     """Compares file facts with the running server, learning its layout when needed."""
 
     def __init__(self, ctx: WarmerContext, info: ServerInfo, slot: int) -> None:
@@ -130,12 +126,13 @@ async def restore(ctx: WarmerContext, target: Target) -> Outcome | None:
             ctx.log(f"restore disabled for this server build/model ({reason}) → cold build")
         return None
     name = file_name(fp)
-    checker = _Checker(ctx, info, slot)
+    checker = FileChecker(ctx, info, slot)
     tier = "disk"
     entry: IndexEntry | None
+    prefix_n = len(request.tokens or ())
     found = await _checkpoint(ctx, index, target, checker)
     if found is not None:
-        name, entry, tier = found
+        (name, entry, tier), prefix_n = found
     else:
         entry = await _local(ctx, index, name, fp, checker)
     if entry is None and ctx.store is not None:
@@ -158,7 +155,7 @@ async def restore(ctx: WarmerContext, target: Target) -> Outcome | None:
     own_file = n_restored == (entry.file_tokens or entry.tokens)
     # A checkpoint holds the prefix and a conversation after it: the prefix's own count
     # is what the real request is verified against and what later hits check.
-    tokens = len(request.tokens or ()) if entry.checkpoint else entry.tokens
+    tokens = prefix_n if entry.checkpoint else entry.tokens
     prompt = request.tokens
     if prompt is None:
         # Text mode: the file's own tokens (checked when it was saved) stand for the prefix.
@@ -222,22 +219,31 @@ def longest_checkpoint(
 
 
 async def _checkpoint(
-    ctx: WarmerContext, index: SlotIndex, target: Target, checker: _Checker
-) -> tuple[str, IndexEntry, str] | None:
+    ctx: WarmerContext, index: SlotIndex, target: Target, checker: FileChecker
+) -> tuple[tuple[str, IndexEntry, str], int] | None:
     """The checkpoint to restore for the target's request instead of its prefix's own
     file: the compatible one sharing the longest token prefix with the whole request,
     when that is longer than the prefix (the conversation up to an earlier turn); from
-    the slot dir, or pulled from the store when it lists a longer one. (name, entry,
-    tier)."""
+    the slot dir, or pulled from the store when it lists a longer one. ((name, entry,
+    tier), the prefix's tokens)."""
     request = target.request
     conversation, prefix = request.conversation, request.tokens
+    if conversation is not None and prefix is None:
+        # Text mode (a Pi marker): the prefix is the part of its warm-up's rendering the
+        # request holds.
+        try:
+            warm = await target_tokens(ctx, request, target.slot)
+        except LlamaServerError as exc:
+            ctx.log(f"no checkpoint restore (tokenizing failed: {exc.short()})")
+            return None
+        prefix = conversation[: common_prefix(warm, conversation)]
     if conversation is None or prefix is None or len(conversation) <= len(prefix):
         return None
     best = await asyncio.to_thread(longest_checkpoint, ctx, index, conversation)
     local = best[0] if best is not None else 0
     pulled = await _stored_checkpoint(ctx, target, index, max(local, len(prefix)), checker)
     if pulled is not None:
-        return pulled
+        return pulled, len(prefix)
     if best is None or best[0] <= len(prefix):
         return None
     shared, name, entry = best
@@ -251,11 +257,11 @@ async def _checkpoint(
         f"CHECKPOINT {name} shares {shared} of the request's {len(conversation)} tokens "
         f"(the prefix: {len(prefix)}) → restoring it"
     )
-    return name, entry, "disk"
+    return (name, entry, "disk"), len(prefix)
 
 
 async def _stored_checkpoint(
-    ctx: WarmerContext, target: Target, index: SlotIndex, floor: int, checker: _Checker
+    ctx: WarmerContext, target: Target, index: SlotIndex, floor: int, checker: FileChecker
 ) -> tuple[str, IndexEntry, str] | None:
     """The longest checkpoint the store lists under the target's prefix whose tokens
     (by their SHA-256) start the request and are more than ``floor``, pulled into the
@@ -289,69 +295,6 @@ async def _stored_checkpoint(
     return None
 
 
-def longest_shared(
-    ctx: WarmerContext, index: SlotIndex, tokens: tuple[int, ...], skip: str
-) -> tuple[int, str, IndexEntry] | None:
-    """The indexed file (not of fingerprint ``skip``) whose tokens share the longest
-    prefix with ``tokens``: (tokens shared, name, entry). Reads the slot dir: call it off
-    the event loop."""
-    best: tuple[int, str, IndexEntry] | None = None
-    for name, entry in sorted(index.files.items()):
-        path = index.slot_dir / name
-        if entry.fingerprint == skip or not path.is_file():
-            continue
-        if path.stat().st_size != entry.bytes:
-            continue
-        held = ctx.file_tokens(path)
-        if held is None:
-            continue
-        shared = common_prefix(held, tokens)
-        if best is None or shared > best[0]:
-            best = (shared, name, entry)
-    return best
-
-
-async def restore_partial(ctx: WarmerContext, target: Target) -> tuple[str, int] | None:
-    """No file of this prefix: restore the saved prefix that shares the most tokens with
-    it, when that is long (:data:`PARTIAL_MIN_TOKENS`, :data:`PARTIAL_MIN_SHARE`), so the
-    cold build that follows computes only the rest. Returns (file, tokens shared)."""
-    index, slot, info = ctx.index, target.slot, target.info
-    if index is None:
-        return None
-    loaded = await asyncio.to_thread(index.load)
-    key = info.restore_key()
-    if key in loaded.no_restore or not loaded.files:
-        return None
-    try:
-        tokens = await target_tokens(ctx, target.request, slot)
-    except LlamaServerError as exc:
-        ctx.log(f"no partial restore (tokenizing failed: {exc.short()})")
-        return None
-    checker = _Checker(ctx, info, slot)
-    best = await asyncio.to_thread(longest_shared, ctx, loaded, tokens, target.fingerprint)
-    need = max(PARTIAL_MIN_TOKENS, PARTIAL_MIN_SHARE * len(tokens))
-    if best is None or best[0] < need:
-        return None
-    shared, name, entry = best
-    why = await checker.why_not(entry.facts())
-    if why is not None:
-        ctx.count("refused_compat")
-        ctx.log(f"REFUSED {name} for a partial restore: {why} → cold build")
-        return None
-    try:
-        res = await ctx.client.slot_restore(slot, name)
-    except LlamaServerError as exc:
-        ctx.log(f"partial restore of {name} failed ({exc.short()}) → cold build")
-        return None
-    await asyncio.to_thread(index.touch, name)
-    ctx.count("partial_restores")
-    ctx.log(
-        f"RESTORE {name} (partial): shares {shared} of {len(tokens)} tokens with this "
-        f"prefix, n_restored={res.get('n_restored')} → warming the rest, saving it beside"
-    )
-    return name, shared
-
-
 def _put(ctx: WarmerContext, index: SlotIndex, name: str, entry: IndexEntry) -> None:
     index.put(name, entry)
     index.cleanup(ctx.config.max_files, ctx.config.max_bytes, keep=frozenset({name}))
@@ -363,7 +306,7 @@ def _finish(outcome: Outcome, t0: float) -> Outcome:
 
 
 async def _local(
-    ctx: WarmerContext, index: SlotIndex, name: str, fp: str, checker: _Checker
+    ctx: WarmerContext, index: SlotIndex, name: str, fp: str, checker: FileChecker
 ) -> IndexEntry | None:
     then = "trying the store" if ctx.store is not None else "cold build"
     entry = index.files.get(name)
@@ -397,7 +340,7 @@ async def _local(
 
 
 async def _pull(
-    ctx: WarmerContext, target: Target, index: SlotIndex, name: str, checker: _Checker
+    ctx: WarmerContext, target: Target, index: SlotIndex, name: str, checker: FileChecker
 ) -> IndexEntry | None:
     fp = target.fingerprint
     store = ctx.store

@@ -2,18 +2,27 @@
 
 Owns :func:`warmer_status` (which prefix is in which slot, least recently used first,
 the last outcomes, counters, the files of the slot dir, the store and its counters, the
-log tail) and :func:`redact_url` (a store URL without its password, for logs and status).
+log tail), :class:`FilesView` (the slot dir's files as status shows them, read again only
+when ``index.json`` changed, in a thread of its own) and :func:`redact_url` (a store URL
+without its password, for logs and status).
+
+``/pion/status`` answers promptly whatever the proxy is doing: everything but the files
+is read from memory on the event loop, and the files come from :class:`FilesView`, whose
+one thread never waits behind the requests' work in the loop's default executor.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from pion.llama.context import WarmerContext
 from pion.llama.slots import SlotTable
 
-__all__ = ["files_status", "redact_url", "warmer_status"]
+__all__ = ["FilesView", "files_status", "redact_url", "warmer_status"]
 
 
 def redact_url(url: str) -> str:
@@ -69,6 +78,41 @@ def files_status(ctx: WarmerContext) -> tuple[dict[str, Any], dict[str, Any]]:
     except OSError as exc:
         return {"error": str(exc)}, {}
     return {k: vars(v) for k, v in index.files.items()}, dict(index.no_restore)
+
+
+class FilesView:
+    """:func:`files_status`, read again only when ``index.json`` changed (its size,
+    modification time or inode: every write replaces it), in one thread of its own."""
+
+    def __init__(self, ctx: WarmerContext) -> None:
+        self._ctx = ctx
+        self._seen: tuple[int, int, int] | None = None
+        self._files: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
+        self._pool: ThreadPoolExecutor | None = None
+
+    async def get(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        index = self._ctx.index
+        if index is None:
+            return {}, {}
+        try:
+            st = os.stat(index.path)  # a stat on the loop: microseconds
+            seen: tuple[int, int, int] | None = (st.st_size, st.st_mtime_ns, st.st_ino)
+        except FileNotFoundError:
+            return {}, {}  # nothing saved yet
+        except OSError:
+            seen = None  # read it, to show why it cannot be
+        if seen is not None and seen == self._seen:
+            return self._files
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="pion-llama-status")
+        loop = asyncio.get_running_loop()
+        self._files = await loop.run_in_executor(self._pool, files_status, self._ctx)
+        self._seen = seen
+        return self._files
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
 
 
 def warmer_status(

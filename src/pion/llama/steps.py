@@ -8,8 +8,8 @@ build) and what follows an answer (``_observe``: the fast-path verification, the
 receipt; ``_after_answer``: the save of a taken-over prefix and a checkpoint of the
 conversation; ``_placed``: where an
 unpinnable request ran; ``_upstream_failed``). Every method runs under the slot's lease,
-on the warmer's event loop. Routing, leases and the public API are
-:mod:`pion.llama.warmer`'s.
+on the warmer's event loop. Routing and leases are :mod:`pion.llama.leasing`'s, the
+public API :mod:`pion.llama.warmer`'s.
 """
 
 from __future__ import annotations
@@ -29,18 +29,19 @@ from pion.llama.eventlog import EventLog
 from pion.llama.fingerprint import FingerprintInputs, fingerprint, model_file_identity
 from pion.llama.modelkind import ModelKind, detect_model_state
 from pion.llama.outcome import WARM_KINDS, Outcome
+from pion.llama.partial import restore_partial
 from pion.llama.prefix import WarmRequest
 from pion.llama.restore import (
     HYBRID_ADVICE,
     NO_SAVING_ADVICE,
     reject,
     restore,
-    restore_partial,
 )
 from pion.llama.serverinfo import ServerInfo
 from pion.llama.slots import SlotTable
 from pion.llama.store import prefill_ms_arg
 from pion.llama.timings import Timings
+from pion.llama.tokencache import LazyConversation
 
 __all__ = ["SLOTS_SNAPSHOT", "SlotsSnapshot", "WarmerSteps"]
 
@@ -158,6 +159,11 @@ class WarmerSteps:
         # Off the hit path a /props round trip is cheap next to a warm-up, and it notices a
         # restarted server with another build or model.
         info = await self._server_info(refresh=True)
+        lazy = request.lazy
+        if lazy is not None and lazy.identity not in (None, info.restore_key()):
+            # Its prefix's tokens came from the cache of another build or model.
+            self.log("llama-server changed since the prefix was tokenized → forwarded unwarmed")
+            return Outcome("skipped", slot=slot, detail="llama-server changed", at=time.time())
         if state is not None:
             await save_evicted(ctx, slot, state, info)
             ctx.slots.pop(slot, None)
@@ -167,11 +173,12 @@ class WarmerSteps:
         new_fp = self._fingerprint(request, info)
         table.pin(slot, new_fp, request.label())
         self.log(f"fingerprint={new_fp[:16]}…")
+        request = await self._with_conversation(request)
         target = Target(request, slot, new_fp, info, t0)
         outcome = await self._build(target)
         built = ctx.slots.get(slot)
         if built is not None:
-            built.epoch = self.unpinned_epoch
+            built.epoch, built.checked = self.unpinned_epoch, time.monotonic()
         return outcome
 
     async def _build(self, target: Target) -> Outcome:
@@ -230,7 +237,7 @@ class WarmerSteps:
             )
             return None
         taken = state.taken_over(fp, request, save=self.ctx.index is not None)
-        taken.epoch = state.epoch
+        taken.epoch, taken.checked = state.epoch, state.checked
         self.ctx.slots[slot] = taken
         self.log(f"fingerprint={fp[:16]}…")
         self.log(
@@ -268,8 +275,25 @@ class WarmerSteps:
         n = entry.get("n_prompt_tokens") if entry else None
         alive = isinstance(n, int) and n > 0 and n >= self.config.gate_ratio * tokens
         if alive:
-            state.epoch = self.unpinned_epoch
+            state.epoch, state.checked = self.unpinned_epoch, time.monotonic()
         return alive
+
+    async def _with_conversation(self, request: WarmRequest) -> WarmRequest:
+        """``request`` with its whole tokens, asked for now when its prefix came from the
+        token cache: a restore looks for the checkpoint it continues by them. Without
+        them (llama-server did not answer) the prefix's own file is restored."""
+        if request.conversation is not None or request.lazy is None:
+            return request
+        if request.tokens is None and (
+            self.ctx.index is None or self.config.checkpoint_tokens <= 0
+        ):
+            return request  # text mode: only a checkpoint would need them
+        try:
+            tokens = await request.lazy.tokens(self.client)
+        except LlamaServerError as exc:
+            self.log(f"tokenizing the request failed ({exc.short()}) → no checkpoint restore")
+            return request
+        return dataclasses.replace(request, conversation=tokens)
 
     # -- after the answer -----------------------------------------------------------------
 
@@ -299,6 +323,8 @@ class WarmerSteps:
             self.ctx.count("slot_lost")
             self.ctx.slots.pop(outcome.slot, None)
             return
+        if reused:
+            state.checked = time.monotonic()
         if reused and outcome.kind in ("hit", "restored"):
             self._receipt(state)
 
@@ -347,6 +373,35 @@ class WarmerSteps:
             self.ctx.slots.pop(where, None)
             return False
         return True
+
+    async def _checkpoint_tokens(
+        self, outcome: Outcome, lazy: LazyConversation, timings: Timings | None
+    ) -> tuple[int, ...] | None:
+        """The whole tokens of a request whose prefix came from the token cache, asked
+        for only when a checkpoint may be due: its prompt (``timings``) grew by at least
+        ``checkpoint_tokens`` past a prefix whose own file is on disk (which a checkpoint
+        is counted from), or no such file is there."""
+        if timings is None or self.config.checkpoint_tokens <= 0:
+            return None
+        if self.ctx.index is None or outcome.kind not in WARM_KINDS:
+            return None
+        state = self.ctx.slots.get(outcome.slot)
+        if state is None or state.fingerprint != outcome.fingerprint:
+            return None
+        grown = timings.total - state.tokens
+        if state.saved and grown < self.config.checkpoint_tokens:
+            reused = (
+                timings.cache_n > 0 and timings.cache_n >= self.config.gate_ratio * state.tokens
+            )
+            if reused:  # as save_checkpoint counts it
+                self.ctx.count("checkpoints_skipped")
+            return None
+        try:
+            tokens: tuple[int, ...] = await lazy.tokens(self.client)
+        except LlamaServerError as exc:
+            self.log(f"tokenizing the request failed ({exc.short()}) → no checkpoint")
+            return None
+        return tokens
 
     def _upstream_failed(self) -> None:
         """The forwarded request failed (llama-server died, restarted or wedged): no slot

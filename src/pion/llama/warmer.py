@@ -1,8 +1,9 @@
 """The prefix warmer: a llama-server slot holds a request's stable prefix, and the request
 owns that slot until its answer is done.
 
-Owns :class:`PrefixWarmer` (public API, routing, leases) and :class:`Ticket`; the steps in
-a slot are :mod:`pion.llama.steps`. Asynchronous: everything runs on one event loop (the
+Owns :class:`PrefixWarmer` (the public API, its state); routing, leases and
+:class:`~pion.llama.leasing.Ticket` are :mod:`pion.llama.leasing`, the steps in a slot
+:mod:`pion.llama.steps`. Asynchronous: everything runs on one event loop (the
 proxy's) with one ``httpx.AsyncClient`` per llama-server; file work runs in worker
 threads. For one prefix in one slot or, with ``slots``/``all_slots``, one prefix per slot:
 
@@ -13,8 +14,10 @@ threads. For one prefix in one slot or, with ``slots``/``all_slots``, one prefix
    (``lease_wait``), then the request passes through unwarmed. The lease covers the
    warm-up, the real request (the proxy pins it with ``id_slot``) and the observation and
    save after its answer (:meth:`PrefixWarmer.finish`).
-1. **Hit.** The slot holds the fingerprint: trusted under the lease while no unpinned
-   request ran since; else ``GET /slots`` must still show its prompt. Also a hit: a slot
+1. **Hit.** The slot holds the fingerprint: the ``GET /slots`` a proxied request asks
+   beside its rendering must still show its prompt (not asked while every slot was
+   confirmed within ``slot_trust`` with no unpinned request run since); a library call's
+   slot is trusted under the lease while no unpinned request ran since. Also a hit: a slot
    whose prefix starts with the request's (a learned boundary moved back), taken over as
    it is and, with ``persist``, saved once the real request confirmed the reuse.
 2. **Restore** (``persist``): from disk, else from the store, after checking size, hash and
@@ -38,7 +41,6 @@ import asyncio
 import time
 from collections import Counter, deque
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from pion.llama.background import Background
@@ -49,8 +51,9 @@ from pion.llama.endpoints import EndpointKind
 from pion.llama.eventlog import EventLog
 from pion.llama.index import SlotIndex
 from pion.llama.learn import BoundaryLearner
-from pion.llama.lease import Lease, SlotLeases
-from pion.llama.outcome import WARM_KINDS, Outcome
+from pion.llama.lease import SlotLeases
+from pion.llama.leasing import Ticket, WarmerLeasing
+from pion.llama.outcome import Outcome
 from pion.llama.prefix import PrefixSkip, WarmRequest
 from pion.llama.prompt import warm_request_for
 from pion.llama.restore import (
@@ -58,31 +61,17 @@ from pion.llama.restore import (
 )
 from pion.llama.serverinfo import ServerInfo
 from pion.llama.slots import SlotTable
-from pion.llama.status import files_status, warmer_status
-from pion.llama.steps import SLOTS_SNAPSHOT, SlotsSnapshot, WarmerSteps
+from pion.llama.status import FilesView, warmer_status
+from pion.llama.steps import SLOTS_SNAPSHOT, SlotsSnapshot
 from pion.llama.store import SlotStore, StoreError
 from pion.llama.timings import Timings
+from pion.llama.tokencache import TokenCache
 from pion.llama.watch import DivergenceWatch
 
 __all__ = ["HYBRID_ADVICE", "PrefixWarmer", "Ticket"]
 
 
-@dataclass
-class Ticket:
-    """A warmed request on its way: the outcome, and the lease it holds until
-    :meth:`PrefixWarmer.finish` (None: nothing held, the request passes through as sent).
-    ``pin``: the slot to pin the request to with ``id_slot`` (None: leave it unpinned).
-    ``conversation``: the request's own tokens (token mode), for a checkpoint after it."""
-
-    outcome: Outcome
-    lease: Lease | None = None
-    pin: int | None = None
-    # The whole request's tokens (token mode): a checkpoint of the conversation after
-    # its answer is checked against them (pion.llama.checkpoint).
-    conversation: tuple[int, ...] | None = None
-
-
-class PrefixWarmer(WarmerSteps):
+class PrefixWarmer(WarmerLeasing):
     """Keeps stable prefixes warm in llama-server slots, on one asyncio event loop. Never
     raises from :meth:`claim`, :meth:`ensure`, :meth:`ensure_for`, :meth:`finish` or
     :meth:`observe`."""
@@ -105,6 +94,7 @@ class PrefixWarmer(WarmerSteps):
             index = SlotIndex(config.slot_dir, self.log)
         store, background = self._open_store(index)
         self.ctx = WarmerContext(config, self.client, self.log, index, store, background)
+        self._files = FilesView(self.ctx)
         if background is not None:
             background.on_failure = self.ctx.failure
         self._table: SlotTable | None = None
@@ -122,6 +112,7 @@ class PrefixWarmer(WarmerSteps):
         self.unpinned_inflight = 0
         self.unpinned_epoch = 0
         self.learner = BoundaryLearner()
+        self.token_cache = TokenCache()
         self.divergence = DivergenceWatch(self.log, excerpts=config.divergence_excerpts)
 
     def _open_store(self, index: SlotIndex | None) -> tuple[SlotStore | None, Background | None]:
@@ -163,6 +154,7 @@ class PrefixWarmer(WarmerSteps):
         if self.ctx.store is not None:
             await asyncio.to_thread(self.ctx.store.close)
         await self.client.aclose()
+        self._files.close()
         await asyncio.to_thread(self.log.flush)
 
     async def flush(self, timeout: float = 60.0) -> bool:
@@ -181,21 +173,6 @@ class PrefixWarmer(WarmerSteps):
         await asyncio.to_thread(self.log.flush, max(0.0, deadline - time.monotonic()))
         return ok
 
-    def spawn(self, coro: Any, what: str) -> None:
-        """Run ``coro`` as a task no request waits for; failures are counted, not raised."""
-
-        async def run() -> None:
-            try:
-                await coro
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.ctx.failure(what, exc)
-
-        task = asyncio.get_running_loop().create_task(run())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     # -- public API -----------------------------------------------------------------------
 
     async def claim(
@@ -209,11 +186,26 @@ class PrefixWarmer(WarmerSteps):
         t0 = time.monotonic()
         # Beside the rendering, not after it: whether the slots still hold their prompts
         # (a restarted llama-server shows none) costs no round trip of its own.
-        token = SLOTS_SNAPSHOT.set(self._shared_snapshot())
+        token = SLOTS_SNAPSHOT.set(self._snapshot_if_needed())
         try:
             return await self._claim_found(kind, body, harness, t0, pinnable=pinnable)
         finally:
             SLOTS_SNAPSHOT.reset(token)
+
+    def _snapshot_if_needed(self) -> SlotsSnapshot | None:
+        """:meth:`_shared_snapshot`, unless ``slot_trust`` trusts every slot we know of:
+        each confirmed within it, no unpinned request run since (then a hit costs no
+        ``GET /slots``; with no slot known there is no hit to check)."""
+        trust = self.config.slot_trust
+        if trust <= 0:
+            return self._shared_snapshot()
+        now = time.monotonic()
+        if all(
+            s.epoch == self.unpinned_epoch and now - s.checked <= trust
+            for s in self.ctx.slots.values()
+        ):
+            return None
+        return self._shared_snapshot()
 
     def _shared_snapshot(self) -> SlotsSnapshot:
         """The ``GET /slots`` in flight, else a new one: requests that arrive together
@@ -250,6 +242,12 @@ class PrefixWarmer(WarmerSteps):
     ) -> WarmRequest | Ticket:
         """The warmable prefix of a request, rendered and learned by this warmer's server;
         a ticket without a lease when there is none (skipped, or rendering failed)."""
+
+        async def identity() -> str:
+            # The token cache's entries hold for one (build, model): known after the first
+            # request, asked again only off the hit path.
+            return (await self._server_info(refresh=False)).restore_key()
+
         try:
             found = await warm_request_for(
                 kind,
@@ -261,6 +259,8 @@ class PrefixWarmer(WarmerSteps):
                 seeds=lambda: self._seeds(harness),
                 log=self.log,
                 watch=self.divergence,
+                cache=self.token_cache,
+                identity=identity,
             )
         except Exception as exc:
             self.ctx.failure("prefix", exc)
@@ -277,7 +277,7 @@ class PrefixWarmer(WarmerSteps):
         must take (the fleet's registry says the prefix is there), waiting for it."""
         exclusive = not pinnable and self.config.multi_slot
         # A fleet routes before it claims: the slots are checked as in claim(), here.
-        token = SLOTS_SNAPSHOT.set(SLOTS_SNAPSHOT.get() or self._shared_snapshot())
+        token = SLOTS_SNAPSHOT.set(SLOTS_SNAPSHOT.get() or self._snapshot_if_needed())
         try:
             return await self._claim(found, slot, t0, exclusive=exclusive, pinnable=pinnable)
         finally:
@@ -309,6 +309,10 @@ class PrefixWarmer(WarmerSteps):
                 exclusive = ticket.lease is not None and ticket.lease.exclusive
                 if exclusive and not await self._placed(ticket.outcome):
                     conversation = None  # the warmed slot does not hold it
+                elif conversation is None and ticket.lazy is not None:
+                    conversation = await self._checkpoint_tokens(
+                        ticket.outcome, ticket.lazy, timings
+                    )
                 await self._after_answer(ticket.outcome, timings, conversation)
         except Exception as exc:
             self.ctx.failure("observe", exc)
@@ -369,28 +373,6 @@ class PrefixWarmer(WarmerSteps):
                 if tokens:
                     yield tokens
 
-    def _failed(self, exc: Exception, slot: int, t0: float) -> Outcome:
-        text = exc.short() if isinstance(exc, LlamaServerError) else repr(exc)
-        ms = (time.monotonic() - t0) * 1000.0
-        return Outcome("disabled", slot=slot, detail=text, ms=ms, at=time.time())
-
-    def _record(self, outcome: Outcome) -> Outcome:
-        self.log(outcome.summary())
-        self.log(f"normal request proceeding (source={outcome.source})")
-        with self.ctx.guard:
-            self._outcomes.append(outcome)
-            self._counts[outcome.kind] += 1
-        return outcome
-
-    def skipped(self, reason: str) -> Outcome:
-        """Record a request without a warmable prefix (the proxy calls this)."""
-        outcome = Outcome("skipped", slot=self.config.slot, detail=reason, at=time.time())
-        self.log(outcome.summary())
-        with self.ctx.guard:
-            self._outcomes.append(outcome)
-            self._counts["skipped"] += 1
-        return outcome
-
     def billing_header_removed(self, text: str) -> None:
         """Log and count a removed Claude Code billing-header block (the proxy removes it)."""
         self.ctx.count("billing_headers_removed")
@@ -400,7 +382,7 @@ class PrefixWarmer(WarmerSteps):
     async def status(self) -> dict[str, Any]:
         """Slots and their prefixes, leases, last outcomes, counters, files, the log tail.
         Never waits on a lease or llama-server; ``index.json`` is read off the loop."""
-        files = await asyncio.to_thread(files_status, self.ctx)
+        files = await self._files.get()
         with self.ctx.guard:
             outcomes = [o.to_json() for o in self._outcomes]
             counts = dict(self._counts)
@@ -409,167 +391,3 @@ class PrefixWarmer(WarmerSteps):
         data["unpinned_inflight"] = self.unpinned_inflight
         data["divergence"] = self.divergence.to_json()
         return data
-
-    # -- routing and leases ---------------------------------------------------------------
-
-    def _slot_table(self, info: ServerInfo) -> tuple[SlotTable, SlotLeases]:
-        if self._table is None or self.leases is None:
-            slots = self._slot_ids(info)
-            self._table, self.leases = SlotTable(slots), SlotLeases(slots)
-        return self._table, self.leases
-
-    def _slot_ids(self, info: ServerInfo) -> tuple[int, ...]:
-        """The slots this warmer uses (``--slots all``: as many as the server has)."""
-        cfg = self.config
-        slots: tuple[int, ...] = (cfg.slot,)
-        if cfg.all_slots:
-            slots = tuple(range(max(1, info.total_slots)))
-        elif cfg.slots:
-            slots = cfg.slots
-            if info.total_slots:
-                unknown = [s for s in slots if s >= info.total_slots]
-                if unknown and len(unknown) < len(slots):
-                    self.log(
-                        f"slots {unknown} do not exist on this llama-server "
-                        f"(-np {info.total_slots}) → not used"
-                    )
-                    slots = tuple(s for s in slots if s < info.total_slots)
-        if cfg.multi_slot:
-            self.log(f"one stable prefix per slot: slots {', '.join(map(str, slots))}")
-        return slots
-
-    async def _claim(
-        self,
-        request: WarmRequest,
-        slot: int | None,
-        t0: float,
-        *,
-        exclusive: bool,
-        pinnable: bool,
-    ) -> Ticket:
-        """Lease a slot for ``request`` (waiting in order, at most ``lease_wait``), then
-        warm it there. Fail-open: any error releases the lease and passes through."""
-        try:
-            info = await self._server_info(refresh=False)
-            fp = self._fingerprint(request, info)
-            table, leases = self._slot_table(info)
-        except Exception as exc:
-            self.ctx.failure("route", exc)
-            return Ticket(self._record(self._failed(exc, self.config.slot, t0)))
-
-        def choose(free: frozenset[int]) -> int | None:
-            if slot is not None:
-                return slot if slot in free else None
-            return self._choose(table, fp, request, free)
-
-        label = request.label()
-        lease = await leases.acquire(
-            None if exclusive else choose, label, wait=self.config.lease_wait
-        )
-        if lease is None:
-            self.ctx.count("lease_timeouts")
-            return Ticket(
-                self.skipped(
-                    f"every slot it could use stayed busy for {self.config.lease_wait:g} s: "
-                    "forwarded unwarmed"
-                )
-            )
-        if lease.waited_s > 0.001:
-            self.ctx.count("lease_waits")
-        snapshot = SLOTS_SNAPSHOT.get()
-        if snapshot is not None and not leases.quiet_since(lease.slots, snapshot.started):
-            # Another request held the slot after the snapshot was asked for (a burst
-            # queued on one slot): it shows the slot as it was before that request.
-            SLOTS_SNAPSHOT.set(None)
-        try:
-            return await self._warm_leased(
-                request,
-                slot=slot,
-                fp=fp,
-                table=table,
-                leases=leases,
-                lease=lease,
-                t0=t0,
-                pinnable=pinnable,
-            )
-        except asyncio.CancelledError:
-            # The client went away mid-warm-up: llama-server may still be busy in the slot.
-            self.ctx.slots.pop(lease.slot, None)
-            self.spawn(self._release_when_idle(lease), "release")
-            raise
-
-    async def _warm_leased(
-        self,
-        request: WarmRequest,
-        *,
-        slot: int | None,
-        fp: str,
-        table: SlotTable,
-        leases: SlotLeases,
-        lease: Lease,
-        t0: float,
-        pinnable: bool,
-    ) -> Ticket:
-        """Under ``lease``: warm ``request``'s prefix (fail-open)."""
-        target = lease.slot
-        if lease.exclusive:
-            chosen = slot if slot is not None else self._choose(table, fp, request, lease.slots)
-            target = chosen if chosen is not None else lease.slot
-        try:
-            if await self._busy(target):
-                leases.release(lease)
-                self.ctx.count("busy_slot_skips")
-                return Ticket(
-                    self.skipped(f"slot {target} is busy with a request the proxy could not pin")
-                )
-            outcome = await self._ensure_in(request, target, fp, table, t0)
-        except Exception as exc:
-            # The fail-open boundary: whatever broke, the caller's request proceeds.
-            self.ctx.failure("ensure", exc)
-            self.ctx.slots.pop(target, None)
-            leases.release(lease)
-            return Ticket(self._record(self._failed(exc, target, t0)))
-        ticket = Ticket(self._record(outcome), lease, conversation=request.conversation)
-        if outcome.kind in WARM_KINDS and pinnable:
-            ticket.pin = outcome.slot
-        return ticket
-
-    async def _release_when_idle(self, lease: Lease) -> None:
-        try:
-            await self._until_idle(lease.slot)
-        finally:
-            if self.leases is not None:
-                self.leases.release(lease)
-
-    def _choose(
-        self, table: SlotTable, fp: str, request: WarmRequest, free: frozenset[int]
-    ) -> int | None:
-        """The slot a request takes among the free ones (None: it waits): the slot of its
-        prefix, else a slot whose prefix starts with its own (a learned boundary moved
-        back), else a free slot (unclaimed first, then least recently used)."""
-        if table.slot_of(fp) is None:
-            holder = self._holder(table, request)
-            if holder is not None:
-                return holder if holder in free else None
-        return table.pick(fp, free)
-
-    def _holder(self, table: SlotTable, request: WarmRequest) -> int | None:
-        """A slot of ours whose prefix starts with ``request``'s (the longest such)."""
-        found: tuple[int, int] | None = None
-        for slot in table.slots:
-            state = self.ctx.slots.get(slot)
-            if state is not None and state.holds_start_of(request.tokens):
-                held = len(state.prompt or ())
-                if found is None or held > found[1]:
-                    found = (slot, held)
-        return found[0] if found is not None else None
-
-    async def _busy(self, slot: int) -> bool:
-        """Whether llama-server is processing a request in ``slot`` that the proxy did not
-        pin there. Pinning a request to a busy slot makes llama-server b11434 load its
-        host-memory prompt cache into that slot and spin forever (docs/llama.md): asked
-        only while unpinned requests are on their way, the one case it can happen."""
-        if self.unpinned_inflight <= 0:
-            return False
-        entry = await self.client.slot(slot)
-        return bool(entry and entry.get("is_processing"))

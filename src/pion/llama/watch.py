@@ -55,5 +55,11 @@ class DivergenceWatch:
         while len(self._last) > MAX_KEYS:
             self._last.popitem(last=False)
 
+    def holds(self, key: str, tokens: Sequence[int]) -> bool:
+        """Whether ``key``'s last learned prefix is ``tokens``: a request that starts with
+        them left nothing (the token cache skips the comparison then)."""
+        previous = self._last.get(key)
+        return previous is not None and previous[0] == tuple(tokens)
+
     def to_json(self) -> dict[str, Any]:
         return self.record.to_json()

@@ -1,0 +1,53 @@
+"""``/pion/status``'s files (``pion.llama.status.FilesView``): read from ``index.json`` in
+a thread of the status's own, again only when the index changed."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pion.llama import status
+from pion.llama.client import AsyncLlamaClient
+from pion.llama.config import WarmerConfig
+from pion.llama.context import WarmerContext
+from pion.llama.eventlog import EventLog
+from pion.llama.index import IndexEntry, SlotIndex
+
+
+def test_files_are_read_again_only_when_the_index_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readers: list[str] = []
+    read = status.files_status
+
+    def files_status(ctx: WarmerContext) -> tuple[dict[str, Any], dict[str, Any]]:
+        readers.append(threading.current_thread().name)
+        return read(ctx)
+
+    monkeypatch.setattr(status, "files_status", files_status)
+    log = EventLog(None)
+    index = SlotIndex(tmp_path, log)
+    config = WarmerConfig(persist=True, slot_dir=tmp_path)
+    ctx = WarmerContext(config, AsyncLlamaClient(config.base_url), log, index, None, None)
+    view = status.FilesView(ctx)
+
+    async def run() -> None:
+        assert await view.get() == ({}, {})  # nothing saved yet
+        index.put("pi-prefix-a.bin", IndexEntry("a" * 64, 10, 100, 1.0, 1.0))
+        first = await view.get()
+        assert list(first[0]) == ["pi-prefix-a.bin"]
+        assert await view.get() is first  # unchanged: not read again
+        index.put("pi-prefix-b.bin", IndexEntry("b" * 64, 20, 200, 2.0, 2.0))
+        second = await view.get()
+        assert sorted(second[0]) == ["pi-prefix-a.bin", "pi-prefix-b.bin"]
+        await ctx.client.aclose()
+
+    asyncio.run(run())
+    view.close()
+    # Two reads, both in the view's own thread: never on the loop, never queued behind the
+    # requests' work in the loop's default executor.
+    assert len(readers) == 2 and all(r.startswith("pion-llama-status") for r in readers)
