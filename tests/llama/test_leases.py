@@ -110,7 +110,8 @@ def test_side_request_waits_for_the_main_answer_on_one_slot(
 def test_requests_queued_on_a_warming_slot_find_it_hot(
     fake: FakeLlamaServer, tmp_path: Path
 ) -> None:
-    """A burst on one slot: each request asked ``GET /slots`` beside its rendering, while
+    """A burst on one slot: the requests asked ``GET /slots`` beside their rendering (the
+    two queued ones together share one, or ask one each when they arrive apart), while
     the slot was still empty. The answer predates the requests that held the slot before
     them, so it must not make them rebuild the prefix the first one warmed."""
     config = config_for(fake, tmp_path)
@@ -120,7 +121,7 @@ def test_requests_queued_on_a_warming_slot_find_it_hot(
         held.wait_arrived(1)
         rest = [Call(url, body(MAIN, f"question {i}")) for i in (1, 2)]
         until(lambda: status(url)["leases"]["waiting"] == 2)
-        until(lambda: len(fake.records_for("slots")) >= 3)
+        until(lambda: len(fake.records_for("slots")) >= 2)
         fake.unhold(held)
         assert [c.result().status_code for c in (first, *rest)] == [200, 200, 200]
         final = status(url)
