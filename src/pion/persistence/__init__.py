@@ -11,7 +11,8 @@ one record),
 ``reader.py`` (reading records back; torn tail versus corruption), ``wal.py``
 (appending and fsync policies), ``snapshot.py`` (atomic snapshots), ``recovery.py``
 (start-up), ``durability.py`` (the :class:`Persistence` the server holds: failures,
-MISCONF and the way back), ``check.py`` and ``cli.py`` (``pion check-wal``). ``files.py`` and
+MISCONF and the way back; ``datadir.py``: its files' names and lock), ``check.py`` and
+``cli.py`` (``pion check-wal``). ``files.py`` and
 ``faults.py`` are the checked file operations and the test-only fault hook;
 ``registry.py`` lists every store's op codes; ``vstore_durable.py``,
 ``keyspace_durable.py`` (with the SELECT records that say which database a record is
@@ -24,13 +25,8 @@ it keeps), ``codecs``,
 
 from __future__ import annotations
 
-from pion.persistence.durability import (
-    Persistence,
-    lock_path,
-    snapshot_path,
-    store_snapshot_path,
-    wal_path,
-)
+from pion.persistence.datadir import lock_path, snapshot_path, store_snapshot_path, wal_path
+from pion.persistence.durability import Persistence
 from pion.persistence.recovery import RecoveryAborted, RecoveryError, RecoveryResult
 from pion.persistence.stores import DurableStore, Frame, FrameSink
 

@@ -44,7 +44,6 @@ is reported to its caller and in INFO but does not refuse writes.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
 import os
 import shutil
@@ -54,6 +53,13 @@ from pathlib import Path
 from pion.config import ServerConfig
 from pion.errors import MisconfError, PionError
 from pion.persistence import faults, recovery
+from pion.persistence.datadir import (
+    lock_dir,
+    lock_path,
+    snapshot_path,
+    store_snapshot_path,
+    wal_path,
+)
 from pion.persistence.format import SnapshotHeader
 from pion.persistence.snapshot import write_frames
 from pion.persistence.stores import DurableStore, FollowsLog, Frame
@@ -61,14 +67,7 @@ from pion.persistence.vstore_durable import VStoreDurable, VStoreJournal
 from pion.persistence.wal import WriteAheadLog
 from pion.vstore import Mutation, VStore
 
-__all__ = [
-    "NO_WAL",
-    "Persistence",
-    "lock_path",
-    "snapshot_path",
-    "store_snapshot_path",
-    "wal_path",
-]
+__all__ = ["NO_WAL", "Persistence"]
 
 log = logging.getLogger("pion.persistence")
 
@@ -84,24 +83,6 @@ _ROOM_MARGIN = 1 << 20
 _SPACE_LOG_S = 60.0
 # Why KV.PREFIX.COMMIT cannot be served under --no-wal.
 NO_WAL = "the write-ahead log is disabled (--no-wal); use KV.PREFIX.SAVE for a snapshot"
-
-
-def snapshot_path(data_dir: Path, worker: int) -> Path:
-    """The V-store's snapshot."""
-    return store_snapshot_path(data_dir, "vstore", worker)
-
-
-def store_snapshot_path(data_dir: Path, store: str, worker: int) -> Path:
-    """The snapshot of the durable store named ``store`` (``pion.<store>.<w>``)."""
-    return data_dir / f"pion.{store}.{worker}"
-
-
-def wal_path(data_dir: Path, worker: int) -> Path:
-    return data_dir / f"pion.vstore.wal.{worker}"
-
-
-def lock_path(data_dir: Path, worker: int) -> Path:
-    return data_dir / f"pion.lock.{worker}"
 
 
 class Persistence:
@@ -152,7 +133,7 @@ class Persistence:
         (``PION_TEST_FAULT``, see :mod:`pion.persistence.faults`) is read here too."""
         faults.install_from_env()
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = _lock(lock_path(self.dir, self.worker))
+        self._lock_fd = lock_dir(lock_path(self.dir, self.worker))
 
     async def recover(self) -> None:
         """Load the snapshot and replay the log (yielding to the loop), then open the
@@ -508,16 +489,3 @@ class Persistence:
             "rdb_last_save_time": self.last_save_time,
             "rdb_last_bgsave_status": "ok" if self.last_save_ok else "err",
         }
-
-
-def _lock(path: Path) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise PionError(
-            f"data directory {path.parent} is in use by another pion-server ({path.name} "
-            "is locked); give each server (and worker) its own --dir"
-        ) from None
-    return fd
