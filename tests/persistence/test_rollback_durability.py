@@ -416,6 +416,30 @@ def observe(r: redis.Redis) -> dict[int, bytes]:
     return out
 
 
+def _shapes(got: dict[int, bytes], before: dict[int, bytes], after: dict[int, bytes]) -> str:
+    """Rows per layer of each state, and the rows where what was found differs from
+    both (so a failure says what it saw: the reprs of the blobs are cut short)."""
+
+    def rows(state: dict[int, bytes]) -> dict[int, int]:
+        return {i: len(b) // ROW for i, b in sorted(state.items())}
+
+    def differ(layer: int) -> list[int]:
+        mine = got.get(layer, b"")
+        return [
+            k
+            for k in range(len(mine) // ROW)
+            if all(
+                mine[k * ROW : (k + 1) * ROW] != s.get(layer, b"")[k * ROW : (k + 1) * ROW]
+                for s in (before, after)
+            )
+        ]
+
+    return (
+        f"rows got {rows(got)}, before {rows(before)}, after {rows(after)}; rows unlike "
+        f"both: { {i: differ(i) for i in got} }"
+    )
+
+
 def settle(r: redis.Redis, m: dict[str, Any], in_flight: tuple[str, Any] | None) -> None:
     """Decide whether the command cut by the kill was applied (wholly or not at all),
     using only the wire, and bring the model up to date."""
@@ -446,7 +470,7 @@ def settle(r: redis.Redis, m: dict[str, Any], in_flight: tuple[str, Any] | None)
         after = dict(before)
         apply({"layers": after, "snaps": m["snaps"], "last": m["last"]}, kind, arg, b"OK")
         got = observe(r)
-        assert got in (before, after), f"{kind} half-applied"
+        assert got in (before, after), f"{kind} half-applied: {_shapes(got, before, after)}"
         m["layers"] = got
 
 
