@@ -326,6 +326,7 @@ def test_reset_recipe_on_a_real_server(spawn_server: Spawn, tmp_path: Path) -> N
 # -- a randomized drafter against kill -9 ----------------------------------------------
 
 ROW = DIM * 2  # fp16 rows, stored verbatim: state is compared byte for byte
+MIN_ACKED = 8  # commands each round's drafter has answered before its kill
 
 
 class Drafter:
@@ -339,6 +340,9 @@ class Drafter:
         self.rng = rng
         self.in_flight: tuple[str, Any] | None = None
         self.acked = 0
+        # Set once this drafter had MIN_ACKED commands answered: the kill waits for it,
+        # so a slow machine still writes (and snapshots) between the kills.
+        self.progressed = threading.Event()
 
     def _op(self) -> tuple[str, list[Any], Any]:
         layers, snaps = self.m["layers"], self.m["snaps"]
@@ -377,6 +381,8 @@ class Drafter:
             apply(self.m, kind, arg, reply)
             self.in_flight = None
             self.acked += 1
+            if self.acked >= MIN_ACKED:
+                self.progressed.set()
 
 
 def apply(m: dict[str, Any], kind: str, arg: Any, reply: Any) -> None:
@@ -488,7 +494,8 @@ def test_kill9_drafter_loop(spawn_server: Spawn) -> None:
         drafter = Drafter(r, model, rng)
         thread = threading.Thread(target=drafter.run)
         thread.start()
-        time.sleep(float(rng.uniform(0.05, 0.3)))
+        assert drafter.progressed.wait(60), "the drafter made no progress"
+        time.sleep(float(rng.uniform(0.0, 0.25)))
         srv.kill()
         thread.join(30)
         assert not thread.is_alive()
