@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from support.keyspace import RawClient, oracle_pair
@@ -246,6 +246,9 @@ _values = st.recursive(_scalars, _table, max_leaves=12)
 
 @settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(value=_values, proto=st.sampled_from([2, 3]), resp=st.sampled_from([2, 3]))
+# lupa hands Lua's -0.0 over as the integer 0; Redis writes the double "-0" (found by CI).
+@example(value="{double = -0.0}", proto=2, resp=2)
+@example(value="{{double = -0.0}, {map = {a = {double = -0.0}}}}", proto=3, resp=3)
 def test_lua_values_convert_as_redis(
     servers: tuple[int, int], value: str, proto: int, resp: int
 ) -> None:

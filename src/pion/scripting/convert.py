@@ -16,6 +16,7 @@ carries ``err`` (an error), ``ok`` (a status) or, for RESP3 shapes, ``double``,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pion.resp.reply import Encoded, ErrorReply, Reply, Simple
@@ -85,9 +86,16 @@ def _parse(lua: Any, data: bytes, pos: int, proto: int) -> tuple[Any, int]:
     return table, pos
 
 
-def from_lua(value: Any, resp: int, depth: int = 0) -> Reply:
+def from_lua(
+    value: Any,
+    resp: int,
+    depth: int = 0,
+    negative_zero: Callable[[Any], bool] | None = None,
+) -> Reply:
     """A script's return value (or an element of it) as the reply to send; ``resp``
-    is the script's protocol (``redis.setresp``)."""
+    is the script's protocol (``redis.setresp``). ``negative_zero(t)``: whether the
+    table ``t``'s ``double`` is -0.0 (lupa gives Lua's -0.0 as the integer 0; Redis
+    writes it ``-0``)."""
     from lupa.lua51 import lua_type
 
     if value is True or value is False:
@@ -108,20 +116,22 @@ def from_lua(value: Any, resp: int, depth: int = 0) -> Reply:
         return Simple(ok.decode("utf-8", "replace").replace("\r", " ").replace("\n", " "))
     double = value[b"double"]
     if isinstance(double, (int, float)):
+        if double == 0 and negative_zero is not None and negative_zero(value):
+            return -0.0
         return float(double)
     big = value[b"big_number"]
     if isinstance(big, bytes):
         return Encoded(b"(" + big + b"\r\n") if resp == 3 else big
     shape = value[b"map"]
     if shape is not None and lua_type(shape) == "table":
-        return {_key(k): from_lua(v, resp, depth + 1) for k, v in shape.items()}
+        return {_key(k): from_lua(v, resp, depth + 1, negative_zero) for k, v in shape.items()}
     out: list[Reply] = []
     i = 1
     while True:
         item = value[i]
         if item is None:
             break
-        out.append(from_lua(item, resp, depth + 1))
+        out.append(from_lua(item, resp, depth + 1, negative_zero))
         i += 1
     return out
 

@@ -158,6 +158,10 @@ class Scripts:
             libs.json_decode, libs.struct, libs.bit, VERSION, VERSION_NUM, self._killed,
             time.monotonic,
         )  # fmt: skip
+        # lupa hands Lua's -0.0 over as the integer 0: its sign is asked in Lua.
+        self._negative_zero = lua.eval(
+            "function(t) local d = rawget(t, 'double') return d == 0 and 1 / d < 0 end"
+        )
         self._lua = lua
 
     def compile(self, body: bytes) -> tuple[str, Any]:
@@ -230,7 +234,7 @@ class Scripts:
             self._current = None
         ok, value = (result[0], result[1]) if isinstance(result, tuple) else (result, None)
         if ok:
-            return from_lua(value, run.resp)
+            return from_lua(value, run.resp, negative_zero=self._negative_zero)
         return _script_error(value, sha)
 
     def kill(self) -> None:
