@@ -237,6 +237,10 @@ _WITH_NOFILE = (
 )
 
 
+# Starts of a server whose ports were taken between its choice and its bind.
+_START_ATTEMPTS = 3
+
+
 class ServerProcess:
     """``python -m pion server --port 0 <args>``: the one wrapper of a real pion-server
     process (one process, or a supervisor of ``-w N``). Its log goes to a file in
@@ -266,6 +270,22 @@ class ServerProcess:
         if nofile is not None:
             # Start the server under this open-files limit (soft, hard), as `ulimit -n`.
             cmd[1:3] = ["-c", _WITH_NOFILE % nofile]
+        # With --port 0 the server chooses its ports, and the ones it derives (the binary
+        # lane's port + 1, the workers' affinity ports) can be taken by another process
+        # between its check and its bind on a busy machine: such a start is tried again.
+        chosen = "--port" not in argv
+        for attempt in range(_START_ATTEMPTS if chosen else 1):
+            if attempt:
+                self.log_path = log_dir / f"server-{time.monotonic_ns()}.log"
+            if self._start(cmd, env, timeout):
+                return
+            if "Address already in use" not in self.log():
+                break
+        raise RuntimeError(f"pion-server did not start:\n{self.log()}")
+
+    def _start(self, cmd: list[str], env: dict[str, str] | None, timeout: float) -> bool:
+        """Start the process and read its ready lines; False (stopped) when it never
+        said it was ready."""
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=self._log, env={**os.environ, **(env or {})}
@@ -284,9 +304,9 @@ class ServerProcess:
             elif m:
                 self.port = int(m.group(2))
                 self._ps = psutil.Process(self.proc.pid)
-                return
+                return True
         self.close()
-        raise RuntimeError(f"pion-server did not start:\n{self.log()}")
+        return False
 
     @property
     def pid(self) -> int:
