@@ -22,7 +22,7 @@ from pion.config import ServerConfig
 from pion.keyspace.rdb import crc64, dump_payload
 from pion.server.run import ServerThread
 from support import data_budget
-from support.keyspace import RawClient, oracle_pair
+from support.keyspace import RawClient, damaged, oracle_pair
 
 
 @pytest.fixture(scope="module")
@@ -205,18 +205,9 @@ def test_hostile_payloads_get_an_error_and_the_server_goes_on(
             assert payload is not None
             payloads.append(payload)
     for n in range(600):
-        body = bytearray(rng.choice(payloads)[:-10])
-        action = n % 3
-        if action == 0:
-            for _ in range(rng.randint(1, 4)):
-                body[rng.randrange(len(body))] = rng.randrange(256)
-        elif action == 1:
-            del body[rng.randrange(1, len(body)) :]
-        else:
-            at = rng.randrange(len(body))
-            body[at:at] = rng.randbytes(rng.randint(1, 8))
+        body = damaged(rng, payloads, n)
         # Sealed with the same checksum, so the decoder itself meets the damage.
-        sealed = bytes(body) + (10).to_bytes(2, "little")
+        sealed = body + (10).to_bytes(2, "little")
         sealed += crc64(sealed).to_bytes(8, "little")
         try:
             pion.restore("h", 0, sealed, replace=True)

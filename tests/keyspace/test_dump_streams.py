@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from pion.config import ServerConfig
 from pion.keyspace.rdb import crc64
 from pion.server.run import ServerThread
-from support.keyspace import RawClient, oracle_pair
+from support.keyspace import RawClient, damaged, oracle_pair
 from support.rdb_streams import SEEN, Group, Node, stream_payload
 
 
@@ -340,18 +340,9 @@ def test_damaged_stream_payloads_never_hurt_the_server(
         payloads += [payload, pion.dump("src")]
     rng = random.Random(11)
     for n in range(400):
-        body = bytearray(rng.choice(payloads)[:-10])
-        action = n % 3
-        if action == 0:
-            for _ in range(rng.randint(1, 4)):
-                body[rng.randrange(len(body))] = rng.randrange(256)
-        elif action == 1:
-            del body[rng.randrange(1, len(body)) :]
-        else:
-            at = rng.randrange(len(body))
-            body[at:at] = rng.randbytes(rng.randint(1, 8))
+        body = damaged(rng, payloads, n)
         try:
-            pion.restore("h", 0, _seal(bytes(body)), replace=True)
+            pion.restore("h", 0, _seal(body), replace=True)
         except redis.ResponseError as exc:
             assert str(exc) == "Bad data format"
         else:

@@ -5,6 +5,7 @@ redis-server on a free port, and small wire utilities."""
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import subprocess
 import time
@@ -199,3 +200,19 @@ def scan_all(c: RawClient, *options: Arg) -> Iterator[bytes]:
         yield from keys
         if cursor == b"0":
             return
+
+
+def damaged(rng: random.Random, payloads: Sequence[bytes], n: int) -> bytes:
+    """One of ``payloads`` without its 10-byte footer (version, CRC), damaged as the
+    ``n``-th of a run: bytes overwritten, the tail cut, or bytes inserted, in turn."""
+    body = bytearray(rng.choice(payloads)[:-10])
+    action = n % 3
+    if action == 0:
+        for _ in range(rng.randint(1, 4)):
+            body[rng.randrange(len(body))] = rng.randrange(256)
+    elif action == 1:
+        del body[rng.randrange(1, len(body)) :]
+    else:
+        at = rng.randrange(len(body))
+        body[at:at] = rng.randbytes(rng.randint(1, 8))
+    return bytes(body)
