@@ -110,10 +110,10 @@ def test_side_request_waits_for_the_main_answer_on_one_slot(
 def test_requests_queued_on_a_warming_slot_find_it_hot(
     fake: FakeLlamaServer, tmp_path: Path
 ) -> None:
-    """A burst on one slot: the requests asked ``GET /slots`` beside their rendering (the
-    two queued ones together share one, or ask one each when they arrive apart), while
-    the slot was still empty. The answer predates the requests that held the slot before
-    them, so it must not make them rebuild the prefix the first one warmed."""
+    """A burst on one slot, while the first warms it: the queued requests found no slot
+    known, so they asked no ``GET /slots`` (there is nothing a hit could trust yet);
+    each then gets the lease once the one before it answered, and finds the prefix the
+    first one warmed (a hit, no rebuild, no restore)."""
     config = config_for(fake, tmp_path)
     held = fake.hold("chat")  # the first warm-up waits before it runs
     with running_proxy(PrefixProxy(config)) as url:
@@ -121,13 +121,38 @@ def test_requests_queued_on_a_warming_slot_find_it_hot(
         held.wait_arrived(1)
         rest = [Call(url, body(MAIN, f"question {i}")) for i in (1, 2)]
         until(lambda: status(url)["leases"]["waiting"] == 2)
-        until(lambda: len(fake.records_for("slots")) >= 2)
         fake.unhold(held)
         assert [c.result().status_code for c in (first, *rest)] == [200, 200, 200]
         final = status(url)
     assert final["counts"] == {"cold": 1, "hit": 2}
+    assert fake.records_for("slots") == []
     assert fake.records_for("restore") == []
     assert "rebuilding" not in (tmp_path / "pc.log").read_text()
+
+
+def test_requests_queued_behind_a_restore_find_it_hot(
+    fake: FakeLlamaServer, tmp_path: Path
+) -> None:
+    """After a restart, a burst on one slot shares one ``GET /slots`` asked beside the
+    renderings (the slot is known, so a hit must be checked); it shows the slot empty.
+    The first request restores the prefix; that answer predates it, so it must not make
+    the queued requests rebuild it: they are hits."""
+    config = config_for(fake, tmp_path)
+    with running_proxy(PrefixProxy(config)) as url:
+        assert Call(url, body(MAIN, "before")).result().status_code == 200
+        until(lambda: status(url)["leases"]["held"] == {})
+        fake.restart()
+        held = fake.hold("slots")  # the burst's one GET /slots waits before it runs
+        first = Call(url, body(MAIN, "question 0"))
+        held.wait_arrived(1)
+        rest = [Call(url, body(MAIN, f"question {i}")) for i in (1, 2)]
+        until(lambda: status(url)["leases"]["waiting"] == 2)
+        fake.unhold(held)
+        assert [c.result().status_code for c in (first, *rest)] == [200, 200, 200]
+        final = status(url)
+    assert final["counts"] == {"cold": 1, "restored": 1, "hit": 2}
+    assert len(fake.records_for("slots")) == 1
+    assert len(fake.records_for("restore")) == 1
 
 
 def responses(text: str) -> dict[str, Any]:

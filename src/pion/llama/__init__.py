@@ -25,6 +25,7 @@ The pi-prefix-cache behaviour in Python (docs/llama.md). Reading order:
 - :mod:`~pion.llama.background`  store work no request waits for
 - :mod:`~pion.llama.eventlog`    the ``[prefix-cache]`` log file
 - :mod:`~pion.llama.outcome`     what one warm did, in pi-prefix-cache's words
+- :mod:`~pion.llama.identity`    which local llama-server process serves: a hit trusts it
 - :mod:`~pion.llama.context`     state the warmer's steps share
 - :mod:`~pion.llama.lease`       a request owns its slot until its answer is done
 - :mod:`~pion.llama.restore`     restore from disk or store, then verify

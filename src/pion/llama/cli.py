@@ -122,7 +122,15 @@ _WARMER_OPTIONS = [
         "--slot-trust",
         type=click.FloatRange(min=0),
         help="seconds a slot confirmed to hold its prefix is trusted without asking "
-        "GET /slots (0: every hit asks; default 0) [..._SLOT_TRUST]",
+        "GET /slots, whatever the llama-server process (default 0: only while the local "
+        "process that confirmed it still serves) [..._SLOT_TRUST]",
+    ),
+    click.option(
+        "--check-every-hit/--trust-local-server",
+        default=None,
+        help="ask GET /slots on every hit even while the local llama-server process that "
+        "confirmed the slot still serves (for a llama-server other clients use directly; "
+        "default: trusted) [..._CHECK_EVERY_HIT]",
     ),
     click.option(
         "--checkpoint-tokens",
@@ -187,6 +195,7 @@ def _config(**flags: Any) -> WarmerConfig:
         divergence_excerpts=flags.get("divergence_excerpts"),
         checkpoint_tokens=flags.get("checkpoint_tokens"),
         slot_trust=flags.get("slot_trust"),
+        check_every_hit=flags.get("check_every_hit"),
     )
 
 

@@ -35,6 +35,7 @@ PI_PREFIX_CACHE_LEASE_WAIT         seconds a request waits for a slot          3
 PI_PREFIX_CACHE_UPSTREAM_TIMEOUT   seconds without a byte from llama-server    600
 PI_PREFIX_CACHE_CHECKPOINT_TOKENS  new tokens before a conversation checkpoint 1024
 PI_PREFIX_CACHE_SLOT_TRUST         seconds a confirmed slot is trusted unasked  0
+PI_PREFIX_CACHE_CHECK_EVERY_HIT    1 = GET /slots on every hit                 0
 =================================  ==========================================  ===========
 
 The log defaults to ``$PION_CACHE/prefix-cache.log`` (``~/.cache/pion/prefix-cache.log``).
@@ -143,10 +144,15 @@ class WarmerConfig:
     checkpoint_tokens: int = 1024
     # Seconds a slot is trusted to hold its prefix without ``GET /slots`` once llama-server
     # or a real request confirmed it, while no unpinned request ran (docs/llama.md, "What
-    # a hit costs"). 0: every proxied hit is checked, and a restarted llama-server is
-    # noticed before the request (its prefix restored); above 0, a restart within that
-    # time is noticed by the request's own answer (it ran cold, the next one restores).
+    # a hit costs"), whatever the llama-server process. 0: trusted only while the local
+    # process that confirmed it still serves (``pion.llama.identity``), so a restart is
+    # noticed before the request; above 0, a restart within that time is noticed by the
+    # request's own answer (it ran cold, the next one restores).
     slot_trust: float = 0.0
+    # Ask ``GET /slots`` on every proxied hit, even while the local llama-server process
+    # that confirmed the slot still serves (``pion.llama.identity``): for a llama-server
+    # that other clients use directly, beside the proxy, and may evict a slot unseen.
+    check_every_hit: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "base_url", normalize_base_url(self.base_url))
@@ -254,6 +260,8 @@ class WarmerConfig:
             "api_key": get("API_KEY"),
             "checkpoint_tokens": max(0, num("CHECKPOINT_TOKENS", default.checkpoint_tokens)),
             "slot_trust": max(0.0, flt("SLOT_TRUST", default.slot_trust)),
+            "check_every_hit": (get("CHECK_EVERY_HIT") or "0").lower()
+            in ("1", "true", "yes", "on"),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -32,6 +32,7 @@ from pion.llama.client import AsyncLlamaClient, LlamaServerError
 from pion.llama.compat import ServerFacts
 from pion.llama.config import WarmerConfig
 from pion.llama.eventlog import EventLog
+from pion.llama.identity import ServerProcess
 from pion.llama.index import SlotIndex
 from pion.llama.prefix import WarmRequest
 from pion.llama.serverinfo import ServerInfo
@@ -97,6 +98,9 @@ class SlotState:
     # When (``time.monotonic()``) llama-server or a real request last confirmed the slot
     # holds it: within ``slot_trust`` of it, a proxied hit asks no ``GET /slots``.
     checked: float = field(default_factory=time.monotonic)
+    # The llama-server process that confirmed it then (None: not known): while it still
+    # serves and no unpinned request ran, a proxied hit asks no ``GET /slots``.
+    server: ServerProcess | None = None
     # A prefix found in the slot with no file of its own yet: saved once a real request
     # has confirmed the slot serves it (in the background, see PrefixWarmer.observe).
     save_later: bool = False

@@ -27,6 +27,8 @@ from pion.llama.config import WarmerConfig
 from pion.llama.context import SlotState, Target, WarmerContext
 from pion.llama.eventlog import EventLog
 from pion.llama.fingerprint import FingerprintInputs, fingerprint, model_file_identity
+from pion.llama.identity import ServerProcess
+from pion.llama.identity import find as find_server
 from pion.llama.modelkind import ModelKind, detect_model_state
 from pion.llama.outcome import WARM_KINDS, Outcome
 from pion.llama.partial import restore_partial
@@ -72,6 +74,9 @@ class WarmerSteps:
     ctx: WarmerContext
     _info: ServerInfo | None
     _props: asyncio.Task[ServerInfo] | None  # the GET /props in flight
+    # The local llama-server process that answered /props last (pion.llama.identity);
+    # None: not known, every proxied hit asks GET /slots.
+    _server: ServerProcess | None
     unpinned_epoch: int
 
     async def _server_info(self, refresh: bool) -> ServerInfo:
@@ -87,8 +92,11 @@ class WarmerSteps:
         return await asyncio.shield(self._props)
 
     async def _fetch_info(self) -> ServerInfo:
-        self._info = ServerInfo.from_props(await self.client.props())
-        return self._info
+        info = ServerInfo.from_props(await self.client.props())
+        if not self.config.check_every_hit:
+            self._server = await asyncio.to_thread(find_server, self.client.base_url)
+        self._info = info
+        return info
 
     def _props_done(self, task: asyncio.Task[ServerInfo]) -> None:
         self._props = None
@@ -179,6 +187,7 @@ class WarmerSteps:
         built = ctx.slots.get(slot)
         if built is not None:
             built.epoch, built.checked = self.unpinned_epoch, time.monotonic()
+            built.server = self._server
         return outcome
 
     async def _build(self, target: Target) -> Outcome:
@@ -237,7 +246,7 @@ class WarmerSteps:
             )
             return None
         taken = state.taken_over(fp, request, save=self.ctx.index is not None)
-        taken.epoch, taken.checked = state.epoch, state.checked
+        taken.epoch, taken.checked, taken.server = state.epoch, state.checked, state.server
         self.ctx.slots[slot] = taken
         self.log(f"fingerprint={fp[:16]}…")
         self.log(
@@ -254,14 +263,16 @@ class WarmerSteps:
         """Whether the slot still holds its prefix. The ``GET /slots`` a proxied request
         started beside its rendering (:data:`SLOTS_SNAPSHOT`, so it costs no round trip
         of its own) must show the slot's prompt: a restarted llama-server shows none.
-        Without one (a library call), a slot under the lease with no unpinned request run
-        since it was warmed is trusted; otherwise ``GET /slots`` is asked now."""
+        Without one (a library call, or a proxied hit that asked nothing), a slot under the
+        lease with no unpinned request run since it was warmed is trusted, as long as the
+        llama-server process that confirmed it still serves (when known); otherwise
+        ``GET /slots`` is asked now."""
         snapshot = SLOTS_SNAPSHOT.get()
         entries = await snapshot.entries if snapshot is not None else None
         if entries is not None:
             entry = next((e for e in entries if e.get("id") == slot), None)
             return self._alive(state, entry, tokens)
-        if state.epoch == self.unpinned_epoch:
+        if state.epoch == self.unpinned_epoch and (state.server is None or state.server.serves()):
             return True
         self.ctx.count("slot_checks")
         try:
@@ -276,6 +287,7 @@ class WarmerSteps:
         alive = isinstance(n, int) and n > 0 and n >= self.config.gate_ratio * tokens
         if alive:
             state.epoch, state.checked = self.unpinned_epoch, time.monotonic()
+            state.server = self._server
         return alive
 
     async def _with_conversation(self, request: WarmRequest) -> WarmRequest:
@@ -324,7 +336,7 @@ class WarmerSteps:
             self.ctx.slots.pop(outcome.slot, None)
             return
         if reused:
-            state.checked = time.monotonic()
+            state.checked, state.server = time.monotonic(), self._server
         if reused and outcome.kind in ("hit", "restored"):
             self._receipt(state)
 
@@ -411,6 +423,7 @@ class WarmerSteps:
             self.log("the upstream failed mid-request → every slot re-checked next time")
         self.ctx.slots.clear()
         self._info = None
+        self._server = None
 
     async def _verify_pending(
         self, slot: int, state: SlotState, timings: Timings, ok: bool

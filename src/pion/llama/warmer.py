@@ -14,10 +14,11 @@ threads. For one prefix in one slot or, with ``slots``/``all_slots``, one prefix
    (``lease_wait``), then the request passes through unwarmed. The lease covers the
    warm-up, the real request (the proxy pins it with ``id_slot``) and the observation and
    save after its answer (:meth:`PrefixWarmer.finish`).
-1. **Hit.** The slot holds the fingerprint: the ``GET /slots`` a proxied request asks
-   beside its rendering must still show its prompt (not asked while every slot was
-   confirmed within ``slot_trust`` with no unpinned request run since); a library call's
-   slot is trusted under the lease while no unpinned request ran since. Also a hit: a slot
+1. **Hit.** The slot holds the fingerprint: trusted as it is while no unpinned request
+   ran since it was confirmed and the local llama-server process that confirmed it still
+   serves (:mod:`pion.llama.identity`; or within ``slot_trust`` seconds); otherwise the
+   ``GET /slots`` a proxied request asks beside its rendering must still show its prompt.
+   A library call's slot is trusted under the lease on the same terms. Also a hit: a slot
    whose prefix starts with the request's (a learned boundary moved back), taken over as
    it is and, with ``persist``, saved once the real request confirmed the reuse.
 2. **Restore** (``persist``): from disk, else from the store, after checking size, hash and
@@ -49,6 +50,7 @@ from pion.llama.config import WarmerConfig
 from pion.llama.context import WarmerContext
 from pion.llama.endpoints import EndpointKind
 from pion.llama.eventlog import EventLog
+from pion.llama.identity import ServerProcess
 from pion.llama.index import SlotIndex
 from pion.llama.learn import BoundaryLearner
 from pion.llama.lease import SlotLeases
@@ -101,6 +103,7 @@ class PrefixWarmer(WarmerLeasing):
         self.leases: SlotLeases | None = None
         self._info: ServerInfo | None = None
         self._props: asyncio.Task[ServerInfo] | None = None
+        self._server: ServerProcess | None = None
         self._snapshot: SlotsSnapshot | None = None
         self._outcomes: deque[Outcome] = deque(maxlen=50)
         self._counts: Counter[str] = Counter()
@@ -193,15 +196,17 @@ class PrefixWarmer(WarmerLeasing):
             SLOTS_SNAPSHOT.reset(token)
 
     def _snapshot_if_needed(self) -> SlotsSnapshot | None:
-        """:meth:`_shared_snapshot`, unless ``slot_trust`` trusts every slot we know of:
-        each confirmed within it, no unpinned request run since (then a hit costs no
-        ``GET /slots``; with no slot known there is no hit to check)."""
+        """:meth:`_shared_snapshot`, unless every slot we know of is trusted as it is (then
+        a hit costs no ``GET /slots``; with no slot known there is no hit to check): no
+        unpinned request run since it was confirmed, and either the llama-server process
+        that confirmed it still serves (:mod:`pion.llama.identity`: a restart is still
+        noticed first) or it was confirmed within ``slot_trust`` seconds."""
         trust = self.config.slot_trust
-        if trust <= 0:
-            return self._shared_snapshot()
+        server = self._server if self._server is not None and self._server.serves() else None
         now = time.monotonic()
         if all(
-            s.epoch == self.unpinned_epoch and now - s.checked <= trust
+            s.epoch == self.unpinned_epoch
+            and ((server is not None and s.server is server) or now - s.checked <= trust)
             for s in self.ctx.slots.values()
         ):
             return None
@@ -213,6 +218,7 @@ class PrefixWarmer(WarmerLeasing):
         check (:meth:`_claim`) judges it by when it was asked, not when it was joined."""
         current = self._snapshot
         if current is None or current.entries.done():
+            self.ctx.count("slot_snapshots")
             entries = asyncio.get_running_loop().create_task(self._slots_snapshot())
             current = self._snapshot = SlotsSnapshot(time.monotonic(), entries)
         return current
@@ -390,4 +396,9 @@ class PrefixWarmer(WarmerLeasing):
         data["leases"] = self.leases.status() if self.leases is not None else None
         data["unpinned_inflight"] = self.unpinned_inflight
         data["divergence"] = self.divergence.to_json()
+        server = self._server
+        # The local llama-server process whose slots a hit trusts unasked (identity.py).
+        data["upstream_process"] = (
+            {"pid": server.pid, "serves": server.serves()} if server is not None else None
+        )
         return data
