@@ -133,6 +133,13 @@ class KeyTable:
         self._data[key].slot = slot
 
     def _put(self, key: bytes, value: Value, deadline: int, size: int = -1) -> None:
+        """Store ``value`` under ``key``; subclasses add what a new value of their types
+        wakes (blocked readers), around :meth:`_store`."""
+        self._store(key, value, deadline, size)
+
+    def _store(self, key: bytes, value: Value, deadline: int, size: int = -1) -> None:
+        """Store ``value`` under ``key``, waking nobody: what :meth:`_put` does for a
+        string (SET's path calls it directly, one call instead of three)."""
         if self.watchers.names:
             self.watchers.touch(key)
         e = self._data.get(key)

@@ -89,8 +89,11 @@ class Keyspace(KeyLookups):
         e = self._data.get(key)
         size = len(key) + len(value) + KEY_OVERHEAD  # value_size() of a string
         self._reserve(size - (e.size if e is not None else 0))
-        self._journal(SetString(key, value, deadline))
-        self._put(key, value, deadline, size)
+        if self.journal is not None or self.events is not None:
+            self._journal(SetString(key, value, deadline))
+        elif self.changed is not None:
+            self.changed()  # no log, no notification: no record to build (cache traffic)
+        self._store(key, value, deadline, size)  # a string wakes no blocked reader
 
     def set_range(self, key: bytes, offset: int, data: bytes) -> int:
         """SETRANGE and APPEND (``offset`` = the current length): ``data`` written at

@@ -59,22 +59,19 @@ class _Cursor:
 
 class KeyspaceJournal:
     """One database's journal: each mutation as a record to a sink, after a SELECT
-    record when the last one written was of another database. Without a log
-    (``--no-wal``) no record is built, only the change counted: encoding a SET's record
-    cost about as much as the SET itself."""
+    record when the last one written was of another database. Attached only while a
+    log is written: without one (``--no-wal``) the keyspace has no journal and builds
+    no record (building a SET's record cost about as much as the SET itself), it only
+    counts the change (:meth:`KeyspaceDurable.attach`)."""
 
-    __slots__ = ("cursor", "db", "logging", "sink")
+    __slots__ = ("cursor", "db", "sink")
 
     def __init__(self, sink: FrameSink, db: int = 0, cursor: _Cursor | None = None) -> None:
         self.sink = sink
         self.db = db
         self.cursor = cursor if cursor is not None else _Cursor()
-        self.logging = sink.logging  # fixed for the sink's life (the log is opened once)
 
     def append(self, mutation: KeyMutation) -> None:
-        if not self.logging:
-            self.sink.note_change()
-            return
         drop = isinstance(mutation, _REMOVES_ONLY)
         if self.cursor.db != self.db and not isinstance(mutation, _EVERY_DB):
             # As much a drop as the record it precedes: a drop passes a log that
@@ -161,7 +158,13 @@ class KeyspaceDurable:
         cursor = _Cursor()
         cursor.db = self._replay_db
         for ks in self.databases:
-            ks.journal = None if sink is None else KeyspaceJournal(sink, ks.db, cursor)
+            # Without a log no record is built, the change only counted (KeyspaceJournal).
+            if sink is None:
+                ks.journal, ks.changed = None, None
+            elif sink.logging:
+                ks.journal, ks.changed = KeyspaceJournal(sink, ks.db, cursor), None
+            else:
+                ks.journal, ks.changed = None, sink.note_change
 
     def held_bytes(self) -> int:
         return self.databases.used_bytes
