@@ -168,10 +168,12 @@ def _server(app: Any, host: str, port: int, answers: Answers | None) -> uvicorn.
     return FrontDoorServer(config, answers) if answers else uvicorn.Server(config)
 
 
-def _listening(server: uvicorn.Server) -> bool:
+def _bound_port(server: uvicorn.Server) -> int | None:
+    """The port ``server`` listens on; None until it does."""
     if isinstance(server, FrontDoorServer):
-        return server.front is not None
-    return server.started
+        front = server.front
+        return front.listener.getsockname()[1] if front is not None else None
+    return server.servers[0].sockets[0].getsockname()[1] if server.started else None
 
 
 def run(app: Any, host: str, port: int, answers: Answers | None = None) -> None:
@@ -189,15 +191,10 @@ def serve_in_thread(
     server = _server(app, host, port, answers)
     thread = threading.Thread(target=server.run, name="pion-llama-http", daemon=True)
     thread.start()
-    while not _listening(server):
+    while (bound := _bound_port(server)) is None:
         if not thread.is_alive():
             raise RuntimeError("server failed to start")
         threading.Event().wait(0.01)
-    if isinstance(server, FrontDoorServer):
-        assert server.front is not None
-        bound = server.front.listener.getsockname()[1]
-    else:
-        bound = server.servers[0].sockets[0].getsockname()[1]
     try:
         yield f"http://{host}:{bound}"
     finally:

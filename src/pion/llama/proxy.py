@@ -533,6 +533,7 @@ def serve(
 
 @contextlib.contextmanager
 def running_proxy(proxy: PrefixProxy, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Serve ``proxy`` on a background thread (tests, embedding); yield its base URL."""
+    """Serve ``proxy`` on a background thread (tests, embedding), behind its front door
+    (``/pion/status`` off the loop, as ``pion llama proxy``); yield its base URL."""
     with serve_in_thread(proxy.app, host, port, proxy.answers) as url:
         yield url
