@@ -28,6 +28,7 @@ import _common  # first: it puts scripts/ on sys.path for pion_testing; where re
 import argparse
 import asyncio
 import multiprocessing
+import os
 import statistics
 import sys
 import tempfile
@@ -144,9 +145,11 @@ def run(n: int, lease_wait: float) -> dict[str, Any]:
             )
             try:
                 quiet_ms = idle(proxy.url)
+                load_before = os.getloadavg()
                 with StatusPoller(proxy.url) as poller:
                     statuses, seconds = asyncio.run(load(proxy.url, n))
                 busy_ms = poller.samples
+                load_after = os.getloadavg()
                 counts = proxy.status().get("events", {})
             finally:
                 proxy.stop()
@@ -163,6 +166,10 @@ def run(n: int, lease_wait: float) -> dict[str, Any]:
         "lease_timeouts": counts.get("lease_timeouts", 0),
         "target_ms": TARGET_MS,
         "target_met": under["max_ms"] <= TARGET_MS,
+        # The status answers in a thread of its own, which still needs a CPU: how shared
+        # the machine was.
+        "load_avg_before": load_before,
+        "load_avg_after": load_after,
     }
 
 

@@ -69,6 +69,15 @@ def is_quick(data: Result) -> bool:
     return bool(data.get("quick") or (isinstance(config, dict) and config.get("quick")))
 
 
+def load_average(data: Result) -> str:
+    """The 1-minute load average before and after a run (``load_avg_before``/``_after``:
+    ``os.getloadavg()``): how shared the machine was."""
+    before, after = data.get("load_avg_before"), data.get("load_avg_after")
+    if not before or not after:
+        return "not recorded"
+    return f"{before[0]:.1f} before, {after[0]:.1f} after"
+
+
 def figure(ncols: int = 1, width: float = 6.4) -> tuple[plt.Figure, Any]:
     fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, 3.6), squeeze=False)
     return fig, axes[0]

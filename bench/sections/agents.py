@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sections._base import Result, Section, bars, figure, ratio
+from sections._base import Result, Section, bars, figure, load_average, ratio
 
 NAMES = {"pi": "Pi", "claude": "Claude Code", "codex": "Codex"}
 SCENARIOS = ("cold", "hot", "restart")
@@ -79,7 +79,7 @@ def agents(results: Mapping[str, Result]) -> Section:
             "the cached/prompt tokens of the request that answered. Ratios against the "
             "harness's direct cold start; targets: after a restart "
             f"<= {targets.get('restart')}x, a hit <= {targets.get('hot')}x. Load average "
-            f"{_load(data)}."
+            f"{load_average(data)}."
         ),
         headers=["harness", "session", "direct ttft ms", "direct prompt ms", "direct cached",
                  "pion ttft ms", "pion prompt ms", "pion cached", "pion x direct cold"],
@@ -88,10 +88,3 @@ def agents(results: Mapping[str, Result]) -> Section:
         command="python bench/agents.py",
         figure=fig,
     )  # fmt: skip
-
-
-def _load(data: Result) -> str:
-    before, after = data.get("load_avg_before"), data.get("load_avg_after")
-    if not before or not after:
-        return "not recorded"
-    return f"{before[0]:.1f} before, {after[0]:.1f} after"

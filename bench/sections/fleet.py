@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sections._base import Result, Section, bars, figure, ratio
+from sections._base import Result, Section, bars, figure, load_average, ratio
 
 NAMES = {"pi": "Pi", "claude": "Claude Code", "codex": "Codex"}
 ROUTERS = {
@@ -151,7 +151,7 @@ def fleet(results: Mapping[str, Result]) -> Section:
             f"{_pct(targets.get('reuse_over_oracle', 0.95))} of the oracle's, its TTFT p50 "
             f"<= {ratio(targets.get('ttft_p50_over_round_robin', 0.3))} round robin's, a "
             f"killed server's sessions answered within {targets.get('failover_s', 5.0):g} "
-            f"s. Load average {_load(data)}."
+            f"s. Load average {load_average(data)}."
         ),
         headers=["router", "tokens reused", "reused of prompt", "reported (cache_n)",
                  "prefill s", "TTFT p50 s", "TTFT p95 s", "errors", "retries", "seconds"],
@@ -170,10 +170,3 @@ def fleet(results: Mapping[str, Result]) -> Section:
              "TTFT less own prefill, p50 s"], _ttft_parts(runs),
         )],
     )  # fmt: skip
-
-
-def _load(data: Result) -> str:
-    before, after = data.get("load_avg_before"), data.get("load_avg_after")
-    if not before or not after:
-        return "not recorded"
-    return f"{before[0]:.1f} before, {after[0]:.1f} after"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sections._base import Result, Section, bars, figure, ratio
+from sections._base import Result, Section, bars, figure, load_average, ratio
 
 NAMES = {"pi": "Pi", "claude": "Claude Code", "codex": "Codex"}
 MODES = ("sequential", "concurrent")
@@ -98,7 +98,7 @@ def llama_sessions(results: Mapping[str, Result]) -> Section:
             "Pion's own `pion serve`: 89 of 17,452)"
             + (", run alone after the concurrency runs" if data.get("resume_only") else "")
             + f". Targets: concurrent reuse >= {ratio(floor)} sequential, no misnamed "
-            f"file, resume <= {_pct(target)}. Load average {_load(data)}."
+            f"file, resume <= {_pct(target)}. Load average {load_average(data)}."
         ),
         headers=["slots", "run", "reuse", "reuse (main)", "restores/req", "saves/req",
                  "misnamed files", "errors", "tokens computed", "seconds"],
@@ -130,10 +130,3 @@ def _new_turn(res: Result) -> str:
     """The new turn's own tokens (computed for the first time) are not recomputed."""
     new = res.get("new_turn_tokens")
     return f"of them {new:,} the new turn's own (never computed before): " if new else ""
-
-
-def _load(data: Result) -> str:
-    before, after = data.get("load_avg_before"), data.get("load_avg_after")
-    if not before or not after:
-        return "not recorded"
-    return f"{before[0]:.1f} before, {after[0]:.1f} after"

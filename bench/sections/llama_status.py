@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sections._base import Result, Section, bars, figure
+from sections._base import Result, Section, bars, figure, load_average
 
 
 def llama_status(results: Mapping[str, Result]) -> Section:
@@ -24,12 +24,11 @@ def llama_status(results: Mapping[str, Result]) -> Section:
         losses.append(
             f"under load the slowest status answer took {under['max_ms']:.0f} ms (p99 "
             f"{under['p99_ms']:.0f} ms, p50 {under['p50_ms']:.0f} ms) against the {target:.0f} ms "
-            f"target; idle, its max was {data['idle']['max_ms']:.0f} ms. The status itself is "
-            "read from memory (the slot dir's files only when `index.json` changed, in a "
-            "thread of its own), but the proxy runs on one event loop, which reads, parses "
-            "and claims each arriving request (h11, JSON, a lease: a few ms of CPU each on "
-            "this 2-core machine): while the burst arrives, a status request waits its turn "
-            "among them"
+            f"target; idle, its max was {data['idle']['max_ms']:.0f} ms. The status is "
+            "answered by the proxy's front door, a thread of its own, off the event loop "
+            "that parses and leases the requests; that thread still needs Python's GIL "
+            "and a CPU of this shared 2-core machine (load average "
+            f"{load_average(data)})"
         )
     if data.get("answered_200", n) < n:
         losses.append(f"{n - data['answered_200']} of the {n} requests did not answer 200")
@@ -55,7 +54,9 @@ def llama_status(results: Mapping[str, Result]) -> Section:
             f"{data.get('load_seconds', 0.0):.1f} s, {data.get('answered_200', 0)} answered "
             f"200 ({data.get('lease_waits', 0)} waited for the lease, "
             f"{data.get('lease_timeouts', 0)} waited past `--lease-wait` "
-            f"{data.get('lease_wait_s', 30):g} s and went through unwarmed). Target: every "
+            f"{data.get('lease_wait_s', 30):g} s and went through unwarmed). The proxy "
+            "answers `/pion/status` in its front door's thread, off the event loop that "
+            f"holds the requests. Load average {load_average(data)}. Target: every "
             f"status answer within {target:.0f} ms."
         ),
         headers=["phase", "status requests", "p50 ms", "p99 ms", "max ms"],

@@ -51,3 +51,40 @@ def test_files_are_read_again_only_when_the_index_changed(
     # Two reads, both in the view's own thread: never on the loop, never queued behind the
     # requests' work in the loop's default executor.
     assert len(readers) == 2 and all(r.startswith("pion-llama-status") for r in readers)
+
+
+def test_the_front_doors_read_shares_the_views_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``get_now`` (the proxy's front door) reads ``index.json`` in its caller's thread,
+    again only when it changed, and what either reader read serves the other."""
+    readers: list[str] = []
+    read = status.files_status
+
+    def files_status(ctx: WarmerContext) -> tuple[dict[str, Any], dict[str, Any]]:
+        readers.append(threading.current_thread().name)
+        return read(ctx)
+
+    monkeypatch.setattr(status, "files_status", files_status)
+    log = EventLog(None)
+    index = SlotIndex(tmp_path, log)
+    config = WarmerConfig(persist=True, slot_dir=tmp_path)
+    ctx = WarmerContext(config, AsyncLlamaClient(config.base_url), log, index, None, None)
+    view = status.FilesView(ctx)
+    assert view.get_now() == ({}, {}) and readers == []  # nothing saved yet
+    index.put("pi-prefix-a.bin", IndexEntry("a" * 64, 10, 100, 1.0, 1.0))
+    first = view.get_now()
+    assert list(first[0]) == ["pi-prefix-a.bin"] and view.get_now() is first
+
+    async def run() -> None:
+        assert await view.get() is first  # read by get_now: not read again
+        index.put("pi-prefix-b.bin", IndexEntry("b" * 64, 20, 200, 2.0, 2.0))
+        second = await view.get()
+        assert view.get_now() is second  # read by get: not read again
+        await ctx.client.aclose()
+
+    asyncio.run(run())
+    view.close()
+    here = threading.current_thread().name
+    assert readers[0] == here and readers[1].startswith("pion-llama-status")
+    assert len(readers) == 2

@@ -42,6 +42,7 @@ The pi-prefix-cache behaviour in Python (docs/llama.md). Reading order:
 - :mod:`~pion.llama.status`      ``/pion/status`` data
 - :mod:`~pion.llama.metrics`     ``/pion/metrics``: routing for Prometheus
 - :mod:`~pion.llama.storelist`   ``pion llama status --store``: what a store holds
+- :mod:`~pion.llama.frontdoor`   ``/pion/status`` answered in a thread of its own, off the loop
 - :mod:`~pion.llama.httpserver`  uvicorn, with limits on slow and idle clients
 - :mod:`~pion.llama.proxy`       the OpenAI-compatible reverse proxy
 - :mod:`~pion.llama.cli`         ``pion llama proxy|warm|status|gc``

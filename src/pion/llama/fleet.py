@@ -463,10 +463,14 @@ class Fleet:
     async def status(self) -> dict[str, Any]:
         """Per server: health, model, load, its slots and their prefixes, routing counts,
         tokens reused; and the fleet's routing decisions."""
-        servers = []
-        for up in self.servers:
-            data = await up.warmer.status()
-            servers.append(up.status(data))
+        return self._status([up.status(await up.warmer.status()) for up in self.servers])
+
+    def status_now(self) -> dict[str, Any]:
+        """:meth:`status` from another thread (the proxy's front door), while the loop
+        runs: may raise RuntimeError when the loop changed a table as it was read."""
+        return self._status([up.status(up.warmer.status_now()) for up in self.servers])
+
+    def _status(self, servers: list[dict[str, Any]]) -> dict[str, Any]:
         return {
             "servers": servers,
             "decisions": dict(self.decisions),

@@ -1,7 +1,9 @@
 """How the proxy's HTTP server is run: uvicorn, with time limits on slow and idle clients.
 
 Owns the uvicorn options of ``pion llama proxy`` and its protocol class
-(:class:`TimedH11Protocol`), and :func:`serve_in_thread` (tests, embedding). uvicorn closes
+(:class:`TimedH11Protocol`), :func:`run` and :func:`serve_in_thread` (tests, embedding),
+and :class:`FrontDoorServer`: uvicorn behind the proxy's front door
+(:mod:`pion.llama.frontdoor`), which answers ``/pion/status`` off the loop. uvicorn closes
 a keep-alive connection that stays idle after a response (``timeout_keep_alive``), but not
 a connection that never completes a request's headers: a client that connects and sends
 nothing, or trickles a header byte every few seconds (slowloris), would hold a socket and
@@ -15,21 +17,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from functools import partial
+from typing import Any, TypeAlias
 
 import uvicorn
 from starlette.requests import Request
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from pion.llama.frontdoor import FrontDoor
+
 __all__ = [
     "BODY_IDLE_TIMEOUT",
     "HEADER_TIMEOUT",
     "KEEP_ALIVE_TIMEOUT",
+    "Answers",
+    "FrontDoorServer",
     "RequestBody",
     "TimedH11Protocol",
     "read_body",
+    "run",
     "serve_in_thread",
     "uvicorn_options",
 ]
@@ -41,6 +50,10 @@ HEADER_TIMEOUT = 30.0
 BODY_IDLE_TIMEOUT = 60.0
 # Seconds an idle keep-alive connection is kept (uvicorn's default is 5).
 KEEP_ALIVE_TIMEOUT = 15.0
+
+# Paths answered off the event loop by the front door: path → a function that returns
+# the answer's JSON body (called in the front door's thread).
+Answers: TypeAlias = Mapping[str, Callable[[], bytes]]
 
 
 class TimedH11Protocol(H11Protocol):
@@ -98,18 +111,90 @@ def uvicorn_options(host: str, port: int) -> dict[str, Any]:
     }
 
 
-@contextlib.contextmanager
-def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Serve an ASGI app with uvicorn on a background thread (real TCP); yield its URL."""
+class FrontDoorServer(uvicorn.Server):
+    """uvicorn's server behind a :class:`~pion.llama.frontdoor.FrontDoor`: the front
+    door's thread accepts, answers the paths of ``answers`` itself and hands every other
+    connection to uvicorn's protocol on the event loop (``connect_accepted_socket``),
+    where it is served, counted and shut down gracefully as any other."""
+
+    def __init__(self, config: uvicorn.Config, answers: Answers) -> None:
+        super().__init__(config)
+        self._answers = answers
+        self.front: FrontDoor | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        listener = self.config.bind_socket()  # a port in use fails before the lifespan
+        # The lifespan only: uvicorn makes no listener of its own for an empty list.
+        await super().startup(sockets=[])
+        listener.listen(self.config.backlog)
+        loop = asyncio.get_running_loop()
+        # What uvicorn's own listener makes for each connection (typed there as any
+        # asyncio.Protocol, hence the ignore, as in uvicorn).
+        protocol = partial(
+            self.config.http_protocol_class,
+            config=self.config,  # type: ignore[call-arg]
+            server_state=self.server_state,
+            app_state=self.lifespan.state,
+        )
+        adopting: set[asyncio.Task[Any]] = set()
+
+        def adopt(conn: socket.socket) -> None:
+            task = loop.create_task(loop.connect_accepted_socket(protocol, conn))
+            adopting.add(task)  # a reference until it is done
+            task.add_done_callback(adopting.discard)
+
+        def hand_over(conn: socket.socket) -> None:
+            loop.call_soon_threadsafe(adopt, conn)
+
+        front = FrontDoor(
+            listener, self._answers, hand_over, keep_alive=self.config.timeout_keep_alive
+        )
+        front.start()
+        self.front = front
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.front is not None and not self.front.running:
+            return True  # it failed (logged): nothing accepts any more
+        return await super().on_tick(counter)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.front is not None:
+            self.front.stop()  # no new connection from here on
+        await super().shutdown(sockets)
+
+
+def _server(app: Any, host: str, port: int, answers: Answers | None) -> uvicorn.Server:
     config = uvicorn.Config(app, **uvicorn_options(host, port))
-    server = uvicorn.Server(config)
+    return FrontDoorServer(config, answers) if answers else uvicorn.Server(config)
+
+
+def _bound_port(server: uvicorn.Server) -> int | None:
+    """The port ``server`` listens on; None until it does."""
+    if isinstance(server, FrontDoorServer):
+        front = server.front
+        return front.listener.getsockname()[1] if front is not None else None
+    return server.servers[0].sockets[0].getsockname()[1] if server.started else None
+
+
+def run(app: Any, host: str, port: int, answers: Answers | None = None) -> None:
+    """Serve ``app`` in the foreground until interrupted (``pion llama proxy``);
+    ``answers``: paths the front door answers off the event loop (path → JSON body)."""
+    _server(app, host, port, answers).run()
+
+
+@contextlib.contextmanager
+def serve_in_thread(
+    app: Any, host: str = "127.0.0.1", port: int = 0, answers: Answers | None = None
+) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn on a background thread (real TCP); yield its URL.
+    ``answers``: as :func:`run`."""
+    server = _server(app, host, port, answers)
     thread = threading.Thread(target=server.run, name="pion-llama-http", daemon=True)
     thread.start()
-    while not server.started:
+    while (bound := _bound_port(server)) is None:
         if not thread.is_alive():
             raise RuntimeError("server failed to start")
         threading.Event().wait(0.01)
-    bound = server.servers[0].sockets[0].getsockname()[1]
     try:
         yield f"http://{host}:{bound}"
     finally:

@@ -15,9 +15,10 @@ Owns the HTTP side of `pion llama` (docs/llama.md; a starlette app, run by uvico
 - every other method and path (``/v1/models``, ``/health``, ``/slots``, ``HEAD /``,
   ``/v1/messages/count_tokens``, ...) is forwarded untouched.
 - ``GET /pion/status``: the warmer's state as JSON (``pion llama status --proxy URL``);
-  it never waits on a lease or on llama-server. ``GET /pion/metrics``: the routing
-  decisions, each server's health, load and tokens reused, for Prometheus
-  (:mod:`pion.llama.metrics`).
+  it never waits on a lease or on llama-server, nor on the event loop: the front door's
+  thread answers it (:meth:`PrefixProxy.status_json`, :mod:`pion.llama.frontdoor`).
+  ``GET /pion/metrics``: the routing decisions, each server's health, load and tokens
+  reused, for Prometheus (:mod:`pion.llama.metrics`).
 - several upstreams: :class:`~pion.llama.fleet.Fleet` picks the server for each request
   (the others go to the least loaded); a server that refuses the connection is taken
   out and a request read whole is routed again, one that is taken out while a request
@@ -46,6 +47,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
@@ -53,18 +55,17 @@ from typing import Any, TypeVar
 
 import anyio
 import httpx
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from pion.llama import metrics
+from pion.llama import httpserver, metrics
 from pion.llama.config import WarmerConfig
 from pion.llama.endpoints import ENDPOINTS, EndpointKind, strip_billing_header
 from pion.llama.fleet import CONNECT_TIMEOUT, Fleet
-from pion.llama.httpserver import read_body, serve_in_thread, uvicorn_options
+from pion.llama.httpserver import read_body, serve_in_thread
 from pion.llama.prompt import MAX_WARM_BODY
 from pion.llama.status import redact_url
 from pion.llama.timings import TimingsScanner
@@ -86,6 +87,16 @@ T = TypeVar("T")
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 STATUS_PATH = "/pion/status"
 METRICS_PATH = "/pion/metrics"
+
+# Seconds the front door waits for the event loop to run what it has queued before it
+# reads the status in its own thread (:meth:`PrefixProxy.status_json`). A loop that is
+# not busy does so within a millisecond: the answer then holds all that the loop did
+# before the request came, as when the loop answered (tests read the status right after
+# an action). A loop busy for longer (a burst) is not waited for.
+STATUS_CATCH_UP = 0.005
+# Reads of the status in the front door: one that met a table the loop was changing
+# ("changed size during iteration") is read again.
+_STATUS_READS = 5
 
 # The endpoints whose id_slot llama-server b11434 honours (its Anthropic conversion builds
 # a new body from the fields it knows and drops id_slot; the Responses conversion copies
@@ -116,6 +127,11 @@ async def _aclose(resp: httpx.Response) -> None:
 
 def _end_to_end(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in raw if k.lower() not in _HOP_BY_HOP]
+
+
+def _json(data: Any) -> bytes:
+    """``data`` encoded as starlette's JSONResponse does."""
+    return json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
 def _error(code: int, message: str) -> JSONResponse:
@@ -232,6 +248,32 @@ class PrefixProxy:
     def status(self) -> dict[str, Any]:
         """From another thread: what ``GET /pion/status`` answers."""
         return self.call(self._status_data())
+
+    def status_json(self) -> bytes:
+        """``GET /pion/status``'s body, read in the front door's thread while the loop
+        runs (:mod:`pion.llama.frontdoor`): never waits on the loop for longer than
+        :data:`STATUS_CATCH_UP`."""
+        loop = self._loop
+        if loop is not None:
+            caught_up = threading.Event()
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_soon_threadsafe(caught_up.set)
+                caught_up.wait(STATUS_CATCH_UP)
+        for _ in range(_STATUS_READS - 1):
+            with contextlib.suppress(RuntimeError):
+                return _json(self._status_now())
+        return _json(self._status_now())
+
+    def _status_now(self) -> dict[str, Any]:
+        data = self.warmer.status_now()
+        data["upstream_errors"] = dict(self.upstream_errors)
+        data["fleet"] = self.fleet.status_now()
+        return data
+
+    @property
+    def answers(self) -> httpserver.Answers:
+        """What the front door answers off the event loop (:func:`httpserver.run`)."""
+        return {STATUS_PATH: self.status_json}
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
@@ -486,11 +528,12 @@ def serve(
     # in the app: an embedding process (tests) keeps its own collector as it is.
     gc.collect()
     gc.freeze()
-    uvicorn.run(proxy.app, **uvicorn_options(host, port))
+    httpserver.run(proxy.app, host, port, proxy.answers)
 
 
 @contextlib.contextmanager
 def running_proxy(proxy: PrefixProxy, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Serve ``proxy`` on a background thread (tests, embedding); yield its base URL."""
-    with serve_in_thread(proxy.app, host, port) as url:
+    """Serve ``proxy`` on a background thread (tests, embedding), behind its front door
+    (``/pion/status`` off the loop, as ``pion llama proxy``); yield its base URL."""
+    with serve_in_thread(proxy.app, host, port, proxy.answers) as url:
         yield url

@@ -6,9 +6,11 @@ log tail), :class:`FilesView` (the slot dir's files as status shows them, read a
 when ``index.json`` changed, in a thread of its own) and :func:`redact_url` (a store URL
 without its password, for logs and status).
 
-``/pion/status`` answers promptly whatever the proxy is doing: everything but the files
-is read from memory on the event loop, and the files come from :class:`FilesView`, whose
-one thread never waits behind the requests' work in the loop's default executor.
+``/pion/status`` answers promptly whatever the proxy is doing: the proxy's front door
+(:mod:`pion.llama.frontdoor`) reads it in its own thread, off the event loop, from memory
+and from :class:`FilesView` (``index.json`` read again only when it changed). On the loop
+(:meth:`FilesView.get`), the file is read in a thread that never waits behind the
+requests' work in the loop's default executor.
 """
 
 from __future__ import annotations
@@ -16,13 +18,16 @@ from __future__ import annotations
 import asyncio
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeAlias
 from urllib.parse import urlsplit, urlunsplit
 
 from pion.llama.context import WarmerContext
 from pion.llama.slots import SlotTable
 
 __all__ = ["FilesView", "files_status", "redact_url", "warmer_status"]
+
+_Seen: TypeAlias = tuple[int, int, int] | None
+_Files: TypeAlias = tuple[dict[str, Any], dict[str, Any]]
 
 
 def redact_url(url: str) -> str:
@@ -82,33 +87,50 @@ def files_status(ctx: WarmerContext) -> tuple[dict[str, Any], dict[str, Any]]:
 
 class FilesView:
     """:func:`files_status`, read again only when ``index.json`` changed (its size,
-    modification time or inode: every write replaces it), in one thread of its own."""
+    modification time or inode: every write replaces it): on the loop, in one thread of
+    its own (:meth:`get`); in the proxy's front door, in the caller's thread
+    (:meth:`get_now`)."""
 
     def __init__(self, ctx: WarmerContext) -> None:
         self._ctx = ctx
-        self._seen: tuple[int, int, int] | None = None
-        self._files: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
+        # (what index.json looked like, its files) as one value: the loop and the front
+        # door may both store one; a pair read after its stat is never older than it.
+        self._cached: tuple[_Seen, _Files] = (None, ({}, {}))
         self._pool: ThreadPoolExecutor | None = None
 
-    async def get(self) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _changed(self) -> tuple[bool, _Seen, _Files]:
+        """(whether index.json must be read, what it looks like, the files to show)."""
         index = self._ctx.index
         if index is None:
-            return {}, {}
+            return False, None, ({}, {})
         try:
             st = os.stat(index.path)  # a stat on the loop: microseconds
-            seen: tuple[int, int, int] | None = (st.st_size, st.st_mtime_ns, st.st_ino)
+            seen: _Seen = (st.st_size, st.st_mtime_ns, st.st_ino)
         except FileNotFoundError:
-            return {}, {}  # nothing saved yet
+            return False, None, ({}, {})  # nothing saved yet
         except OSError:
             seen = None  # read it, to show why it cannot be
-        if seen is not None and seen == self._seen:
-            return self._files
+        cached_seen, cached = self._cached
+        return seen is None or seen != cached_seen, seen, cached
+
+    async def get(self) -> _Files:
+        stale, seen, files = self._changed()
+        if not stale:
+            return files
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="pion-llama-status")
         loop = asyncio.get_running_loop()
-        self._files = await loop.run_in_executor(self._pool, files_status, self._ctx)
-        self._seen = seen
-        return self._files
+        files = await loop.run_in_executor(self._pool, files_status, self._ctx)
+        self._cached = (seen, files)
+        return files
+
+    def get_now(self) -> _Files:
+        """:meth:`get` from a thread that may read a file (never the event loop)."""
+        stale, seen, files = self._changed()
+        if stale:
+            files = files_status(self._ctx)
+            self._cached = (seen, files)
+        return files
 
     def close(self) -> None:
         if self._pool is not None:

@@ -388,7 +388,14 @@ class PrefixWarmer(WarmerLeasing):
     async def status(self) -> dict[str, Any]:
         """Slots and their prefixes, leases, last outcomes, counters, files, the log tail.
         Never waits on a lease or llama-server; ``index.json`` is read off the loop."""
-        files = await self._files.get()
+        return self._status(await self._files.get())
+
+    def status_now(self) -> dict[str, Any]:
+        """:meth:`status` from another thread (the proxy's front door), while the loop
+        runs: may raise RuntimeError when the loop changed a table as it was read."""
+        return self._status(self._files.get_now())
+
+    def _status(self, files: tuple[dict[str, Any], dict[str, Any]]) -> dict[str, Any]:
         with self.ctx.guard:
             outcomes = [o.to_json() for o in self._outcomes]
             counts = dict(self._counts)
