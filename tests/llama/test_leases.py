@@ -107,6 +107,20 @@ def test_side_request_waits_for_the_main_answer_on_one_slot(
     assert [r.id_slot for r in chats] == [0, 0, 0, 0]
 
 
+def held_burst(url: str, fake: FakeLlamaServer, endpoint: str) -> dict[str, Any]:
+    """Three requests for the same prefix on one slot: the first held at ``endpoint``
+    until the other two wait for its lease, then let go. All answer 200; the status
+    after them."""
+    held = fake.hold(endpoint)
+    first = Call(url, body(MAIN, "question 0"))
+    held.wait_arrived(1)
+    rest = [Call(url, body(MAIN, f"question {i}")) for i in (1, 2)]
+    until(lambda: status(url)["leases"]["waiting"] == 2)
+    fake.unhold(held)
+    assert [c.result().status_code for c in (first, *rest)] == [200, 200, 200]
+    return status(url)
+
+
 def test_requests_queued_on_a_warming_slot_find_it_hot(
     fake: FakeLlamaServer, tmp_path: Path
 ) -> None:
@@ -115,15 +129,8 @@ def test_requests_queued_on_a_warming_slot_find_it_hot(
     each then gets the lease once the one before it answered, and finds the prefix the
     first one warmed (a hit, no rebuild, no restore)."""
     config = config_for(fake, tmp_path)
-    held = fake.hold("chat")  # the first warm-up waits before it runs
     with running_proxy(PrefixProxy(config)) as url:
-        first = Call(url, body(MAIN, "question 0"))
-        held.wait_arrived(1)
-        rest = [Call(url, body(MAIN, f"question {i}")) for i in (1, 2)]
-        until(lambda: status(url)["leases"]["waiting"] == 2)
-        fake.unhold(held)
-        assert [c.result().status_code for c in (first, *rest)] == [200, 200, 200]
-        final = status(url)
+        final = held_burst(url, fake, "chat")  # the first warm-up waits before it runs
     assert final["counts"] == {"cold": 1, "hit": 2}
     assert fake.records_for("slots") == []
     assert fake.records_for("restore") == []
@@ -142,14 +149,7 @@ def test_requests_queued_behind_a_restore_find_it_hot(
         assert Call(url, body(MAIN, "before")).result().status_code == 200
         until(lambda: status(url)["leases"]["held"] == {})
         fake.restart()
-        held = fake.hold("slots")  # the burst's one GET /slots waits before it runs
-        first = Call(url, body(MAIN, "question 0"))
-        held.wait_arrived(1)
-        rest = [Call(url, body(MAIN, f"question {i}")) for i in (1, 2)]
-        until(lambda: status(url)["leases"]["waiting"] == 2)
-        fake.unhold(held)
-        assert [c.result().status_code for c in (first, *rest)] == [200, 200, 200]
-        final = status(url)
+        final = held_burst(url, fake, "slots")  # the burst's one GET /slots waits
     assert final["counts"] == {"cold": 1, "restored": 1, "hit": 2}
     assert len(fake.records_for("slots")) == 1
     assert len(fake.records_for("restore")) == 1

@@ -18,9 +18,11 @@ from pion.llama.eventlog import EventLog
 from pion.llama.index import IndexEntry, SlotIndex
 
 
-def test_files_are_read_again_only_when_the_index_changed(
+def counted_view(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> tuple[status.FilesView, SlotIndex, WarmerContext, list[str]]:
+    """A files view over an index in ``tmp_path``, and the names of the threads that read
+    the slot dir (each ``files_status`` call)."""
     readers: list[str] = []
     read = status.files_status
 
@@ -33,7 +35,13 @@ def test_files_are_read_again_only_when_the_index_changed(
     index = SlotIndex(tmp_path, log)
     config = WarmerConfig(persist=True, slot_dir=tmp_path)
     ctx = WarmerContext(config, AsyncLlamaClient(config.base_url), log, index, None, None)
-    view = status.FilesView(ctx)
+    return status.FilesView(ctx), index, ctx, readers
+
+
+def test_files_are_read_again_only_when_the_index_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    view, index, ctx, readers = counted_view(tmp_path, monkeypatch)
 
     async def run() -> None:
         assert await view.get() == ({}, {})  # nothing saved yet
@@ -58,19 +66,7 @@ def test_the_front_doors_read_shares_the_views_cache(
 ) -> None:
     """``get_now`` (the proxy's front door) reads ``index.json`` in its caller's thread,
     again only when it changed, and what either reader read serves the other."""
-    readers: list[str] = []
-    read = status.files_status
-
-    def files_status(ctx: WarmerContext) -> tuple[dict[str, Any], dict[str, Any]]:
-        readers.append(threading.current_thread().name)
-        return read(ctx)
-
-    monkeypatch.setattr(status, "files_status", files_status)
-    log = EventLog(None)
-    index = SlotIndex(tmp_path, log)
-    config = WarmerConfig(persist=True, slot_dir=tmp_path)
-    ctx = WarmerContext(config, AsyncLlamaClient(config.base_url), log, index, None, None)
-    view = status.FilesView(ctx)
+    view, index, ctx, readers = counted_view(tmp_path, monkeypatch)
     assert view.get_now() == ({}, {}) and readers == []  # nothing saved yet
     index.put("pi-prefix-a.bin", IndexEntry("a" * 64, 10, 100, 1.0, 1.0))
     first = view.get_now()
