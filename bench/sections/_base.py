@@ -13,6 +13,10 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a display
 import matplotlib.pyplot as plt
 
+# The report holds each section's figure until it writes the page (one per section, more
+# than pyplot's warning threshold of 20); each is closed once saved (:func:`close`).
+plt.rcParams["figure.max_open_warning"] = 0
+
 __all__ = [
     "Result",
     "Section",
