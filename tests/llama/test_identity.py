@@ -15,9 +15,12 @@ import pytest
 from pion_testing.launcher import LlamaServerProcess
 from pion_testing.llama_samples import pi_chat_body
 
+from pion.llama import steps
 from pion.llama.config import WarmerConfig
 from pion.llama.identity import ServerProcess, find, listening_inodes
 from pion.llama.proxy import STATUS_PATH, PrefixProxy, running_proxy
+from support.fake_llama import fake_llama_server
+from support.fake_llama_proxy import BYTES_PER_TOKEN, config_for, read_fake_slot_files, status
 
 MakeConfig = Callable[..., WarmerConfig]
 
@@ -83,14 +86,19 @@ def test_find_takes_only_a_llama_process_on_a_loopback_url(tmp_path: Path) -> No
     assert find("http://127.0.0.1:bad", proc) is None
 
 
-def test_serves_follows_the_descriptor() -> None:
-    """A process holding the socket serves; once it is closed (a server that stopped, or
-    a new one under the same pid with another socket) it does not."""
+def listening() -> tuple[socket.socket, ServerProcess]:
+    """A listening socket of this process, and this process as its holder."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen()
-    inode = os.fstat(sock.fileno()).st_ino
-    me = ServerProcess(os.getpid(), sock.fileno(), inode)
+    return sock, ServerProcess(os.getpid(), sock.fileno(), os.fstat(sock.fileno()).st_ino)
+
+
+def test_serves_follows_the_descriptor() -> None:
+    """A process holding the socket serves; once it is closed (a server that stopped, or
+    a new one under the same pid with another socket) it does not."""
+    sock, me = listening()
+    inode = me.inode
     assert me.serves()
     assert not ServerProcess(os.getpid(), sock.fileno(), inode + 1).serves()
     sock.close()
@@ -152,3 +160,45 @@ def test_check_every_hit_asks_for_each_hit(
     assert [o["kind"] for o in status["outcomes"]] == ["cold", "hit", "hit"]
     assert status["events"]["slot_snapshots"] == 2
     assert status["upstream_process"] is None
+
+
+def test_a_restart_forgets_every_slot_the_old_process_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two prefixes in two slots; llama-server restarts. The request that notices it
+    (its process no longer serves) restores its own slot, and what the other slot held
+    is forgotten with the old process: the next hit asks nothing (had the other slot's
+    state stayed, unconfirmed by the new process, every request would ask again).
+    The fake runs in this process, so the "process" is a socket this test holds."""
+    read_fake_slot_files(monkeypatch)
+    old_sock, old = listening()
+    new_sock, new = listening()
+    serving = [old]
+    monkeypatch.setattr(steps, "find_server", lambda _url: serving[0])
+    (tmp_path / "slots").mkdir()
+    with fake_llama_server(tmp_path / "slots", n_slots=2, bytes_per_token=BYTES_PER_TOKEN) as fake:
+        proxy = PrefixProxy(config_for(fake, tmp_path, all_slots=True))
+        with running_proxy(proxy) as url:
+
+            def ask(variant: str, question: str) -> None:
+                body = pi_chat_body(question, variant=variant, max_tokens=2)
+                response = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+                assert response.status_code == 200
+                proxy.flush()
+
+            ask("", "main")
+            ask("You write a short title for the conversation.", "title")
+            ask("", "main again")
+            before = status(url)["events"].get("slot_snapshots", 0)
+            fake.restart()
+            old_sock.close()
+            serving[0] = new
+            ask("", "after the restart")
+            ask("", "and once more")
+            final = status(url)
+    new_sock.close()
+    kinds = [o["kind"] for o in final["outcomes"]]
+    assert kinds == ["cold", "cold", "hit", "restored", "hit"]
+    assert before == 0
+    assert final["events"]["slot_snapshots"] == 1  # the one that noticed the restart
+    assert final["upstream_process"] == {"pid": os.getpid(), "serves": True}

@@ -94,9 +94,27 @@ class WarmerSteps:
     async def _fetch_info(self) -> ServerInfo:
         info = ServerInfo.from_props(await self.client.props())
         if not self.config.check_every_hit:
-            self._server = await asyncio.to_thread(find_server, self.client.base_url)
+            server = await asyncio.to_thread(find_server, self.client.base_url)
+            self._forget_gone(server)
+            self._server = server
         self._info = info
         return info
+
+    def _forget_gone(self, server: ServerProcess | None) -> None:
+        """Another llama-server process serves now: the slots the one before confirmed
+        held what it held, gone with it (else every later request would ask
+        ``GET /slots`` for a slot nobody re-confirms)."""
+        old = self._server
+        if old is None or server is None or server == old:
+            return
+        gone = sorted(slot for slot, state in self.ctx.slots.items() if state.server is old)
+        for slot in gone:
+            self.ctx.slots.pop(slot, None)
+        if gone:
+            self.log(
+                f"llama-server restarted (pid {old.pid} → {server.pid}) → what slots "
+                f"{', '.join(map(str, gone))} held is gone"
+            )
 
     def _props_done(self, task: asyncio.Task[ServerInfo]) -> None:
         self._props = None
