@@ -129,9 +129,10 @@ def _end_to_end(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in raw if k.lower() not in _HOP_BY_HOP]
 
 
-def _json(data: Any) -> bytes:
-    """``data`` encoded as starlette's JSONResponse does."""
-    return json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+def _json_body(data: Any) -> bytes:
+    """``data`` as the loop's route sends it (starlette's own rendering, so the front
+    door's answer has the same bytes)."""
+    return bytes(JSONResponse(data).body)
 
 
 def _error(code: int, message: str) -> JSONResponse:
@@ -261,8 +262,8 @@ class PrefixProxy:
                 caught_up.wait(STATUS_CATCH_UP)
         for _ in range(_STATUS_READS - 1):
             with contextlib.suppress(RuntimeError):
-                return _json(self._status_now())
-        return _json(self._status_now())
+                return _json_body(self._status_now())
+        return _json_body(self._status_now())
 
     def _status_now(self) -> dict[str, Any]:
         data = self.warmer.status_now()
