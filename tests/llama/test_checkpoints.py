@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from pion_testing.llama_samples import pi_chat_body
 
 from pion.llama.proxy import PrefixProxy, running_proxy
 from support.fake_llama import FakeLlamaServer, fake_llama_server
+from support.fake_llama_http import Record
 from support.fake_llama_model import prompt_tokens
 from support.fake_llama_proxy import (
     BYTES_PER_TOKEN,
@@ -92,6 +93,37 @@ def checkpoints(fake: FakeLlamaServer) -> dict[str, dict[str, Any]]:
     return {name: e for name, e in index_files(fake).items() if e.get("prefix")}
 
 
+class Restarted:
+    """The turn taken after a llama-server restart: the records it caused, its answer and
+    the status after it."""
+
+    def __init__(self, records: list[Record], answer: dict[str, Any], after: dict[str, Any]):
+        self.records, self.answer, self.after = records, answer, after
+
+    def only_restored(self, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Assert the turn restored checkpoint ``name`` and warmed nothing cold; the
+        status after it and its answer."""
+        restored = [r for r in self.records if r.endpoint in ("restore", "completion")]
+        assert [(r.endpoint, r.filename) for r in restored] == [("restore", name)]
+        assert self.after["events"]["checkpoint_restores"] == 1
+        return self.after, self.answer
+
+
+def resume_after_a_restart(
+    url: str, fake: FakeLlamaServer, turn: Callable[[str], dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]], list[int], Restarted]:
+    """Once the saves after the last answer are done: the status, the checkpoints and the
+    saved one's tokens; then llama-server restarts and the conversation takes one turn."""
+    until(lambda: status(url)["leases"]["held"] == {})  # the save after the answer
+    before = status(url)
+    saved = checkpoints(fake)
+    held = file_tokens(fake, next(iter(saved)))
+    fake.restart()
+    n_records = len(fake.records)
+    answer = turn(url)
+    return before, saved, held, Restarted(fake.records[n_records:], answer, status(url))
+
+
 def test_resumed_conversation_restores_its_last_checkpoint(
     fake: FakeLlamaServer,
     tmp_path: Path,
@@ -103,14 +135,7 @@ def test_resumed_conversation_restores_its_last_checkpoint(
     with running_proxy(PrefixProxy(config)) as url:
         for _ in range(5):
             chat.turn(url)
-        until(lambda: status(url)["leases"]["held"] == {})  # the save after the answer
-        before = status(url)
-        saved = checkpoints(fake)
-        held = file_tokens(fake, next(iter(saved)))
-        fake.restart()
-        n_records = len(fake.records)
-        answer = chat.turn(url)
-        after = status(url)
+        before, saved, held, restarted = resume_after_a_restart(url, fake, chat.turn)
     # Turn 2 took over the prefix and saved it from the slot as it was: that file holds the
     # whole second turn. Turns 3..5 each grew past the threshold; each checkpoint replaced
     # the one before.
@@ -121,10 +146,7 @@ def test_resumed_conversation_restores_its_last_checkpoint(
     assert held[: len(fifth)] == fifth  # the whole fifth request, then its answer
     assert entry["tokens"] >= len(fifth) and entry["file_tokens"] == len(held)
     # After the restart: the checkpoint is restored, nothing is warmed cold.
-    resumed = fake.records[n_records:]
-    assert [r.endpoint for r in resumed if r.endpoint in ("restore", "completion")] == ["restore"]
-    assert [r.filename for r in resumed if r.endpoint == "restore"] == [name]
-    assert after["events"]["checkpoint_restores"] == 1
+    after, answer = restarted.only_restored(name)
     assert after["counts"].get("cold", 0) == before["counts"].get("cold", 0)
     cached = answer["usage"]["cache_read_input_tokens"]
     # Every token of the fifth request but its last (the generation prompt, rendered anew
@@ -176,14 +198,7 @@ def test_a_pi_conversation_is_checkpointed_and_restored(
         second = [r.endpoint for r in fake.records[seen:]]
         for _ in range(2):
             chat.turn(url)
-        until(lambda: status(url)["leases"]["held"] == {})
-        before = status(url)
-        saved = checkpoints(fake)
-        held = file_tokens(fake, next(iter(saved)))
-        fake.restart()
-        n_records = len(fake.records)
-        answer = chat.turn(url)
-        after = status(url)
+        before, saved, held, restarted = resume_after_a_restart(url, fake, chat.turn)
     # The hit asked nothing before the request; after its answer, its tokens (rendered,
     # tokenized), then the checkpoint's save.
     assert second[: second.index("chat") + 1] == ["slots", "chat"]
@@ -195,10 +210,7 @@ def test_a_pi_conversation_is_checkpointed_and_restored(
     (name, entry) = next(iter(saved.items()))
     fourth, fifth = chat.tokens(3), chat.tokens(4)
     assert held[: len(fourth)] == fourth and entry["tokens"] >= len(fourth)
-    resumed = fake.records[n_records:]
-    assert [r.endpoint for r in resumed if r.endpoint in ("restore", "completion")] == ["restore"]
-    assert [r.filename for r in resumed if r.endpoint == "restore"] == [name]
-    assert after["events"]["checkpoint_restores"] == 1
+    after, answer = restarted.only_restored(name)
     assert after["outcomes"][-1]["kind"] == "restored"
     cached = answer["timings"]["cache_n"]
     assert len(fourth) - 1 <= cached < len(fifth)
