@@ -140,9 +140,21 @@ class CommandStats:
             row[3] += 1
             self._error(reply)
         if usec >= self.slowlog_threshold_us >= 0 and name not in _NEVER_LOGGED:
-            self._log_slow(argv, usec, client)
+            self.log_slow(argv, usec, client)
 
-    def _log_slow(self, argv: Sequence[bytes], usec: int, client: Client) -> None:
+    def record_many(self, name: str, calls: int, usec: int) -> None:
+        """``calls`` commands ``name`` that ran without an error, ``usec`` in all (a run
+        of plain GET and SET, ``pion.server.batch``, which reports each slow one to
+        :meth:`log_slow` itself)."""
+        row = self.commands.get(name)
+        if row is None:
+            row = self.commands[name] = [0, 0, 0, 0]
+        row[0] += calls
+        row[1] += usec
+
+    def log_slow(self, argv: Sequence[bytes], usec: int, client: Client) -> None:
+        """Add a command that took ``usec`` to the slow log (the caller compared it
+        with the threshold)."""
         if not self.slowlog.maxlen:
             return
         entry = SlowEntry(

@@ -10,7 +10,8 @@ WATCH: every change of a key reaches one of them (``_put``, ``_drop``,
 ``_set_deadline``, the field and member primitives, ``_clear``), and each tells
 ``watchers`` (:mod:`pion.watch`) which key changed. A command built on the store's
 writes is watched without doing anything; replay changes keys through the same
-primitives while nobody watches.
+primitives while nobody watches. (The one writer outside them, a connection's run of
+plain SETs, ``pion.server.batch``, runs only while nobody watches.)
 """
 
 from __future__ import annotations
@@ -72,6 +73,14 @@ class KeyTable:
         self.lru_clock = clock() // 1000
         # Clients watching keys (WATCH); told of every change by the primitives below.
         self.watchers = Watchers()
+
+    @property
+    def entries(self) -> dict[bytes, Entry]:
+        """The key table itself, for the connection's runs of plain GET and SET
+        (``pion.server.batch``): they read it, and overwrite a string that has no
+        deadline in place exactly as :meth:`_store` would, only while nobody watches
+        keys."""
+        return self._data
 
     def apply(self, m: KeyMutation) -> None:
         """Apply a journaled record (replay, snapshot load) without journaling it or

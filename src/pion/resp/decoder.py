@@ -129,6 +129,14 @@ class RequestDecoder:
         self.authenticated = True
 
     @property
+    def ready(self) -> list[list[bytes]]:
+        """The commands the scanner parsed and :meth:`get` has not handed out, last
+        first: a caller may take the next ones from its end (``pop()``), as
+        :meth:`get` does (the connection's runs of plain GET and SET,
+        ``pion.server.batch``)."""
+        return self._ready
+
+    @property
     def buffered(self) -> int:
         """Bytes received and not yet handed out as part of a command."""
         direct = self._direct.filled if self._direct is not None else 0

@@ -7,7 +7,9 @@ Reading order, from a request's bytes to its reply:
    inside the one error boundary, ``pion.commands.execution``.
 2. ``connection.py``: one client's bytes in through the sans-IO decoder
    (``pion.resp``), commands through the dispatcher or ``lane.py`` (the fast lane:
-   GET, SET, LOOKUP, PING, MULTI and EXEC with the same checks made inline), its
+   GET, SET, LOOKUP, PING, MULTI and EXEC with the same checks made inline) and
+   ``batch.py`` (a pipeline's run of plain GET and SET in one call, compiled in
+   ``_batch.c`` where a C compiler was present), its
    states named (``Phase``); ``outbound.py`` (its writing half: replies out, flow
    control, pub/sub pushes); ``slices.py`` (its share of the loop, the same for both lanes);
    ``clients.py`` (what both lanes' connections share: admission, the registry);

@@ -75,6 +75,8 @@ from pion.commands.transactions import forget_client
 from pion.errors import ProtocolError
 from pion.resp.decoder import SCRATCH_BYTES, RequestDecoder
 from pion.resp.encoder import Chunks, encode_error
+from pion.server.batch import heads
+from pion.server.batch import serve as serve_batch
 from pion.server.clientmem import ClientMemory
 from pion.server.clients import MAX_CLIENTS_REPLY, ClientConnection, io_error, join, leave
 from pion.server.dispatch import Silenced, execute
@@ -297,49 +299,69 @@ class Connection(Outbound):
                 out = self._out = []
                 self._pushed = 0
                 break
-            try:
-                if self._next is None and self._next_error is None:
-                    argv = decoder.get()
-                else:
-                    argv = self._take()
-            except ProtocolError as exc:
-                proto_error = exc
+            # A run of plain GET and SET parsed ahead is served in one call (batch.py).
+            served = self._batch(ran, out, flush_over - out_bytes) if lane else (0, 0)
+            if served is None:
+                yielded = True  # this turn's slice is used: the run waits for the next
                 break
-            if argv is None:
-                break
-            # The clock is read only every CHECK_EVERY commands (Share.spent).
-            if sliced and (ran < 2 or not ran % CHECK_EVERY) and share.spent(ran):
-                # This turn's slice is used: the command waits for the next one.
-                self._next, self._next_bytes = argv, sum(len(a) for a in argv)
-                yielded = True
-                break
-            ran += 1
-            entry = lane.get(argv[0])
-            if entry is None:
-                result = execute(ctx, argv, out)
-                lane = self._lane if lane_usable(ctx) else _NO_LANE
+            if served[0]:
+                ran += served[0]
+                out_bytes += served[1]
             else:
-                result = run_lane(ctx, entry, argv, out)
-                if entry.runs_any:
+                try:
+                    if self._next is None and self._next_error is None:
+                        argv = decoder.get()
+                    else:
+                        argv = self._take()
+                except ProtocolError as exc:
+                    proto_error = exc
+                    break
+                if argv is None:
+                    break
+                # The clock is read only every CHECK_EVERY commands (Share.spent).
+                if sliced and (ran < 2 or not ran % CHECK_EVERY) and share.spent(ran):
+                    # This turn's slice is used: the command waits for the next one.
+                    self._next, self._next_bytes = argv, sum(len(a) for a in argv)
+                    yielded = True
+                    break
+                ran += 1
+                entry = lane.get(argv[0])
+                if entry is None:
+                    result = execute(ctx, argv, out)
                     lane = self._lane if lane_usable(ctx) else _NO_LANE
-            if not isinstance(result, int):
-                result = self._deferred(argv, result, out, out_bytes)
-                if result < 0:
-                    out, out_bytes = [], 0
-                    self._out = out
-                    break  # it runs off the loop; the replies before it went out first
-            out_bytes += result
-            if not decoder.authenticated and client.authenticated:
-                decoder.authenticated = True  # AUTH/HELLO succeeded: full limits
-            if client.closing:
-                close_after = True
-                break
+                else:
+                    result = run_lane(ctx, entry, argv, out)
+                    if entry.runs_any:
+                        lane = self._lane if lane_usable(ctx) else _NO_LANE
+                if not isinstance(result, int):
+                    result = self._deferred(argv, result, out, out_bytes)
+                    if result < 0:
+                        out, out_bytes = [], 0
+                        self._out = out
+                        break  # it runs off the loop; the replies before it went out first
+                out_bytes += result
+                if not decoder.authenticated and client.authenticated:
+                    decoder.authenticated = True  # AUTH/HELLO succeeded: full limits
+                if client.closing:
+                    close_after = True
+                    break
             if out_bytes > flush_over or len(out) >= _FLUSH_CHUNKS:
                 self._send(out, out_bytes)
                 out, out_bytes = [], 0
                 self._out = out
                 flush_over = min(_FLUSH_BYTES - 1, self._high_water - self._check_backlog())
         self._after_run(out, out_bytes, proto_error, close_after, yielded)
+
+    def _batch(self, ran: int, out: Chunks, room: int) -> tuple[int, int] | None:
+        """A run of plain GET and SET from the commands the decoder parsed ahead
+        (``batch.py``): ``(commands, reply bytes)``, ``(0, 0)`` when the next command
+        is not one it takes, None when this turn's slice is used first."""
+        ready = self._decoder.ready
+        if self._next is not None or self._next_error is not None or not heads(ready):
+            return 0, 0
+        if self._share_turns and self._share.due(ran):
+            return None
+        return serve_batch(self._ctx, ready, out, room)
 
     def _after_run(
         self,

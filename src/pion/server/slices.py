@@ -97,11 +97,21 @@ class Share:
         if ran == 0:
             return self.left <= 0
         if ran == 1 or ran % CHECK_EVERY == 0:
-            now = time.perf_counter()
-            if not self._started:
-                self._started, self._deadline = now, now + self.left
-            return now >= self._deadline
+            return self._over()
         return False
+
+    def due(self, ran: int) -> bool:
+        """:meth:`spent` before many commands served in one call (a run of plain GET
+        and SET, ``batch.py``): after the first command the clock is read each time."""
+        if self._turns is None:
+            return False
+        return self.left <= 0 if ran == 0 else self._over()
+
+    def _over(self) -> bool:
+        now = time.perf_counter()
+        if not self._started:
+            self._started, self._deadline = now, now + self.left
+        return now >= self._deadline
 
     def end(self) -> None:
         if self._started:

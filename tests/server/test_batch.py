@@ -1,0 +1,280 @@
+"""Runs of plain GET and SET served in one call (``pion.server.batch``): the two twins
+hold one contract, and a connection that serves runs answers, counts and stores
+exactly what the lane alone does, in every state that makes a run leave a command or
+stop altogether."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pion.keyspace.entries import KEY_OVERHEAD, Entry
+from pion.resp.encoder import SMALL_BULK
+from pion.server import batch, connection
+from support.transport import connect
+
+compiled = pytest.mark.skipif(not batch.COMPILED, reason="the compiled twin is not built")
+
+
+def frame(*args: bytes) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%b\r\n" % (len(a), a) for a in args)
+
+
+# -- the twins ------------------------------------------------------------------------------
+
+
+@compiled
+def test_the_compiled_constants_are_the_python_ones() -> None:
+    from pion.server import _batch  # type: ignore[attr-defined]
+
+    assert (_batch.KEY_OVERHEAD, _batch.SMALL_BULK) == (KEY_OVERHEAD, SMALL_BULK)
+
+
+def _keyspace(rng: random.Random) -> dict[bytes, Entry]:
+    data: dict[bytes, Entry] = {}
+    for i in range(12):
+        key = b"k%d" % i
+        kind = rng.choice(["str"] * 12 + ["ttl", "hash", "big", "empty"])
+        value: Any = {
+            "str": b"v" * rng.randrange(1, 300),
+            "ttl": b"t",
+            "hash": {b"f": b"v"},
+            "big": b"B" * (SMALL_BULK + 1),
+            "empty": b"",
+        }[kind]
+        size = len(key) + (len(value) if isinstance(value, bytes) else 40) + KEY_OVERHEAD
+        data[key] = Entry(value, i, 5 if kind == "ttl" else 0, size, 0)
+    return data
+
+
+def _commands(rng: random.Random) -> list[list[bytes]]:
+    names = [b"GET", b"get", b"SET", b"set"] * 6 + [b"Get", b"GETX", b"PING"]
+    cmds = []
+    for _ in range(rng.randrange(1, 40)):
+        name = rng.choice(names)
+        key = b"k%d" % rng.randrange(14)  # some missing
+        if name.upper() == b"SET":
+            argv = [name, key, b"x" * rng.randrange(0, 400)]
+            if rng.random() < 0.1:
+                argv.append(b"NX")
+        else:
+            argv = [name, key] if rng.random() < 0.95 else [name]
+        cmds.append(argv)
+    cmds.reverse()
+    return cmds
+
+
+def _state(data: dict[bytes, Entry]) -> dict[bytes, tuple[Any, int, int, int]]:
+    return {k: (e.value, e.size, e.deadline, e.touched) for k, e in data.items()}
+
+
+@compiled
+def test_the_twins_serve_and_leave_the_same_commands() -> None:
+    from pion.server._batch import run as c_run  # type: ignore[import-not-found]
+
+    rng = random.Random(7)
+    served = left = 0
+    for _ in range(600):
+        data = _keyspace(rng)
+        ready = _commands(rng)
+        may_set = rng.random() < 0.8
+        max_cmds = rng.choice([1, 3, 64, 64, 64])
+        max_bytes = rng.choice([0, 100, 1 << 20, 1 << 20])
+        results = []
+        for twin in (batch.py_run, c_run):
+            d, r = copy.deepcopy(data), copy.deepcopy(ready)
+            out: list[bytes] = []
+            slow: list[Any] = []
+            res = twin(r, d, out, b"$-1\r\n", 9, may_set, max_cmds, max_bytes, -1, slow)
+            # The microseconds are each twin's own (fields 6 and 7).
+            results.append((res[:6], res[8], out, r, _state(d), slow))
+        assert results[0] == results[1]
+        (ran, nbytes, gets, hits, sets, grow), _, out, rest, after, _ = results[0]
+        assert ran == len(out) == len(ready) - len(rest) == gets + sets and hits <= gets
+        assert nbytes == sum(map(len, out))
+        before = _state(data)
+        assert grow == sum(after[k][1] - before[k][1] for k in before)
+        served += ran
+        left += bool(rest)
+    assert served > 400 and left > 300  # both outcomes were exercised
+
+
+@pytest.mark.parametrize("twin", ["py", "c"])
+def test_every_command_reaches_the_slow_log_at_threshold_zero(twin: str) -> None:
+    if twin == "c" and not batch.COMPILED:
+        pytest.skip("the compiled twin is not built")
+    run = batch.py_run if twin == "py" else batch.run
+    data = {b"a": Entry(b"1", 0, 0, 1 + 1 + KEY_OVERHEAD, 0)}
+    ready = [[b"GET", b"a"], [b"SET", b"a", b"22"], [b"GET", b"zz"]]
+    slow: list[Any] = []
+    res = run(ready, data, [], b"$-1\r\n", 3, True, 64, 1 << 20, 0, slow)
+    assert res[0] == 3 and res[8] == 1 and not ready
+    assert [argv for argv, _ in slow] == [[b"GET", b"zz"], [b"SET", b"a", b"22"], [b"GET", b"a"]]
+    assert all(isinstance(usec, int) and usec >= 0 for _, usec in slow)
+    assert data[b"a"].value == b"22" and data[b"a"].touched == 3 and res[5] == 1
+
+
+# -- a connection with runs against one without --------------------------------------------
+
+V = b"v" * 256
+
+
+def _script() -> list[bytes]:
+    return [
+        frame(b"SET", b"k", V),  # a new key: the lane's
+        frame(b"SET", b"k", V + b"+"),  # then the run's
+        frame(b"GET", b"k"),
+        frame(b"get", b"missing"),
+        frame(b"SET", b"big", b"B" * (SMALL_BULK + 1)),
+        frame(b"GET", b"big"),  # sent without a copy: the lane's
+        frame(b"SET", b"ttl", b"1", b"PX", b"100000"),
+        frame(b"GET", b"ttl"),  # a deadline to check: the lane's
+        frame(b"SET", b"ttl", b"2"),  # a deadline to clear: the lane's
+        frame(b"PTTL", b"ttl"),
+        frame(b"HSET", b"h", b"f", b"v"),
+        frame(b"GET", b"h"),  # WRONGTYPE
+        frame(b"SET", b"h", b"s"),  # replaces a hash: the lane's
+        frame(b"GET", b"h"),
+        frame(b"SET", b"k"),  # arity
+        frame(b"CONFIG", b"SET", b"slowlog-log-slower-than", b"0"),
+        frame(b"GET", b"k"),
+        frame(b"SET", b"k", b"short"),
+        frame(b"SLOWLOG", b"LEN"),
+        frame(b"CONFIG", b"SET", b"slowlog-log-slower-than", b"10000"),
+        frame(b"MULTI"),
+        frame(b"SET", b"k", b"q"),  # queued: the lane's
+        frame(b"EXEC"),
+        frame(b"CONFIG", b"SET", b"notify-keyspace-events", b"KA"),
+        frame(b"SET", b"k", b"n"),  # a notification to raise: the lane's
+        frame(b"CONFIG", b"SET", b"notify-keyspace-events", b""),
+        frame(b"WATCH", b"other"),
+        frame(b"SET", b"k", b"w"),  # a watcher to tell: the lane's
+        frame(b"UNWATCH"),
+        frame(b"SET", b"k", b"after"),
+        frame(b"OBJECT", b"ENCODING", b"k"),
+        frame(b"DBSIZE"),
+        frame(b"SELECT", b"1"),
+        frame(b"GET", b"k"),  # another database
+        frame(b"SET", b"k", b"db1"),
+        frame(b"SET", b"k", b"db1 again"),
+        frame(b"SELECT", b"0"),
+        frame(b"GET", b"k"),
+        frame(b"HELLO", b"3"),
+        frame(b"GET", b"missing"),  # RESP3's null
+        frame(b"CLIENT", b"REPLY", b"SKIP"),
+        frame(b"SET", b"k", b"silent"),
+        frame(b"GET", b"k"),
+    ]
+
+
+def _run(tmp_path: Path, script: list[bytes], **config: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+
+    async def body() -> None:
+        conn, t = connect(tmp_path, **config)
+        state = conn._state
+        ks = state.databases.all
+        changes = [0]  # what --no-wal counts for rdb_changes_since_last_save
+
+        def changed() -> None:
+            changes[0] += 1
+
+        for k in ks:
+            k.changed = changed
+        for wire in script:  # as the socket hands reads over (BufferedProtocol)
+            buf = conn.get_buffer(len(wire))
+            buf[: len(wire)] = wire
+            conn.buffer_updated(len(wire))
+        stats = state.stats
+        out.update(
+            wire=bytes(t.written),
+            commands=state.counters.total_commands_processed,
+            hits=[k.hits for k in ks[:2]],
+            misses=[k.misses for k in ks[:2]],
+            used=[k.used_bytes for k in ks[:2]],
+            sizes=[sum(e.size for e in k.entries.values()) for k in ks[:2]],
+            calls={n: (row[0], row[2], row[3]) for n, row in stats.commands.items()},
+            errors=dict(stats.errors),
+            slow=[e.args for e in stats.slowlog],
+            changes=changes[0],
+            last=conn.client.last_command,
+            internal=state.counters.internal_errors,
+        )
+
+    asyncio.run(body())
+    return out
+
+
+@pytest.mark.parametrize("twin", ["compiled", "python"])
+@pytest.mark.parametrize("reads", ["one read", "one read per command"])
+def test_runs_answer_count_and_store_as_the_lane(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reads: str, twin: str
+) -> None:
+    if twin == "python":
+        monkeypatch.setattr(batch, "run", batch.py_run)
+    elif not batch.COMPILED:
+        pytest.skip("the compiled twin is not built")
+    script = _script()
+    if reads == "one read":
+        script = [b"".join(script)]
+    with_runs = _run(tmp_path / "runs", script)
+    with monkeypatch.context() as patch:
+        patch.setattr(connection, "heads", lambda ready: False)
+        lane_only = _run(tmp_path / "lane", script)
+    assert with_runs == lane_only
+    assert with_runs["used"] == with_runs["sizes"]  # used_bytes kept exact
+    assert with_runs["internal"] == 0
+    assert b"WRONGTYPE" in with_runs["wire"] and with_runs["calls"]["GET"][0] >= 8
+
+
+def test_a_pipeline_of_plain_commands_is_served_by_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs: list[int] = []
+    serve = batch.serve
+
+    def counting(*args: Any) -> tuple[int, int]:
+        done = serve(*args)
+        runs.append(done[0])
+        return done
+
+    monkeypatch.setattr(connection, "serve_batch", counting)
+    setup = [frame(b"SET", b"k%d" % i, V) for i in range(4)]
+    pipeline = [frame(b"SET", b"k%d" % (i % 4), V) for i in range(50)]
+    pipeline += [frame(b"GET", b"k%d" % (i % 4)) for i in range(50)]
+    got = _run(tmp_path, [b"".join(setup), b"".join(pipeline)])
+    assert sum(runs) == 100 and max(runs) == batch.BATCH  # served in runs, none alone
+    assert got["calls"]["SET"][0] == 54 and got["calls"]["GET"][0] == 50
+    assert got["hits"][0] == 50 and got["changes"] == 54
+    assert got["last"] == "GET"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"requirepass": "pw"}, {"maxmemory": 1 << 30}],
+    ids=["auth required", "maxmemory"],
+)
+def test_states_that_stop_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: dict[str, Any]
+) -> None:
+    runs: list[int] = []
+    serve = batch.serve
+    monkeypatch.setattr(connection, "serve_batch", lambda *a: runs.append(1) or serve(*a))
+    script = [frame(b"SET", b"k", V), frame(b"GET", b"k"), frame(b"GET", b"k")]
+    if "requirepass" in config:
+        script = [frame(b"GET", b"k"), frame(b"AUTH", b"pw"), *script]
+    got = _run(tmp_path, [b"".join(script)], **config)
+    if "requirepass" in config:
+        assert got["wire"].startswith(b"-NOAUTH") and got["calls"]["GET"][1] == 1
+        assert got["calls"]["GET"][0] == 2  # after AUTH, runs serve it
+    else:
+        assert got["calls"]["GET"][0] == 2 and got["hits"][0] == 2
+    assert runs  # asked, and the answers are the lane's
+    with monkeypatch.context() as patch:
+        patch.setattr(connection, "heads", lambda ready: False)
+        assert _run(tmp_path / "lane", [b"".join(script)], **config) == got
