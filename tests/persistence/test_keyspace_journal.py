@@ -21,8 +21,8 @@ class Sink:
         self.frames.append(frame)
         self.changes += 1
 
-    def note_change(self) -> None:
-        self.changes += 1
+    def note_change(self, count: int = 1) -> None:
+        self.changes += count
 
 
 def test_records_go_to_a_sink_that_logs() -> None:

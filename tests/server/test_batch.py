@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
+from pion.commands import plain
 from pion.keyspace.entries import KEY_OVERHEAD, Entry
 from pion.resp.encoder import SMALL_BULK
 from pion.server import batch, connection
 from support.transport import connect
 
-compiled = pytest.mark.skipif(not batch.COMPILED, reason="the compiled twin is not built")
+compiled = pytest.mark.skipif(not plain.COMPILED, reason="the compiled twin is not built")
 
 
 def frame(*args: bytes) -> bytes:
@@ -30,9 +31,9 @@ def frame(*args: bytes) -> bytes:
 
 @compiled
 def test_the_compiled_constants_are_the_python_ones() -> None:
-    from pion.server import _batch  # type: ignore[attr-defined]
+    from pion.commands import _plain  # type: ignore[attr-defined]
 
-    assert (_batch.KEY_OVERHEAD, _batch.SMALL_BULK) == (KEY_OVERHEAD, SMALL_BULK)
+    assert (_plain.KEY_OVERHEAD, _plain.SMALL_BULK) == (KEY_OVERHEAD, SMALL_BULK)
 
 
 def _keyspace(rng: random.Random) -> dict[bytes, Entry]:
@@ -75,7 +76,7 @@ def _state(data: dict[bytes, Entry]) -> dict[bytes, tuple[Any, int, int, int]]:
 
 @compiled
 def test_the_twins_serve_and_leave_the_same_commands() -> None:
-    from pion.server._batch import run as c_run  # type: ignore[import-not-found]
+    from pion.commands._plain import run as c_run  # type: ignore[import-not-found]
 
     rng = random.Random(7)
     served = left = 0
@@ -86,7 +87,7 @@ def test_the_twins_serve_and_leave_the_same_commands() -> None:
         max_cmds = rng.choice([1, 3, 64, 64, 64])
         max_bytes = rng.choice([0, 100, 1 << 20, 1 << 20])
         results = []
-        for twin in (batch.py_run, c_run):
+        for twin in (plain.py_run, c_run):
             d, r = copy.deepcopy(data), copy.deepcopy(ready)
             out: list[bytes] = []
             slow: list[Any] = []
@@ -104,11 +105,36 @@ def test_the_twins_serve_and_leave_the_same_commands() -> None:
     assert served > 400 and left > 300  # both outcomes were exercised
 
 
+@compiled
+def test_the_twins_queue_the_same_commands() -> None:
+    from pion.commands._plain import queue as c_queue  # type: ignore[import-not-found]
+
+    get, set_ = object(), object()
+    rng = random.Random(11)
+    queued_any = left = 0
+    for _ in range(600):
+        ready = _commands(rng)
+        may_set = rng.random() < 0.8
+        max_cmds, room = rng.choice([1, 3, 64]), rng.choice([0, 50, 400, 1 << 20])
+        results = []
+        for twin in (plain.py_queue, c_queue):
+            r, q = copy.deepcopy(ready), [("before", [b"X"])]
+            res = twin(r, q, get, set_, may_set, max_cmds, room)
+            results.append((res, r, [(c is get, c is set_, argv) for c, argv in q[1:]]))
+        assert results[0] == results[1]
+        (done, nbytes, _), rest, queued = results[0]
+        assert done == len(queued) == len(ready) - len(rest) <= max_cmds
+        assert nbytes == sum(len(a) for *_, argv in queued for a in argv) <= room
+        queued_any += done
+        left += bool(rest)
+    assert queued_any > 400 and left > 300
+
+
 @pytest.mark.parametrize("twin", ["py", "c"])
 def test_every_command_reaches_the_slow_log_at_threshold_zero(twin: str) -> None:
-    if twin == "c" and not batch.COMPILED:
+    if twin == "c" and not plain.COMPILED:
         pytest.skip("the compiled twin is not built")
-    run = batch.py_run if twin == "py" else batch.run
+    run = plain.py_run if twin == "py" else plain.run
     data = {b"a": Entry(b"1", 0, 0, 1 + 1 + KEY_OVERHEAD, 0)}
     ready = [[b"GET", b"a"], [b"SET", b"a", b"22"], [b"GET", b"zz"]]
     slow: list[Any] = []
@@ -164,6 +190,39 @@ def _script() -> list[bytes]:
         frame(b"SET", b"k", b"db1 again"),
         frame(b"SELECT", b"0"),
         frame(b"GET", b"k"),
+        frame(b"KV.PREFIX.REGISTER", b"ns", b"64", b"fp16"),
+        frame(b"KV.PREFIX.LOOKUP", b"ns"),  # a run of probes
+        frame(b"kv.prefix.lookup", b"nope"),
+        frame(b"KV.PREFIX.LOOKUP", b"broken"),  # the registry fails: internal error
+        frame(b"KV.PREFIX.LOOKUP", b"ns"),
+        frame(b"KV.PREFIX.LOOKUP", b""),  # the name's length: the lane's error
+        frame(b"KV.PREFIX.LOOKUP", b"ns", b"TOKENS", b"5"),  # options: the lane's
+        frame(b"MULTI"),
+        frame(b"GET", b"k"),
+        frame(b"SET", b"k", b"in a transaction"),
+        frame(b"KV.PREFIX.LOOKUP", b"ns"),  # queued by the lane
+        frame(b"EXEC"),  # not plain: the lane's
+        frame(b"MULTI"),
+        frame(b"SET", b"k", b"x"),
+        frame(b"get", b"k"),
+        frame(b"multi"),  # nested: an error, the transaction goes on
+        frame(b"EXEC"),  # plain: served, through the boundary
+        frame(b"EXEC"),  # without MULTI
+        frame(b"MULTI"),
+        frame(b"SET", b"k"),  # arity while queuing: EXECABORT
+        frame(b"EXEC"),
+        frame(b"WATCH", b"k"),
+        frame(b"SET", b"k", b"changed"),  # a watcher to tell: the lane's
+        frame(b"MULTI"),
+        frame(b"SET", b"k", b"watched"),  # queued by the lane (a watcher)
+        frame(b"EXEC"),  # nil: k changed after WATCH
+        frame(b"MULTI"),
+        frame(b"SET", b"k", b"unwatched"),
+        frame(b"EXEC"),
+        frame(b"MULTI"),
+        frame(b"SET", b"k", b"dropped"),
+        frame(b"DISCARD"),
+        frame(b"GET", b"k"),
         frame(b"HELLO", b"3"),
         frame(b"GET", b"missing"),  # RESP3's null
         frame(b"CLIENT", b"REPLY", b"SKIP"),
@@ -181,11 +240,19 @@ def _run(tmp_path: Path, script: list[bytes], **config: Any) -> dict[str, Any]:
         ks = state.databases.all
         changes = [0]  # what --no-wal counts for rdb_changes_since_last_save
 
-        def changed() -> None:
-            changes[0] += 1
+        def changed(count: int) -> None:
+            changes[0] += count
 
         for k in ks:
             k.changed = changed
+        lookup = state.registry.lookup
+
+        def failing(ns: bytes, tokens: int | None, prefill_ms: int | None) -> bool:
+            if ns == b"broken":
+                raise RuntimeError("a bug in the registry")
+            return lookup(ns, tokens, prefill_ms)
+
+        state.registry.lookup = failing  # type: ignore[method-assign]
         for wire in script:  # as the socket hands reads over (BufferedProtocol)
             buf = conn.get_buffer(len(wire))
             buf[: len(wire)] = wire
@@ -216,8 +283,8 @@ def test_runs_answer_count_and_store_as_the_lane(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reads: str, twin: str
 ) -> None:
     if twin == "python":
-        monkeypatch.setattr(batch, "run", batch.py_run)
-    elif not batch.COMPILED:
+        monkeypatch.setattr(plain, "run", plain.py_run)
+    elif not plain.COMPILED:
         pytest.skip("the compiled twin is not built")
     script = _script()
     if reads == "one read":
@@ -228,7 +295,9 @@ def test_runs_answer_count_and_store_as_the_lane(
         lane_only = _run(tmp_path / "lane", script)
     assert with_runs == lane_only
     assert with_runs["used"] == with_runs["sizes"]  # used_bytes kept exact
-    assert with_runs["internal"] == 0
+    assert with_runs["internal"] == 1 and with_runs["errors"]["ERR"] >= 1
+    assert with_runs["calls"]["KV.PREFIX.LOOKUP"] == (7, 0, 2)  # calls, rejected, failed
+    assert with_runs["calls"]["EXEC"][0] == 7 and b"*-1\r\n" in with_runs["wire"]
     assert b"WRONGTYPE" in with_runs["wire"] and with_runs["calls"]["GET"][0] >= 8
 
 
@@ -278,3 +347,22 @@ def test_states_that_stop_runs(
     with monkeypatch.context() as patch:
         patch.setattr(connection, "heads", lambda ready: False)
         assert _run(tmp_path / "lane", [b"".join(script)], **config) == got
+
+
+def test_metered_handlers_get_no_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --metrics-port every handler is counted by its wrapper: no run bypasses it."""
+    runs: list[int] = []
+    serve = plain.serve
+    monkeypatch.setattr(batch, "serve_plain", lambda *a, **k: runs.append(1) or serve(*a, **k))
+
+    async def body() -> bytes:
+        conn, t = connect(tmp_path)
+        conn._state.metered = True
+        wire = frame(b"SET", b"k", V) + frame(b"SET", b"k", V) + frame(b"GET", b"k")
+        buf = conn.get_buffer(len(wire))
+        buf[: len(wire)] = wire
+        conn.buffer_updated(len(wire))
+        return bytes(t.written)
+
+    assert asyncio.run(body()) == b"+OK\r\n+OK\r\n$256\r\n" + V + b"\r\n"
+    assert not runs

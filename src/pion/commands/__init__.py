@@ -16,7 +16,9 @@ Reading order:
    results that are not ready when a handler returns: work off the loop, steps, a
    streamed reply, a wait), ``chunked.py`` (long replies and work cut into steps),
    ``stats.py`` (commandstats, errorstats, SLOWLOG), ``budget.py`` (``used_memory``,
-   the ``--maxmemory`` check on it and ``maxmemory-policy``).
+   the ``--maxmemory`` check on it and ``maxmemory-policy``), ``plain.py`` (a run of
+   plain GET and SET served in one call, compiled in ``_plain.c`` where a C compiler
+   was present: a pipeline's, and EXEC's).
 3. The families: ``generic.py`` (connection and server commands) with ``clientctl.py``,
    ``config_cmd.py``, ``info.py`` and ``observe.py``; the plain keyspace's
    ``strings.py``, ``keys.py``, ``keys_more.py``, ``databases.py`` (SELECT, MOVE,

@@ -50,7 +50,6 @@ def encoded_array(count: int, parts: Sequence[Chunks | Steps], proto: int) -> Re
             return Steps(_parts(count, parts, proto), taken=True)
         flat += part
     return Encoded(b"".join(flat))
-    return Steps(_parts(count, parts, proto), taken=True)
 
 
 def _parts(

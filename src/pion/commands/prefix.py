@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from time import perf_counter_ns
 
 import numpy as np
 
 from pion.codecs import FORMAT_NAMES, SCHEMA_ONLY_FORMATS
 from pion.commands.args import Args, check_length
+from pion.commands.execution import failed
 from pion.commands.state import Command, Context
 from pion.commands.vstore import format_name
 from pion.commands.workers import (
@@ -23,6 +25,7 @@ from pion.commands.workers import (
     redirect_namespaces,
 )
 from pion.errors import PionError
+from pion.resp.encoder import Chunks, encode_error
 from pion.resp.reply import Reply, Simple
 from pion.wire import MAX_NS_LEN, namespace_sids
 
@@ -123,6 +126,62 @@ def _lookup(ctx: Context, args: Sequence[bytes]) -> Reply:
     if ctx.state.tier is not None:
         ctx.state.tier.before_lookup(ns, may_wait=ctx.may_wait)
     return _HIT if ctx.state.registry.lookup(ns, tokens, prefill_ms) else _MISS
+
+
+LOOKUPS = (b"KV.PREFIX.LOOKUP", b"kv.prefix.lookup")
+_LOOKUP_REPLIES = {True: b"+HIT\r\n", False: b"+MISS\r\n"}
+
+
+def plain_lookup(ctx: Context, argv: Sequence[bytes]) -> bool:
+    """Whether ``argv`` is the probe :func:`serve_lookups` takes: a LOOKUP of one
+    valid name (as it arrives, upper or lower case) on a server with no tier to ask."""
+    return (
+        len(argv) == 2
+        and argv[0] in LOOKUPS
+        and 0 < len(argv[1]) <= MAX_NS_LEN
+        and ctx.state.tier is None
+    )
+
+
+def serve_lookups(
+    ctx: Context, ready: list[list[bytes]], out: Chunks, limit: int
+) -> tuple[int, int]:
+    """A run of router probes from the end of ``ready`` (next last), at most ``limit``,
+    while each is a :func:`plain_lookup`: what :func:`_lookup` does for them, timed and
+    counted as the boundary (``execution.call``) times and counts a handler, and a
+    failure turned into its reply by the boundary's own conversion
+    (``execution.failed``). Returns ``(commands served, reply bytes)``; the caller
+    made the checks every command passes (``pion.server.batch``)."""
+    state = ctx.state
+    client = ctx.client
+    stats = state.stats
+    lookup = state.registry.lookup
+    name = "KV.PREFIX.LOOKUP"
+    slow_us = stats.slowlog_threshold_us
+    done = nbytes = usec = ok = 0
+    while ready and done < limit and plain_lookup(ctx, ready[-1]):
+        argv = ready.pop()
+        started = perf_counter_ns()
+        try:
+            reply = _LOOKUP_REPLIES[lookup(argv[1], None, None)]
+        except Exception as exc:  # a bug: the boundary's reply, counted as it counts it
+            error = failed(ctx, name, exc)
+            stats.record(name, argv, error, started, client)
+            reply = encode_error(str(error))
+        else:
+            took = (perf_counter_ns() - started) // 1000
+            usec += took
+            ok += 1
+            if took >= slow_us >= 0:
+                stats.log_slow(argv, took, client)
+        out.append(reply)
+        nbytes += len(reply)
+        done += 1
+    if done:
+        stats.record_many(name, ok, usec)
+        state.counters.total_commands_processed += done
+        client.last_command = name
+    return done, nbytes
 
 
 def _drop(ctx: Context, args: Sequence[bytes]) -> Reply:

@@ -161,6 +161,10 @@ class ServerState:
     # keyspace notifications (pion.notify: notify-keyspace-events).
     pubsub: PubSub = field(default_factory=PubSub)
     notify_flags: int = 0
+    # Every handler is counted and timed by a wrapper (pion.server.metrics,
+    # --metrics-port): runs of plain commands (pion.commands.plain), which call no
+    # handler, are then not made.
+    metered: bool = False
     # Built from vstore and receipt: the KV.PREFIX registry over them.
     registry: PrefixRegistry = field(init=False)
     # Built from config: the attention tier's slot tables and the SSM state blobs.

@@ -46,11 +46,15 @@ client's watches.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
+from typing import cast
 
 from pion.commands.chunked import encoded_array
 from pion.commands.deferred import Steps
 from pion.commands.execution import DEFERRED, call, encode, settle
+from pion.commands.plain import allowed
+from pion.commands.plain import serve as serve_plain
 from pion.commands.state import ClientState, Command, Context, ServerState
 from pion.commands.workers import redirect_namespace, redirect_session
 from pion.errors import ExecAbortError, MisconfError, PionError
@@ -80,6 +84,7 @@ MAX_QUEUED = 100_000
 MAX_QUEUED_BYTES = 512 << 20
 
 _QUEUED = Simple("QUEUED")
+_OK = Simple("OK")
 _NOT_ALLOWED = "Command not allowed inside a transaction"
 _ABORTED = "Transaction discarded because of previous errors."
 # KV.PREFIX commands whose arguments from the first on are namespaces (DROP: all of
@@ -165,7 +170,7 @@ def _multi(ctx: Context, args: Sequence[bytes]) -> Reply:
     client.queued = []
     client.queue_failed = False
     client.queued_bytes = 0
-    return Simple("OK")
+    return _OK
 
 
 def _discard(ctx: Context, args: Sequence[bytes]) -> Reply:
@@ -261,12 +266,31 @@ def _exec(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
 def _run_queued(ctx: Context, queued: Sequence[tuple[Command, Sequence[bytes]]]) -> Reply | Steps:
     """Run the queued commands in order, each through the one boundary, its reply
     encoded into EXEC's there too (a reply that cannot be encoded is that command's
-    error, not EXEC's). A deferred part runs here (``execution.settle``), except steps
-    that only encode what their command took (``Steps.taken``), which become steps of
-    EXEC's own reply."""
+    error, not EXEC's). Runs of plain GET and SET are served many at a time
+    (``plain.py``): a transaction of them, the usual one, all at once here."""
+    # (The queued arguments are the decoder's lists; a run leaves any other kind.)
+    pending = cast("list[list[bytes]]", [argv for _, argv in reversed(queued)])
+    out: Chunks = []
+    gets, sets = allowed(ctx)
+    if gets:
+        serve_plain(ctx, pending, out, may_set=sets, max_cmds=len(pending), max_bytes=sys.maxsize)
+        if not pending:
+            return encoded_array(len(queued), [out], ctx.client.proto)
+    return _run_rest(ctx, queued, pending, out)
+
+
+def _run_rest(
+    ctx: Context,
+    queued: Sequence[tuple[Command, Sequence[bytes]]],
+    pending: list[list[bytes]],
+    out: Chunks,
+) -> Reply | Steps:
+    """:func:`_run_queued` from the first command a run left (``pending``, next last;
+    ``out`` holds the replies before it). A deferred part runs here
+    (``execution.settle``), except steps that only encode what their command took
+    (``Steps.taken``), which become steps of EXEC's own reply."""
     counters = ctx.state.counters
     parts: list[Chunks | Steps] = []
-    out: Chunks = []
     may_wait, ctx.may_wait = ctx.may_wait, False  # nothing runs in between: no waits
     # A pub/sub message for this client from one of its own commands (a PUBLISH, a
     # keyspace notification) lands inside EXEC's array, before that command's reply,
@@ -279,10 +303,22 @@ def _run_queued(ctx: Context, queued: Sequence[tuple[Command, Sequence[bytes]]])
 
     if push is not None:
         client.push = into_exec
+    # Whether runs of plain commands may serve is asked again after each command.
+    gets, sets = False, False
     try:
-        for cmd, argv in queued:
+        while pending:
+            if (
+                gets
+                and serve_plain(
+                    ctx, pending, out, may_set=sets, max_cmds=len(pending), max_bytes=sys.maxsize
+                )[0]
+            ):
+                continue
+            argv = pending.pop()
+            cmd = queued[len(queued) - len(pending) - 1][0]
             counters.total_commands_processed += 1
             result = call(ctx, cmd, argv)
+            gets, sets = allowed(ctx)
             if type(result) is Simple:  # +OK, the usual reply of a queued write: cached
                 out.append(encode_simple(result))
                 continue

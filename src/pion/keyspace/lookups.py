@@ -95,7 +95,7 @@ class KeyLookups(StreamTable):
         self.journal: KeyJournal | None = None
         # Without a log (``--no-wal``) there is no journal and no record is built: this
         # counts each change instead (INFO ``rdb_changes_since_last_save``).
-        self.changed: Callable[[], None] | None = None
+        self.changed: Callable[[int], None] | None = None
         self.budget: Budget | None = None
         # Keyspace notifications this store raises itself, called (event, key) with
         # ``new`` or ``expired``; installed only while notify-keyspace-events enables
@@ -275,7 +275,7 @@ class KeyLookups(StreamTable):
         if self.journal is not None:
             self.journal.append(m)
         elif self.changed is not None:
-            self.changed()
+            self.changed(1)
         if self.events is not None:
             self._announce_new(m)
 

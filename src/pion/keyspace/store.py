@@ -92,7 +92,7 @@ class Keyspace(KeyLookups):
         if self.journal is not None or self.events is not None:
             self._journal(SetString(key, value, deadline))
         elif self.changed is not None:
-            self.changed()  # no log, no notification: no record to build (cache traffic)
+            self.changed(1)  # no log, no notification: no record to build (cache traffic)
         self._store(key, value, deadline, size)  # a string wakes no blocked reader
 
     def set_range(self, key: bytes, offset: int, data: bytes) -> int:

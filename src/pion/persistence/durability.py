@@ -331,9 +331,9 @@ class Persistence:
             self.wal.append_frame(frame)
         self.changes += 1
 
-    def note_change(self) -> None:
-        """A mutation with no record built (no log): counted all the same."""
-        self.changes += 1
+    def note_change(self, count: int = 1) -> None:
+        """``count`` mutations with no record built (no log): counted all the same."""
+        self.changes += count
 
     def begin_unit(self) -> None:
         """EXEC starts: its records become one log record (``wal.py``)."""

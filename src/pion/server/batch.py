@@ -1,224 +1,145 @@
-"""A run of plain GET and SET served in one call: the fast lane's fast lane.
+"""A connection's run of the commands a cache pipelines, served from what its decoder
+parsed ahead, without the per-command loop of ``connection.py``.
 
-A cache's traffic is pipelines of ``GET key`` and ``SET key value`` by the dozen per
-read. Each of them through :func:`pion.server.lane.run` costs a few microseconds of
-Python (the checks, the boundary's timing and counters, the keyspace's layers, the
-reply); redis-server spends well under one. So the connection hands the commands its
-decoder parsed ahead (:attr:`pion.resp.decoder.RequestDecoder.ready`) to :func:`serve`,
-which makes the checks that cannot change within a run of GET and SET once
-(:func:`allowed`) and runs the run in one call of :data:`run`: compiled
-(``_batch.c``) where a C compiler was present at install time, else :func:`py_run`,
-its pure-Python twin. Both keep one contract, below, and the tests hold both to it.
+Before it takes the next command, the connection hands the commands its decoder
+parsed ahead (:attr:`pion.resp.decoder.RequestDecoder.ready`, next last) to
+:func:`serve`, when the next is one of these (:func:`heads`):
 
-What a run takes, and what it leaves to the lane (the command stays in ``ready`` and
-the connection runs it as before, checks, boundary and all):
+- plain ``GET`` and ``SET``: a run of them in one call (``pion.commands.plain``), or,
+  inside MULTI, queued as the dispatcher queues them;
+- a plain ``KV.PREFIX.LOOKUP ns`` (no tier to ask first): a run of them
+  (``pion.commands.prefix.serve_lookups``);
+- ``MULTI`` and ``EXEC`` (of a transaction that holds only plain GET and SET, whose
+  reply is small), each through the one boundary, :func:`pion.commands.execution.call`,
+  as the lane runs them.
 
-- ``GET key`` (two arguments, the name as ``GET`` or ``get``): a missing key is a miss
-  (the null reply); a key holding a string of at most ``SMALL_BULK`` bytes with no
-  deadline is a hit, its entry touched. Anything else (a deadline to check, another
-  type's WRONGTYPE, a large value sent without a copy) is left to the lane.
-- ``SET key value`` (three arguments), while :func:`allowed` says writes may run
-  here: a key that holds a string with no deadline gets the new value and size, as
-  :meth:`pion.keyspace.primitives.KeyTable._store` would store it. A new key (it
-  takes a SCAN slot), a deadline to clear or another type replaced are left to the
-  lane.
-
-:func:`allowed` is what makes these the whole of the command: with the replies on, no
-script running, no transaction open, the client authenticated (or none needed), no
-recovery in progress, no RESP2 subscription, and neither ``maxmemory`` (whose checks
-run per write) nor a hash field deadline (which GET's lookup must reclaim) anywhere,
-a GET is its lookup. A SET also needs no log or keyspace notification to record it
-(no record to build: it is counted for ``rdb_changes_since_last_save``), persistence
-accepting writes, and nobody WATCHing keys. Every command of the run is timed as the
-boundary times a handler (INFO commandstats, SLOWLOG) and counted; :func:`serve`
-records the totals when the run ends, before any other command runs.
-
-``run(ready, data, out, null, lru_clock, may_set, max_cmds, max_bytes, slow_us, slow)``
-    Serve commands from the end of ``ready`` (last first: ``ready.pop()`` is the next
-    command) while each is one the run takes, at most ``max_cmds`` of them, and not
-    after the replies appended to ``out`` passed ``max_bytes``. ``data`` is the
-    keyspace's key table (key -> ``Entry``), ``null`` the client's null bulk,
-    ``lru_clock`` what a touched entry records. A command whose handler time in
-    microseconds reaches ``slow_us`` (when ``slow_us >= 0``) is appended to ``slow`` as
-    ``(argv, usec)``. Returns ``(ran, nbytes, gets, hits, sets, grow, get_usec,
-    set_usec, last)``: commands served (popped), reply bytes appended, GETs and their
-    hits, SETs and the bytes they added to ``used_bytes`` (negative when values
-    shrank), the microseconds each kind took, and the last command's kind (0 none, 1
-    GET, 2 SET). It changes nothing for a command it leaves, and raises only
-    ``MemoryError`` (before changing anything for the command it was on).
+What the lane checks before a command (``dispatch.checked``) holds for a whole run
+here, asked once per call (:func:`pion.commands.plain.allowed`); anything else, and
+any of these commands in another state (a MULTI inside MULTI, an EXEC without one, a
+LOOKUP with options), is left where it is, for the connection to run as before. A call
+serves at most :data:`BATCH` commands: the connection reads the clock between calls
+(its slice of the loop), and this many take well under a slice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from time import perf_counter_ns
-from typing import TYPE_CHECKING
-
+from pion.commands.blocking import serve as serve_blocked
+from pion.commands.execution import DEFERRED, call, settle
+from pion.commands.plain import PLAIN, SETS, allowed, queue
+from pion.commands.plain import serve as serve_plain
+from pion.commands.prefix import LOOKUPS, serve_lookups
 from pion.commands.state import Context
-from pion.keyspace.entries import KEY_OVERHEAD, Entry
-from pion.resp.encoder import NULL_BULK, SMALL_BULK, Chunks
+from pion.commands.transactions import MAX_QUEUED, MAX_QUEUED_BYTES
+from pion.resp.encoder import Chunks
+from pion.server.lane import append_reply
 
-__all__ = ["BATCH", "COMPILED", "allowed", "py_run", "run", "serve"]
+__all__ = ["BATCH", "heads", "serve"]
 
-# The most commands one call serves: the connection reads the clock between calls
-# (its slice of the loop), and this many plain commands take well under a slice.
 BATCH = 64
+# The most commands an EXEC served here may run (its reply then stays one chunk).
+_EXEC_MAX = 1024
 
-_OK = b"+OK\r\n"
-_GET = (b"GET", b"get")
-_SET = (b"SET", b"set")
-_NAMES = frozenset(_GET + _SET)
+_MULTI = (b"MULTI", b"multi")
+_EXEC = (b"EXEC", b"exec")
+_HEADS = PLAIN | frozenset(_MULTI + _EXEC + LOOKUPS)
+_QUEUED = b"+QUEUED\r\n"
 _KINDS = ("", "GET", "SET")
-
-Result = tuple[int, int, int, int, int, int, int, int, int]
-
-
-def py_run(  # noqa: PLR0917 - positional, as the compiled twin takes them
-    ready: list[list[bytes]],
-    data: dict[bytes, Entry],
-    out: Chunks,
-    null: bytes,
-    lru_clock: int,
-    may_set: bool,
-    max_cmds: int,
-    max_bytes: int,
-    slow_us: int,
-    slow: list[tuple[Sequence[bytes], int]],
-) -> Result:
-    """The pure-Python twin of the compiled ``run`` (module docstring)."""
-    ran = nbytes = gets = hits = sets = grow = get_usec = set_usec = last = 0
-    while ready and ran < max_cmds and nbytes <= max_bytes:
-        argv = ready[-1]
-        n = len(argv)
-        if n == 2 and argv[0] in _GET:
-            started = perf_counter_ns()
-            e = data.get(argv[1])
-            if e is None:
-                reply = null
-            else:
-                value = e.value
-                if e.deadline or type(value) is not bytes or len(value) > SMALL_BULK:
-                    break
-                reply = b"$%d\r\n%b\r\n" % (len(value), value)
-                e.touched = lru_clock
-                hits += 1
-            usec = (perf_counter_ns() - started) // 1000
-            gets += 1
-            get_usec += usec
-            last = 1
-        elif n == 3 and may_set and argv[0] in _SET:
-            started = perf_counter_ns()
-            key, value = argv[1], argv[2]
-            e = data.get(key)
-            if e is None or e.deadline or type(e.value) is not bytes:
-                break
-            size = len(key) + len(value) + KEY_OVERHEAD
-            grow += size - e.size
-            e.value, e.size = value, size
-            reply = _OK
-            usec = (perf_counter_ns() - started) // 1000
-            sets += 1
-            set_usec += usec
-            last = 2
-        else:
-            break
-        ready.pop()
-        out.append(reply)
-        nbytes += len(reply)
-        ran += 1
-        if usec >= slow_us >= 0:
-            slow.append((argv, usec))
-    return ran, nbytes, gets, hits, sets, grow, get_usec, set_usec, last
-
-
-if TYPE_CHECKING:
-    run = py_run
-    COMPILED = False
-else:
-    try:
-        from pion.server._batch import run
-    except ImportError:  # no compiler at install time: the pure-Python twin
-        run = py_run
-        COMPILED = False
-    else:
-        COMPILED = True
 
 
 def heads(ready: list[list[bytes]]) -> bool:
-    """Whether the next parsed command is one a run may take (by its name alone)."""
-    return bool(ready) and ready[-1][0] in _NAMES
-
-
-def allowed(ctx: Context) -> tuple[bool, bool]:
-    """``(gets, sets)``: whether a run may serve GET, and SET, for this client now (the
-    module docstring's conditions). Asked before every run."""
-    state = ctx.state
-    client = ctx.client
-    config = state.config
-    scripts = state.scripts
-    ks = state.databases.all[client.db]
-    if (
-        client.reply_mode != "on"
-        or client.queued is not None
-        or (scripts is not None and scripts.busy is not None)
-        or (config.auth_required and not client.authenticated)
-        or state.loading
-        or config.maxmemory
-        or state.vstore.maxmemory
-        or ks.field_ttls.by_key
-        or (client.proto == 2 and state.pubsub.clients and state.pubsub.subscribed(client.id))
-    ):
-        return False, False
-    persistence = state.persistence
-    sets = (
-        ks.journal is None
-        and ks.events is None
-        and not state.notify_flags
-        and not ks.watchers.names
-        and (persistence is None or persistence.write_refusal() is None)
-    )
-    return True, sets
+    """Whether the next parsed command may start a run (by its name alone)."""
+    return bool(ready) and ready[-1][0] in _HEADS
 
 
 def serve(ctx: Context, ready: list[list[bytes]], out: Chunks, max_bytes: int) -> tuple[int, int]:
-    """Serve a run from the end of ``ready`` for ``ctx``'s client, its replies appended
-    to ``out``: ``(commands served, reply bytes)``; ``(0, 0)`` when the next command is
-    one the lane must run. Records what the run did (module docstring)."""
-    gets_ok, sets_ok = allowed(ctx)
-    if not gets_ok:
+    """Serve commands from the end of ``ready`` for ``ctx``'s client, their replies
+    appended to ``out``, until one is left to the connection, :data:`BATCH` ran, or
+    the replies passed ``max_bytes``: ``(commands served, reply bytes)``."""
+    if ready[-1][0] in SETS and ctx.state.databases.all[ctx.client.db].journal is not None:
+        return 0, 0  # a SET to log: at once, as no run may take it (plain.allowed)
+    gets, sets = allowed(ctx)
+    if not gets or (not sets and ready[-1][0] in SETS):
         return 0, 0
-    state = ctx.state
     client = ctx.client
-    ks = state.databases.all[client.db]
-    stats = state.stats
-    slow: list[tuple[Sequence[bytes], int]] = []
-    ran, nbytes, gets, hits, sets, grow, get_usec, set_usec, last = run(
-        ready,
-        ks.entries,
-        out,
-        NULL_BULK[client.proto],
-        ks.lru_clock,
-        sets_ok,
-        BATCH,
-        max_bytes,
-        stats.slowlog_threshold_us,
-        slow,
-    )
-    if not ran:
-        return 0, 0
-    state.keyspace = ks
-    state.counters.total_commands_processed += ran
-    client.last_command = _KINDS[last]
-    if gets:
-        stats.record_many("GET", gets, get_usec)
-        ks.hits += hits
-        ks.misses += gets - hits
-    if sets:
-        stats.record_many("SET", sets, set_usec)
-        ks.used_bytes += grow
-        if ks.changed is not None:
-            for _ in range(sets):
-                ks.changed()
-    for argv, usec in slow:
-        stats.log_slow(argv, usec, client)
+    ran = nbytes = 0
+    while ready and ran < BATCH and nbytes <= max_bytes:
+        head = ready[-1][0]
+        if head in LOOKUPS and client.queued is None:
+            done, size = serve_lookups(ctx, ready, out, BATCH - ran)
+        elif head not in PLAIN:
+            size = _called(ctx, ready, out)
+            done = 1 if size else 0
+        elif client.queued is None:
+            done, size = serve_plain(
+                ctx, ready, out, may_set=sets, max_cmds=BATCH - ran, max_bytes=max_bytes - nbytes
+            )
+        else:
+            done, size = _queue(ctx, ready, sets, BATCH - ran)
+            out += [_QUEUED] * done
+        if not done:
+            break
+        ran += done
+        nbytes += size
     return ran, nbytes
+
+
+def _queue(ctx: Context, ready: list[list[bytes]], sets: bool, limit: int) -> tuple[int, int]:
+    """Inside MULTI: queue plain GET and SET as ``dispatch.checked`` queues them
+    (``plain.queue``), within the bounds of ``transactions.queue_command`` (past them,
+    the lane answers its error)."""
+    client = ctx.client
+    queued = client.queued
+    assert queued is not None
+    table = ctx.table
+    done, nbytes, last = queue(
+        ready,
+        queued,
+        table["GET"],
+        table["SET"],
+        sets,
+        min(limit, MAX_QUEUED - len(queued)),
+        MAX_QUEUED_BYTES - client.queued_bytes,
+    )
+    if done:
+        client.queued_bytes += nbytes
+        client.last_command = _KINDS[last]
+        ctx.state.counters.total_commands_processed += done
+    return done, done * len(_QUEUED)
+
+
+def _called(ctx: Context, ready: list[list[bytes]], out: Chunks) -> int:
+    """MULTI, or a small EXEC of plain commands, through the boundary: its reply's
+    size, or 0 when the next command is not one of them."""
+    argv = ready[-1]
+    state = ctx.state
+    queued = ctx.client.queued
+    name, n = argv[0], len(argv)
+    table = ctx.table
+    if n == 1 and name in _MULTI and queued is None:
+        cmd = table["MULTI"]
+    elif n == 1 and name in _EXEC and queued is not None and _plain_only(ctx):
+        cmd = table["EXEC"]
+    else:
+        return 0
+    ready.pop()
+    state.counters.total_commands_processed += 1
+    reply = call(ctx, cmd, argv)
+    if isinstance(reply, DEFERRED):  # none of them defers (_plain_only); if one did,
+        reply = settle(ctx, argv, reply)  # it runs to its end here, as inside EXEC
+    size = append_reply(ctx, argv, reply, out)
+    if state.databases.alarm:
+        serve_blocked(state)  # clients blocked on keys it filled (dispatch.execute)
+    return size
+
+
+def _plain_only(ctx: Context) -> bool:
+    """The open transaction holds only plain GET and SET, few enough that EXEC's
+    reply is one chunk (``chunked.encoded_array``): nothing it runs defers."""
+    queued = ctx.client.queued
+    if queued is None or len(queued) > _EXEC_MAX:
+        return False
+    get, set_ = ctx.table["GET"], ctx.table["SET"]
+    for cmd, _ in queued:  # noqa: SIM110 - faster than all() over a generator
+        if cmd is not get and cmd is not set_:
+            return False
+    return True

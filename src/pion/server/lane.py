@@ -25,10 +25,10 @@ from pion.commands.deferred import Deferred
 from pion.commands.execution import DEFERRED, encode
 from pion.commands.state import Command, CommandTable, Context
 from pion.resp.encoder import NULL_BULK, SIMPLE_CACHE, SMALL_BULK, Chunks, encode_simple
-from pion.resp.reply import Encoded, Simple
+from pion.resp.reply import Encoded, Reply, Simple
 from pion.server.dispatch import checked
 
-__all__ = ["LANE_COMMANDS", "Entry", "Lane", "lane_of", "run", "usable"]
+__all__ = ["LANE_COMMANDS", "Entry", "Lane", "append_reply", "lane_of", "run", "usable"]
 
 LANE_COMMANDS = ("GET", "SET", "KV.PREFIX.LOOKUP", "PING", "MULTI", "EXEC")
 
@@ -78,26 +78,24 @@ def run(ctx: Context, entry: Entry, argv: Sequence[bytes], out: Chunks) -> int |
     state = ctx.state
     state.counters.total_commands_processed += 1
     reply = checked(ctx, entry.cmd, argv)
-    result: int | Deferred
-    if type(reply) is Simple:
-        chunk = SIMPLE_CACHE.get(reply) or encode_simple(reply)
-        out.append(chunk)
-        result = len(chunk)
-    elif type(reply) is bytes and len(reply) <= SMALL_BULK:
-        chunk = b"$%d\r\n%b\r\n" % (len(reply), reply)
-        out.append(chunk)
-        result = len(chunk)
-    elif reply is None:
-        chunk = NULL_BULK[ctx.client.proto]
-        out.append(chunk)
-        result = len(chunk)
-    elif type(reply) is Encoded:  # EXEC's array, encoded as its commands ran
-        out.append(reply)
-        result = len(reply)
-    elif isinstance(reply, DEFERRED):  # a wait (a tier fill): the connection runs it
-        result = reply
-    else:
-        result = encode(ctx, argv, reply, out)
+    result = reply if isinstance(reply, DEFERRED) else append_reply(ctx, argv, reply, out)
     if state.databases.alarm:
         serve(state)  # clients blocked on keys it filled (dispatch.execute)
     return result
+
+
+def append_reply(ctx: Context, argv: Sequence[bytes], reply: Reply, out: Chunks) -> int:
+    """Append ``reply`` to ``out`` as one chunk from its type (a lane command's usual
+    replies), else through the general encoder; its size in bytes."""
+    if type(reply) is Simple:
+        chunk = SIMPLE_CACHE.get(reply) or encode_simple(reply)
+    elif type(reply) is bytes and len(reply) <= SMALL_BULK:
+        chunk = b"$%d\r\n%b\r\n" % (len(reply), reply)
+    elif reply is None:
+        chunk = NULL_BULK[ctx.client.proto]
+    elif type(reply) is Encoded:  # EXEC's array, encoded as its commands ran
+        chunk = reply
+    else:
+        return encode(ctx, argv, reply, out)
+    out.append(chunk)
+    return len(chunk)

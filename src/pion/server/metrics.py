@@ -98,6 +98,7 @@ class _StateCollector:
     def __init__(self, state: ServerState) -> None:
         self.state = state
         self.worker = str(state.config.worker_id)
+        state.metered = True  # its handlers are counted here: no runs bypass them
 
     def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
         family = CounterMetricFamily(name, doc, labels=["worker"])

@@ -1,7 +1,8 @@
-/* Optional compiled twin of pion.server.batch.py_run: a run of plain GET and SET.
+/* Optional compiled twins of pion.commands.plain.py_run and py_queue: a run of plain
+ * GET and SET, served or queued inside MULTI.
  *
  * The contract (arguments, what a run takes and leaves to the lane, the result) is
- * written once, in pion/server/batch.py; the tests hold both twins to it, command by
+ * written once, in pion/commands/plain.py; the tests hold both twins to it, command by
  * command, on the same keyspaces. This file only says how it is kept in C:
  *
  * - An entry (pion.keyspace.entries.Entry, a class with __slots__) is read and written
@@ -238,23 +239,72 @@ run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                          t.get_usec, t.set_usec, t.last);
 }
 
+static PyObject *
+queue(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "queue() takes 7 arguments");
+        return NULL;
+    }
+    PyObject *ready = args[0], *queued = args[1], *get = args[2], *set = args[3];
+    if (!PyList_Check(ready) || !PyList_Check(queued)) {
+        PyErr_SetString(PyExc_TypeError, "queue(): ready and queued must be lists");
+        return NULL;
+    }
+    int may_set = PyObject_IsTrue(args[4]);
+    Py_ssize_t max_cmds = PyLong_AsSsize_t(args[5]);
+    Py_ssize_t room = PyLong_AsSsize_t(args[6]);
+    if (may_set < 0 || PyErr_Occurred())
+        return NULL;
+    Py_ssize_t done = 0, nbytes = 0;
+    int last = 0;
+    while (done < max_cmds) {
+        Py_ssize_t n = PyList_GET_SIZE(ready);
+        if (n == 0)
+            break;
+        PyObject *argv = PyList_GET_ITEM(ready, n - 1);
+        int kind = kind_of(argv);
+        if (kind < 0 || (kind == 1 && !may_set))
+            break;
+        Py_ssize_t size = 0;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(argv); i++)
+            size += PyBytes_GET_SIZE(PyList_GET_ITEM(argv, i));
+        if (nbytes + size > room)
+            break;
+        PyObject *item = PyTuple_Pack(2, kind == 0 ? get : set, argv);
+        if (item == NULL)
+            return NULL;
+        int failed = PyList_Append(queued, item);
+        Py_DECREF(item);
+        if (failed < 0)
+            return NULL;
+        (void)PyList_SetSlice(ready, n - 1, n, NULL); /* shrinking: cannot fail */
+        nbytes += size;
+        done++;
+        last = kind + 1;
+    }
+    return Py_BuildValue("(nni)", done, nbytes, last);
+}
+
 static PyMethodDef module_methods[] = {
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
      "run(ready, data, out, null, lru_clock, may_set, max_cmds, max_bytes, slow_us, slow)"
      " -> (ran, nbytes, gets, hits, sets, grow, get_usec, set_usec, last)"},
+    {"queue", (PyCFunction)(void (*)(void))queue, METH_FASTCALL,
+     "queue(ready, queued, get, set, may_set, max_cmds, room) -> (queued, nbytes, last)"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    "pion.server._batch",
-    "Compiled twin of pion.server.batch.py_run (optional; see the C source).",
+    "pion.commands._plain",
+    "Compiled twin of pion.commands.plain.py_run (optional; see the C source).",
     -1,
     module_methods,
 };
 
 PyMODINIT_FUNC
-PyInit__batch(void)
+PyInit__plain(void)
 {
     s_value = PyUnicode_InternFromString("value");
     s_deadline = PyUnicode_InternFromString("deadline");
