@@ -202,6 +202,15 @@ def _script() -> list[bytes]:
         frame(b"SET", b"k", b"in a transaction"),
         frame(b"KV.PREFIX.LOOKUP", b"ns"),  # queued by the lane
         frame(b"EXEC"),  # not plain: the lane's
+        frame(b"MULTI"),  # a transaction that arrived whole: answered as a whole
+        frame(b"SET", b"k", b"whole"),
+        frame(b"GET", b"k"),
+        frame(b"GET", b"missing"),
+        frame(b"SET", b"fresh", b"1"),  # a new key: left to the boundary, inside EXEC
+        frame(b"GET", b"ttl"),  # a deadline to check: the same
+        frame(b"exec"),
+        frame(b"multi"),
+        frame(b"EXEC"),  # an empty one
         frame(b"MULTI"),
         frame(b"SET", b"k", b"x"),
         frame(b"get", b"k"),
@@ -297,7 +306,7 @@ def test_runs_answer_count_and_store_as_the_lane(
     assert with_runs["used"] == with_runs["sizes"]  # used_bytes kept exact
     assert with_runs["internal"] == 1 and with_runs["errors"]["ERR"] >= 1
     assert with_runs["calls"]["KV.PREFIX.LOOKUP"] == (7, 0, 2)  # calls, rejected, failed
-    assert with_runs["calls"]["EXEC"][0] == 7 and b"*-1\r\n" in with_runs["wire"]
+    assert with_runs["calls"]["EXEC"][0] == 9 and b"*-1\r\n" in with_runs["wire"]
     assert b"WRONGTYPE" in with_runs["wire"] and with_runs["calls"]["GET"][0] >= 8
 
 
@@ -366,3 +375,26 @@ def test_metered_handlers_get_no_runs(tmp_path: Path, monkeypatch: pytest.Monkey
 
     assert asyncio.run(body()) == b"+OK\r\n+OK\r\n$256\r\n" + V + b"\r\n"
     assert not runs
+
+
+def test_transactions_that_arrive_whole_are_served_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole: list[int] = []
+    serve_whole = batch.serve_whole
+
+    def counting(*args: Any) -> tuple[int, int]:
+        done = serve_whole(*args)
+        whole.append(done[0])
+        return done
+
+    monkeypatch.setattr(batch, "serve_whole", counting)
+    setup = frame(b"SET", b"a", V) + frame(b"SET", b"b", V)
+    txn = frame(b"MULTI") + frame(b"SET", b"a", b"1") + frame(b"GET", b"b") + frame(b"EXEC")
+    got = _run(tmp_path, [setup, txn * 10])
+    assert whole == [4] * 10
+    assert got["calls"]["MULTI"][0] == got["calls"]["EXEC"][0] == 10
+    assert got["calls"]["SET"][0] == 12 and got["calls"]["GET"][0] == 10
+    reply = b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n$256\r\n" + V + b"\r\n"
+    assert got["wire"] == b"+OK\r\n+OK\r\n" + reply * 10
+    assert got["commands"] == 2 + 10 * 6  # MULTI, EXEC, each command queued and run

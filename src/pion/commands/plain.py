@@ -72,6 +72,7 @@ __all__ = [
     "PLAIN",
     "SETS",
     "allowed",
+    "plain_argv",
     "py_queue",
     "py_run",
     "queue",
@@ -145,6 +146,13 @@ def py_run(  # noqa: PLR0917 - positional, as the compiled twin takes them
         if usec >= slow_us >= 0:
             slow.append((argv, usec))
     return ran, nbytes, gets, hits, sets, grow, get_usec, set_usec, last
+
+
+def plain_argv(argv: Sequence[bytes], may_set: bool) -> bool:
+    """Whether ``argv`` is a GET or (``may_set``) a SET of the shape a run takes (it
+    may still leave it, by what the key holds)."""
+    n = len(argv)
+    return (n == 2 and argv[0] in GETS) or (may_set and n == 3 and argv[0] in SETS)
 
 
 def py_queue(  # noqa: PLR0917 - positional, as the compiled twin takes them

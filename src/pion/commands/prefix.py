@@ -132,35 +132,30 @@ LOOKUPS = (b"KV.PREFIX.LOOKUP", b"kv.prefix.lookup")
 _LOOKUP_REPLIES = {True: b"+HIT\r\n", False: b"+MISS\r\n"}
 
 
-def plain_lookup(ctx: Context, argv: Sequence[bytes]) -> bool:
-    """Whether ``argv`` is the probe :func:`serve_lookups` takes: a LOOKUP of one
-    valid name (as it arrives, upper or lower case) on a server with no tier to ask."""
-    return (
-        len(argv) == 2
-        and argv[0] in LOOKUPS
-        and 0 < len(argv[1]) <= MAX_NS_LEN
-        and ctx.state.tier is None
-    )
-
-
 def serve_lookups(
     ctx: Context, ready: list[list[bytes]], out: Chunks, limit: int
 ) -> tuple[int, int]:
     """A run of router probes from the end of ``ready`` (next last), at most ``limit``,
-    while each is a :func:`plain_lookup`: what :func:`_lookup` does for them, timed and
+    while each is a LOOKUP of one valid name (as it arrives, upper or lower case) and
+    the server has no tier to ask first: what :func:`_lookup` does for them, timed and
     counted as the boundary (``execution.call``) times and counts a handler, and a
     failure turned into its reply by the boundary's own conversion
     (``execution.failed``). Returns ``(commands served, reply bytes)``; the caller
     made the checks every command passes (``pion.server.batch``)."""
     state = ctx.state
+    if state.tier is not None:
+        return 0, 0  # it may have to wait for a fill: the lane's
     client = ctx.client
     stats = state.stats
     lookup = state.registry.lookup
     name = "KV.PREFIX.LOOKUP"
     slow_us = stats.slowlog_threshold_us
     done = nbytes = usec = ok = 0
-    while ready and done < limit and plain_lookup(ctx, ready[-1]):
-        argv = ready.pop()
+    while ready and done < limit:
+        argv = ready[-1]
+        if len(argv) != 2 or argv[0] not in LOOKUPS or not 0 < len(argv[1]) <= MAX_NS_LEN:
+            break
+        ready.pop()
         started = perf_counter_ns()
         try:
             reply = _LOOKUP_REPLIES[lookup(argv[1], None, None)]

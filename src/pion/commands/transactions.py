@@ -47,13 +47,15 @@ client's watches.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
-from typing import cast
+from collections.abc import Callable, Sequence
+from functools import partial
+from time import perf_counter_ns
+from typing import TypeVar, cast
 
 from pion.commands.chunked import encoded_array
 from pion.commands.deferred import Steps
-from pion.commands.execution import DEFERRED, call, encode, settle
-from pion.commands.plain import allowed
+from pion.commands.execution import DEFERRED, call, encode, failed, settle
+from pion.commands.plain import allowed, plain_argv
 from pion.commands.plain import serve as serve_plain
 from pion.commands.state import ClientState, Command, Context, ServerState
 from pion.commands.workers import redirect_namespace, redirect_session
@@ -63,13 +65,17 @@ from pion.resp.reply import ErrorReply, NullArray, Reply, Simple
 from pion.watch import WatchToken
 from pion.wire import namespace_sids
 
+T = TypeVar("T")
+
 __all__ = [
     "COMMANDS",
     "IMMEDIATE",
     "NOT_QUEUED",
+    "WHOLE_MAX",
     "forget_client",
     "queue_command",
     "refused_in_multi",
+    "serve_whole",
 ]
 
 # Run at once inside MULTI (Redis: exec, discard, multi, watch, quit, reset).
@@ -85,6 +91,8 @@ MAX_QUEUED_BYTES = 512 << 20
 
 _QUEUED = Simple("QUEUED")
 _OK = Simple("OK")
+_OK_BYTES = b"+OK\r\n"
+_QUEUED_BYTES = b"+QUEUED\r\n"
 _NOT_ALLOWED = "Command not allowed inside a transaction"
 _ABORTED = "Transaction discarded because of previous errors."
 # KV.PREFIX commands whose arguments from the first on are namespaces (DROP: all of
@@ -251,16 +259,21 @@ def _exec(ctx: Context, args: Sequence[bytes]) -> Reply | Steps:
                 _check_local(ctx, cmd, argv)
     except PionError as exc:
         raise ExecAbortError(f"Transaction discarded because of: {exc.resp_line()}") from None
+    return _as_unit(state, partial(_run_queued, ctx, queued))
+
+
+def _as_unit(state: ServerState, run: Callable[[], T]) -> T:
+    """``run()`` with its log records made one unit (module docstring)."""
+    persistence = state.persistence
     if persistence is None:
-        return _run_queued(ctx, queued)
+        return run()
     persistence.begin_unit()
     state.in_unit = True
     try:
-        replies = _run_queued(ctx, queued)
+        return run()
     finally:
         state.in_unit = False
         persistence.end_unit()
-    return replies
 
 
 def _run_queued(ctx: Context, queued: Sequence[tuple[Command, Sequence[bytes]]]) -> Reply | Steps:
@@ -276,17 +289,15 @@ def _run_queued(ctx: Context, queued: Sequence[tuple[Command, Sequence[bytes]]])
         serve_plain(ctx, pending, out, may_set=sets, max_cmds=len(pending), max_bytes=sys.maxsize)
         if not pending:
             return encoded_array(len(queued), [out], ctx.client.proto)
-    return _run_rest(ctx, queued, pending, out)
+    rest = list(reversed(queued[len(queued) - len(pending) :]))
+    return _run_rest(ctx, len(queued), rest, out)
 
 
 def _run_rest(
-    ctx: Context,
-    queued: Sequence[tuple[Command, Sequence[bytes]]],
-    pending: list[list[bytes]],
-    out: Chunks,
+    ctx: Context, count: int, rest: list[tuple[Command, Sequence[bytes]]], out: Chunks
 ) -> Reply | Steps:
-    """:func:`_run_queued` from the first command a run left (``pending``, next last;
-    ``out`` holds the replies before it). A deferred part runs here
+    """EXEC's array of ``count`` replies, from the first command a run left: ``rest``
+    (next last) still to run, ``out`` the replies before it. A deferred part runs here
     (``execution.settle``), except steps that only encode what their command took
     (``Steps.taken``), which become steps of EXEC's own reply."""
     counters = ctx.state.counters
@@ -303,19 +314,20 @@ def _run_rest(
 
     if push is not None:
         client.push = into_exec
+    pending = cast("list[list[bytes]]", [argv for _, argv in rest])
     # Whether runs of plain commands may serve is asked again after each command.
     gets, sets = False, False
     try:
-        while pending:
-            if (
-                gets
-                and serve_plain(
+        while rest:
+            if gets:
+                served = serve_plain(
                     ctx, pending, out, may_set=sets, max_cmds=len(pending), max_bytes=sys.maxsize
                 )[0]
-            ):
-                continue
-            argv = pending.pop()
-            cmd = queued[len(queued) - len(pending) - 1][0]
+                if served:
+                    del rest[len(rest) - served :]
+                    continue
+            pending.pop()
+            cmd, argv = rest.pop()
             counters.total_commands_processed += 1
             result = call(ctx, cmd, argv)
             gets, sets = allowed(ctx)
@@ -333,7 +345,71 @@ def _run_rest(
         ctx.may_wait = may_wait
         client.push = push
     parts.append(out)
-    return encoded_array(len(queued), [p for p in parts if p], ctx.client.proto)
+    return encoded_array(count, [p for p in parts if p], ctx.client.proto)
+
+
+# -- a transaction that arrived whole (pion.server.batch) ---------------------------------
+
+# The most commands such a transaction may hold.
+WHOLE_MAX = 64
+_EXECS = ([b"EXEC"], [b"exec"])
+
+
+def serve_whole(
+    ctx: Context, ready: list[list[bytes]], out: Chunks, may_set: bool
+) -> tuple[int, int]:
+    """MULTI, then only plain GET and SET (a SET while ``may_set``), then EXEC, all
+    parsed already (``ready``, next last), from a client with no transaction open
+    and nothing WATCHed: answered and counted as they are one by one (``+OK``,
+    ``+QUEUED`` each, EXEC's array), without building the queue, since nothing can run
+    in between. The caller made the checks every command passes and asked
+    ``plain.allowed`` (``pion.server.batch``). Returns ``(commands served, reply
+    bytes)``; ``(0, 0)`` when ``ready`` does not start with such a transaction."""
+    client = ctx.client
+    if client.queued is not None or client.watch is not None:
+        return 0, 0
+    n = len(ready)
+    i = n - 2
+    stop = max(-1, n - 2 - WHOLE_MAX)
+    while i > stop and plain_argv(ready[i], may_set):
+        i -= 1
+    if i < 0 or ready[i] not in _EXECS:
+        return 0, 0
+    state, stats = ctx.state, ctx.state.stats
+    count = n - 2 - i
+    multi = ready.pop()
+    stats.record("MULTI", multi, _OK, perf_counter_ns(), client)
+    inner = ready[i + 1 :]
+    del ready[i + 1 :]
+    exec_argv = ready.pop()
+    state.counters.total_commands_processed += 2 + count
+    client.last_command = "EXEC"
+    started = perf_counter_ns()
+    reply: Reply | Steps
+    try:  # the boundary's conversion, as EXEC's handler has it (execution.call)
+        reply = _as_unit(state, partial(_run_whole, ctx, count, inner, may_set))
+    except Exception as exc:
+        reply = failed(ctx, "EXEC", exc)
+    if isinstance(reply, Steps):  # (only a huge reply is: not of these)
+        reply = settle(ctx, exec_argv, reply)
+    stats.record("EXEC", exec_argv, reply, started, client)
+    head = [_OK_BYTES, *[_QUEUED_BYTES] * count]
+    out += head
+    return count + 2, sum(map(len, head)) + encode(ctx, exec_argv, reply, out)
+
+
+def _run_whole(ctx: Context, count: int, inner: list[list[bytes]], may_set: bool) -> Reply | Steps:
+    """EXEC's part of :func:`serve_whole`: ``inner`` (next last) as one run, and what
+    the run leaves as :func:`_run_rest` runs it."""
+    out: Chunks = []
+    serve_plain(ctx, inner, out, may_set=may_set, max_cmds=count, max_bytes=sys.maxsize)
+    if not inner:
+        return encoded_array(count, [out], ctx.client.proto)
+    get, set_ = ctx.table["GET"], ctx.table["SET"]
+    rest: list[tuple[Command, Sequence[bytes]]] = [
+        (get if len(argv) == 2 else set_, argv) for argv in inner
+    ]
+    return _run_rest(ctx, count, rest, out)
 
 
 COMMANDS = (

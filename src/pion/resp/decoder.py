@@ -99,11 +99,11 @@ class RequestDecoder:
         "_direct",
         "_limits",
         "_pos",
-        "_ready",
         "_ready_bytes",
         "_remaining",
         "_to_direct",
         "authenticated",
+        "ready",
     )
 
     def __init__(self, limits: ProtocolLimits | None = None) -> None:
@@ -122,32 +122,26 @@ class RequestDecoder:
         # Whether the buffer get_buffer() handed out last was the in-place bulk's.
         self._to_direct = False
         # Commands the scanner parsed and get() has not handed out yet, last first,
-        # and the wire bytes they came from (for ``held``).
-        self._ready: list[list[bytes]] = []
+        # and the wire bytes they came from (for ``held``). A caller may take the
+        # next ones from its end (``pop()``), as get() does: the connection's runs
+        # of plain commands (``pion.server.batch``).
+        self.ready: list[list[bytes]] = []
         self._ready_bytes = 0
         # False while the connection owes a password: the max_unauth_* limits apply.
         self.authenticated = True
 
     @property
-    def ready(self) -> list[list[bytes]]:
-        """The commands the scanner parsed and :meth:`get` has not handed out, last
-        first: a caller may take the next ones from its end (``pop()``), as
-        :meth:`get` does (the connection's runs of plain GET and SET,
-        ``pion.server.batch``)."""
-        return self._ready
-
-    @property
     def buffered(self) -> int:
         """Bytes received and not yet handed out as part of a command."""
         direct = self._direct.filled if self._direct is not None else 0
-        return len(self._buf) - self._pos + direct + (self._ready_bytes if self._ready else 0)
+        return len(self._buf) - self._pos + direct + (self._ready_bytes if self.ready else 0)
 
     @property
     def held(self) -> int:
         """Bytes of memory this decoder holds for its client: the receive buffer, the
         arguments of a command still being read (an in-place bulk at its full size)
         and the parsed commands not yet handed out (the client's query buffer)."""
-        ready = self._ready_bytes if self._ready else 0
+        ready = self._ready_bytes if self.ready else 0
         return len(self._buf) + self._args_bytes + ready
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
@@ -185,7 +179,7 @@ class RequestDecoder:
             and view[0] == 0x2A  # '*'
             and not self._buf
             and self._args is None
-            and not self._ready
+            and not self.ready
         ):
             # Nothing pending: scan the read where it landed, and keep only what the
             # scanner left (usually nothing) instead of copying the whole read first.
@@ -196,7 +190,7 @@ class RequestDecoder:
                 if pos < nbytes:
                     self._buf += view[pos:]
                 cmds.reverse()
-                self._ready = cmds
+                self.ready = cmds
                 self._ready_bytes = pos
                 return
         self.feed(view)
@@ -212,7 +206,7 @@ class RequestDecoder:
         self._declared = 0
         self._direct = None
         self._crlf_due = False
-        self._ready = []
+        self.ready = []
         self._ready_bytes = 0
 
     def _too_many(self, count: int) -> str | None:
@@ -237,7 +231,7 @@ class RequestDecoder:
 
     def get(self) -> list[bytes] | None:
         """The next complete command, or None when more bytes are needed."""
-        ready = self._ready
+        ready = self.ready
         if ready:
             return ready.pop()
         if self._args is None and self._pos >= len(self._buf):
@@ -279,7 +273,7 @@ class RequestDecoder:
 
     def _scan(self) -> list[bytes] | None:
         """Run the batch fast path at a frame boundary: the first command it parsed
-        (the rest wait in ``_ready``), or None when it parsed none."""
+        (the rest wait in ``ready``), or None when it parsed none."""
         max_args, max_bulk = self._scan_limits()
         start = self._pos
         cmds, self._pos = scan(
@@ -289,7 +283,7 @@ class RequestDecoder:
             return None
         if len(cmds) > 1:
             cmds.reverse()
-            self._ready = cmds
+            self.ready = cmds
             self._ready_bytes = self._pos - start
             return cmds.pop()
         return cmds[0]

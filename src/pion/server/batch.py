@@ -9,19 +9,24 @@ parsed ahead (:attr:`pion.resp.decoder.RequestDecoder.ready`, next last) to
   inside MULTI, queued as the dispatcher queues them;
 - a plain ``KV.PREFIX.LOOKUP ns`` (no tier to ask first): a run of them
   (``pion.commands.prefix.serve_lookups``);
-- ``MULTI`` and ``EXEC`` (of a transaction that holds only plain GET and SET, whose
-  reply is small), each through the one boundary, :func:`pion.commands.execution.call`,
-  as the lane runs them.
+- a transaction of plain GET and SET that arrived whole (MULTI to EXEC parsed
+  already): answered as a whole (``pion.commands.transactions.serve_whole``);
+- otherwise ``MULTI`` and ``EXEC`` (of a transaction that holds only plain GET and
+  SET, whose reply is small), each through the one boundary,
+  :func:`pion.commands.execution.call`, as the lane runs them.
 
 What the lane checks before a command (``dispatch.checked``) holds for a whole run
 here, asked once per call (:func:`pion.commands.plain.allowed`); anything else, and
 any of these commands in another state (a MULTI inside MULTI, an EXEC without one, a
 LOOKUP with options), is left where it is, for the connection to run as before. A call
-serves at most :data:`BATCH` commands: the connection reads the clock between calls
-(its slice of the loop), and this many take well under a slice.
+serves about :data:`BATCH` commands (a whole transaction may take it past by its
+own): the connection reads the clock between calls (its slice of the loop), and this
+many take well under a slice.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 from pion.commands.blocking import serve as serve_blocked
 from pion.commands.execution import DEFERRED, call, settle
@@ -29,7 +34,7 @@ from pion.commands.plain import PLAIN, SETS, allowed, queue
 from pion.commands.plain import serve as serve_plain
 from pion.commands.prefix import LOOKUPS, serve_lookups
 from pion.commands.state import Context
-from pion.commands.transactions import MAX_QUEUED, MAX_QUEUED_BYTES
+from pion.commands.transactions import MAX_QUEUED, MAX_QUEUED_BYTES, serve_whole
 from pion.resp.encoder import Chunks
 from pion.server.lane import append_reply
 
@@ -66,6 +71,11 @@ def serve(ctx: Context, ready: list[list[bytes]], out: Chunks, max_bytes: int) -
         head = ready[-1][0]
         if head in LOOKUPS and client.queued is None:
             done, size = serve_lookups(ctx, ready, out, BATCH - ran)
+        elif head in _MULTI and client.queued is None:
+            done, size = serve_whole(ctx, ready, out, sets)  # the transaction, if all here
+            if not done:
+                size = _called(ctx, ready, out)
+                done = 1 if size else 0
         elif head not in PLAIN:
             size = _called(ctx, ready, out)
             done = 1 if size else 0
@@ -126,7 +136,7 @@ def _called(ctx: Context, ready: list[list[bytes]], out: Chunks) -> int:
     reply = call(ctx, cmd, argv)
     if isinstance(reply, DEFERRED):  # none of them defers (_plain_only); if one did,
         reply = settle(ctx, argv, reply)  # it runs to its end here, as inside EXEC
-    size = append_reply(ctx, argv, reply, out)
+    size = cast(int, append_reply(ctx, argv, reply, out))
     if state.databases.alarm:
         serve_blocked(state)  # clients blocked on keys it filled (dispatch.execute)
     return size

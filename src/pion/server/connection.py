@@ -299,58 +299,68 @@ class Connection(Outbound):
                 out = self._out = []
                 self._pushed = 0
                 break
-            # A run of plain GET and SET parsed ahead is served in one call (batch.py).
-            served = self._batch(ran, out, flush_over - out_bytes) if lane else (0, 0)
-            if served is None:
-                yielded = True  # this turn's slice is used: the run waits for the next
-                break
-            if served[0]:
-                ran += served[0]
-                out_bytes += served[1]
-            else:
-                try:
-                    if self._next is None and self._next_error is None:
-                        argv = decoder.get()
-                    else:
-                        argv = self._take()
-                except ProtocolError as exc:
-                    proto_error = exc
+            # A run of plain GET and SET parsed ahead is served in one call (batch.py);
+            # one command alone costs the lane less than a run's checks.
+            if lane and len(decoder.ready) > 1:
+                served = self._batch(ran, out, flush_over - out_bytes)
+                if served is None:
+                    yielded = True  # this turn's slice is used: the run waits for the next
                     break
-                if argv is None:
-                    break
-                # The clock is read only every CHECK_EVERY commands (Share.spent).
-                if sliced and (ran < 2 or not ran % CHECK_EVERY) and share.spent(ran):
-                    # This turn's slice is used: the command waits for the next one.
-                    self._next, self._next_bytes = argv, sum(len(a) for a in argv)
-                    yielded = True
-                    break
-                ran += 1
-                entry = lane.get(argv[0])
-                if entry is None:
-                    result = execute(ctx, argv, out)
-                    lane = self._lane if lane_usable(ctx) else _NO_LANE
+                if served[0]:
+                    ran += served[0]
+                    out_bytes += served[1]
+                    if out_bytes > flush_over or len(out) >= _FLUSH_CHUNKS:
+                        out, out_bytes, flush_over = self._flush(out, out_bytes)
+                    continue
+            try:
+                if self._next is None and self._next_error is None:
+                    argv = decoder.get()
                 else:
-                    result = run_lane(ctx, entry, argv, out)
-                    if entry.runs_any:
-                        lane = self._lane if lane_usable(ctx) else _NO_LANE
-                if not isinstance(result, int):
-                    result = self._deferred(argv, result, out, out_bytes)
-                    if result < 0:
-                        out, out_bytes = [], 0
-                        self._out = out
-                        break  # it runs off the loop; the replies before it went out first
-                out_bytes += result
-                if not decoder.authenticated and client.authenticated:
-                    decoder.authenticated = True  # AUTH/HELLO succeeded: full limits
-                if client.closing:
-                    close_after = True
-                    break
+                    argv = self._take()
+            except ProtocolError as exc:
+                proto_error = exc
+                break
+            if argv is None:
+                break
+            # The clock is read only every CHECK_EVERY commands (Share.spent).
+            if sliced and (ran < 2 or not ran % CHECK_EVERY) and share.spent(ran):
+                # This turn's slice is used: the command waits for the next one.
+                self._next, self._next_bytes = argv, sum(len(a) for a in argv)
+                yielded = True
+                break
+            ran += 1
+            entry = lane.get(argv[0])
+            if entry is None:
+                result = execute(ctx, argv, out)
+                lane = self._lane if lane_usable(ctx) else _NO_LANE
+            else:
+                result = run_lane(ctx, entry, argv, out)
+                if entry.runs_any:
+                    lane = self._lane if lane_usable(ctx) else _NO_LANE
+            if not isinstance(result, int):
+                result = self._deferred(argv, result, out, out_bytes)
+                if result < 0:
+                    out, out_bytes = [], 0
+                    self._out = out
+                    break  # it runs off the loop; the replies before it went out first
+            out_bytes += result
+            if not decoder.authenticated and client.authenticated:
+                decoder.authenticated = True  # AUTH/HELLO succeeded: full limits
+            if client.closing:
+                close_after = True
+                break
             if out_bytes > flush_over or len(out) >= _FLUSH_CHUNKS:
-                self._send(out, out_bytes)
-                out, out_bytes = [], 0
-                self._out = out
-                flush_over = min(_FLUSH_BYTES - 1, self._high_water - self._check_backlog())
+                out, out_bytes, flush_over = self._flush(out, out_bytes)
         self._after_run(out, out_bytes, proto_error, close_after, yielded)
+
+    def _flush(self, out: Chunks, out_bytes: int) -> tuple[Chunks, int, int]:
+        """Send the replies gathered in ``out``: a fresh batch, its size, and the size
+        at which it goes out (the flush size, or what keeps the unsent bytes within
+        the high-water mark)."""
+        self._send(out, out_bytes)
+        fresh: Chunks = []
+        self._out = fresh
+        return fresh, 0, min(_FLUSH_BYTES - 1, self._high_water - self._check_backlog())
 
     def _batch(self, ran: int, out: Chunks, room: int) -> tuple[int, int] | None:
         """A run of plain GET and SET from the commands the decoder parsed ahead

@@ -77,16 +77,18 @@ def run(ctx: Context, entry: Entry, argv: Sequence[bytes], out: Chunks) -> int |
     :data:`Deferred`. The caller asked :func:`usable` first."""
     state = ctx.state
     state.counters.total_commands_processed += 1
-    reply = checked(ctx, entry.cmd, argv)
-    result = reply if isinstance(reply, DEFERRED) else append_reply(ctx, argv, reply, out)
+    result = append_reply(ctx, argv, checked(ctx, entry.cmd, argv), out)
     if state.databases.alarm:
         serve(state)  # clients blocked on keys it filled (dispatch.execute)
     return result
 
 
-def append_reply(ctx: Context, argv: Sequence[bytes], reply: Reply, out: Chunks) -> int:
+def append_reply(
+    ctx: Context, argv: Sequence[bytes], reply: Reply | Deferred, out: Chunks
+) -> int | Deferred:
     """Append ``reply`` to ``out`` as one chunk from its type (a lane command's usual
-    replies), else through the general encoder; its size in bytes."""
+    replies), else through the general encoder: its size in bytes; a :data:`Deferred`
+    is returned as it is, nothing appended, for the connection to run."""
     if type(reply) is Simple:
         chunk = SIMPLE_CACHE.get(reply) or encode_simple(reply)
     elif type(reply) is bytes and len(reply) <= SMALL_BULK:
@@ -95,6 +97,8 @@ def append_reply(ctx: Context, argv: Sequence[bytes], reply: Reply, out: Chunks)
         chunk = NULL_BULK[ctx.client.proto]
     elif type(reply) is Encoded:  # EXEC's array, encoded as its commands ran
         chunk = reply
+    elif isinstance(reply, DEFERRED):  # a wait (a tier fill): the connection runs it
+        return reply
     else:
         return encode(ctx, argv, reply, out)
     out.append(chunk)
