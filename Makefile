@@ -88,4 +88,4 @@ agents: system-deps
 	scripts/install-agents >/dev/null
 
 clean:
-	rm -rf $(VENV) .venv-3.* .venv-lowest .mypy_cache .ruff_cache .pytest_cache src/pion/resp/*.so src/pion/vstore/*.so src/pion/codecs/*.so
+	rm -rf $(VENV) .venv-3.* .venv-lowest .mypy_cache .ruff_cache .pytest_cache src/pion/resp/*.so src/pion/vstore/*.so src/pion/codecs/*.so src/pion/commands/*.so

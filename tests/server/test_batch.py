@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,13 @@ def frame(*args: bytes) -> bytes:
 
 
 # -- the twins ------------------------------------------------------------------------------
+
+
+def test_compiled_twin_is_built_where_required() -> None:
+    """`make test` builds the compiled twins and sets PION_REQUIRE_SPEEDUPS, so a
+    build that silently fell back to pure Python cannot pass as tested."""
+    if os.environ.get("PION_REQUIRE_SPEEDUPS") == "1":
+        assert plain.COMPILED, "pion.commands._plain is not built: run scripts/build-speedups"
 
 
 @compiled

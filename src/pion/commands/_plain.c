@@ -55,6 +55,21 @@ kind_of(PyObject *argv)
     return -1;
 }
 
+/* The next command of `ready` (its last item, borrowed) when it is a plain GET, or a
+ * plain SET while may_set, its kind in *kind; NULL otherwise. */
+static PyObject *
+next_plain(PyObject *ready, int may_set, int *kind)
+{
+    Py_ssize_t n = PyList_GET_SIZE(ready);
+    if (n == 0)
+        return NULL;
+    PyObject *argv = PyList_GET_ITEM(ready, n - 1);
+    *kind = kind_of(argv);
+    if (*kind < 0 || (*kind == 1 && !may_set))
+        return NULL;
+    return argv;
+}
+
 /* Whether the entry has no deadline: 1 yes, 0 no, -1 error. */
 static int
 timeless(PyObject *e)
@@ -217,14 +232,11 @@ run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (may_set < 0 || PyErr_Occurred())
         return NULL;
     Totals t = {0};
-    while (t.ran < max_cmds && t.nbytes <= max_bytes) {
+    int kind;
+    PyObject *argv;
+    while (t.ran < max_cmds && t.nbytes <= max_bytes &&
+           (argv = next_plain(ready, may_set, &kind)) != NULL) {
         Py_ssize_t n = PyList_GET_SIZE(ready);
-        if (n == 0)
-            break;
-        PyObject *argv = PyList_GET_ITEM(ready, n - 1);
-        int kind = kind_of(argv);
-        if (kind < 0 || (kind == 1 && !may_set))
-            break;
         Py_INCREF(argv);
         int served = serve_one(argv, kind, data, out, null, lru_clock, slow_us, slow, &t);
         if (served > 0)
@@ -258,14 +270,10 @@ queue(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     Py_ssize_t done = 0, nbytes = 0;
     int last = 0;
-    while (done < max_cmds) {
+    int kind;
+    PyObject *argv;
+    while (done < max_cmds && (argv = next_plain(ready, may_set, &kind)) != NULL) {
         Py_ssize_t n = PyList_GET_SIZE(ready);
-        if (n == 0)
-            break;
-        PyObject *argv = PyList_GET_ITEM(ready, n - 1);
-        int kind = kind_of(argv);
-        if (kind < 0 || (kind == 1 && !may_set))
-            break;
         Py_ssize_t size = 0;
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(argv); i++)
             size += PyBytes_GET_SIZE(PyList_GET_ITEM(argv, i));
