@@ -248,7 +248,19 @@ def _script() -> list[bytes]:
     ]
 
 
-def _run(tmp_path: Path, script: list[bytes], **config: Any) -> dict[str, Any]:
+class _Journal:
+    """A log that keeps its records (a SET then needs one: no run may take it)."""
+
+    def __init__(self) -> None:
+        self.records: list[Any] = []
+
+    def append(self, m: Any) -> None:
+        self.records.append(m)
+
+
+def _run(
+    tmp_path: Path, script: list[bytes], *, log: bool = False, **config: Any
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
 
     async def body() -> None:
@@ -260,8 +272,11 @@ def _run(tmp_path: Path, script: list[bytes], **config: Any) -> dict[str, Any]:
         def changed(count: int) -> None:
             changes[0] += count
 
+        journal = _Journal()
         for k in ks:
             k.changed = changed
+            if log:
+                k.journal = journal  # type: ignore[assignment]
         lookup = state.registry.lookup
 
         def failing(ns: bytes, tokens: int | None, prefill_ms: int | None) -> bool:
@@ -286,6 +301,7 @@ def _run(tmp_path: Path, script: list[bytes], **config: Any) -> dict[str, Any]:
             errors=dict(stats.errors),
             slow=[e.args for e in stats.slowlog],
             changes=changes[0],
+            records=len(journal.records),
             last=conn.client.last_command,
             internal=state.counters.internal_errors,
         )
@@ -294,10 +310,11 @@ def _run(tmp_path: Path, script: list[bytes], **config: Any) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.parametrize("log", [False, True], ids=["no log", "a log"])
 @pytest.mark.parametrize("twin", ["compiled", "python"])
 @pytest.mark.parametrize("reads", ["one read", "one read per command"])
 def test_runs_answer_count_and_store_as_the_lane(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reads: str, twin: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reads: str, twin: str, log: bool
 ) -> None:
     if twin == "python":
         monkeypatch.setattr(plain, "run", plain.py_run)
@@ -306,11 +323,12 @@ def test_runs_answer_count_and_store_as_the_lane(
     script = _script()
     if reads == "one read":
         script = [b"".join(script)]
-    with_runs = _run(tmp_path / "runs", script)
+    with_runs = _run(tmp_path / "runs", script, log=log)
     with monkeypatch.context() as patch:
-        patch.setattr(connection, "heads", lambda ready: False)
-        lane_only = _run(tmp_path / "lane", script)
+        patch.setattr(connection, "HEADS", frozenset())
+        lane_only = _run(tmp_path / "lane", script, log=log)
     assert with_runs == lane_only
+    assert bool(with_runs["records"]) == log and bool(with_runs["changes"]) != log
     assert with_runs["used"] == with_runs["sizes"]  # used_bytes kept exact
     assert with_runs["internal"] == 1 and with_runs["errors"]["ERR"] >= 1
     assert with_runs["calls"]["KV.PREFIX.LOOKUP"] == (7, 0, 2)  # calls, rejected, failed
@@ -362,7 +380,7 @@ def test_states_that_stop_runs(
         assert got["calls"]["GET"][0] == 2 and got["hits"][0] == 2
     assert runs  # asked, and the answers are the lane's
     with monkeypatch.context() as patch:
-        patch.setattr(connection, "heads", lambda ready: False)
+        patch.setattr(connection, "HEADS", frozenset())
         assert _run(tmp_path / "lane", [b"".join(script)], **config) == got
 
 
@@ -406,3 +424,19 @@ def test_transactions_that_arrive_whole_are_served_whole(
     reply = b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n$256\r\n" + V + b"\r\n"
     assert got["wire"] == b"+OK\r\n+OK\r\n" + reply * 10
     assert got["commands"] == 2 + 10 * 6  # MULTI, EXEC, each command queued and run
+
+
+def test_with_a_log_writes_keep_the_lane_and_reads_still_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SET that needs a log record is declined once per slice (not asked again for
+    each write), and the GETs after it are still served in runs."""
+    asked: list[tuple[int, int]] = []
+    serve = batch.serve
+    monkeypatch.setattr(connection, "serve_batch", lambda *a: asked.append(serve(*a)) or asked[-1])
+    setup = frame(b"SET", b"k", V)
+    pipeline = frame(b"SET", b"k", V) * 5 + frame(b"MULTI") + frame(b"SET", b"k", V)
+    pipeline += frame(b"EXEC") + frame(b"GET", b"k") * 10
+    got = _run(tmp_path, [setup, pipeline], log=True)
+    assert asked == [batch.NO_WRITES, (10, 10 * len(b"$256\r\n" + V + b"\r\n"))]
+    assert got["records"] == 7 and got["calls"]["GET"][0] == 10

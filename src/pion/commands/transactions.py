@@ -91,6 +91,7 @@ MAX_QUEUED_BYTES = 512 << 20
 
 _QUEUED = Simple("QUEUED")
 _OK = Simple("OK")
+_PLAIN_NAMES = frozenset({"GET", "SET"})
 _OK_BYTES = b"+OK\r\n"
 _QUEUED_BYTES = b"+QUEUED\r\n"
 _NOT_ALLOWED = "Command not allowed inside a transaction"
@@ -281,25 +282,40 @@ def _run_queued(ctx: Context, queued: Sequence[tuple[Command, Sequence[bytes]]])
     encoded into EXEC's there too (a reply that cannot be encoded is that command's
     error, not EXEC's). Runs of plain GET and SET are served many at a time
     (``plain.py``): a transaction of them, the usual one, all at once here."""
-    # (The queued arguments are the decoder's lists; a run leaves any other kind.)
-    pending = cast("list[list[bytes]]", [argv for _, argv in reversed(queued)])
+    # Runs inside EXEC only where a SET may run in them (no log record to build, the
+    # usual transaction being writes): else each command as before.
+    runs = ctx.state.databases.all[ctx.client.db].journal is None and all(allowed(ctx))
     out: Chunks = []
-    gets, sets = allowed(ctx)
-    if gets:
-        serve_plain(ctx, pending, out, may_set=sets, max_cmds=len(pending), max_bytes=sys.maxsize)
-        if not pending:
+    if runs and queued and plain_argv(queued[0][1], True):
+        served = _run_from(ctx, queued, 0, out)
+        if served == len(queued):
             return encoded_array(len(queued), [out], ctx.client.proto)
-    rest = list(reversed(queued[len(queued) - len(pending) :]))
-    return _run_rest(ctx, len(queued), rest, out)
+        return _run_rest(ctx, queued, served, out, runs)
+    return _run_rest(ctx, queued, 0, out, runs)
+
+
+def _run_from(
+    ctx: Context, queued: Sequence[tuple[Command, Sequence[bytes]]], start: int, out: Chunks
+) -> int:
+    """A run of the queued commands from ``start``: how many it served."""
+    # (The queued arguments are the decoder's lists; a run leaves any other kind.)
+    pending = cast("list[list[bytes]]", [argv for _, argv in reversed(queued[start:])])
+    left = len(pending)
+    serve_plain(ctx, pending, out, may_set=True, max_cmds=left, max_bytes=sys.maxsize)
+    return start + left - len(pending)
 
 
 def _run_rest(
-    ctx: Context, count: int, rest: list[tuple[Command, Sequence[bytes]]], out: Chunks
+    ctx: Context,
+    queued: Sequence[tuple[Command, Sequence[bytes]]],
+    start: int,
+    out: Chunks,
+    runs: bool,
 ) -> Reply | Steps:
-    """EXEC's array of ``count`` replies, from the first command a run left: ``rest``
-    (next last) still to run, ``out`` the replies before it. A deferred part runs here
-    (``execution.settle``), except steps that only encode what their command took
-    (``Steps.taken``), which become steps of EXEC's own reply."""
+    """EXEC's array from ``queued[start]`` on (``out`` holds the replies before it: a
+    run left that command, or none was tried), ``runs`` whether runs may serve. A
+    deferred part runs here (``execution.settle``), except steps that only encode what
+    their command took (``Steps.taken``), which become steps of EXEC's own reply."""
     counters = ctx.state.counters
     parts: list[Chunks | Steps] = []
     may_wait, ctx.may_wait = ctx.may_wait, False  # nothing runs in between: no waits
@@ -314,23 +330,20 @@ def _run_rest(
 
     if push is not None:
         client.push = into_exec
-    pending = cast("list[list[bytes]]", [argv for _, argv in rest])
-    # Whether runs of plain commands may serve is asked again after each command.
-    gets, sets = False, False
+    i, n = start, len(queued)
     try:
-        while rest:
-            if gets:
-                served = serve_plain(
-                    ctx, pending, out, may_set=sets, max_cmds=len(pending), max_bytes=sys.maxsize
-                )[0]
-                if served:
-                    del rest[len(rest) - served :]
+        while i < n:
+            cmd, argv = queued[i]
+            if runs and i > start and plain_argv(argv, True):
+                served = _run_from(ctx, queued, i, out)
+                if served > i:
+                    i = served
                     continue
-            pending.pop()
-            cmd, argv = rest.pop()
+            i += 1
             counters.total_commands_processed += 1
             result = call(ctx, cmd, argv)
-            gets, sets = allowed(ctx)
+            if runs and cmd.name not in _PLAIN_NAMES:  # it may change what runs may take
+                runs = all(allowed(ctx))
             if type(result) is Simple:  # +OK, the usual reply of a queued write: cached
                 out.append(encode_simple(result))
                 continue
@@ -345,7 +358,7 @@ def _run_rest(
         ctx.may_wait = may_wait
         client.push = push
     parts.append(out)
-    return encoded_array(count, [p for p in parts if p], ctx.client.proto)
+    return encoded_array(n, [p for p in parts if p], ctx.client.proto)
 
 
 # -- a transaction that arrived whole (pion.server.batch) ---------------------------------
@@ -406,10 +419,12 @@ def _run_whole(ctx: Context, count: int, inner: list[list[bytes]], may_set: bool
     if not inner:
         return encoded_array(count, [out], ctx.client.proto)
     get, set_ = ctx.table["GET"], ctx.table["SET"]
-    rest: list[tuple[Command, Sequence[bytes]]] = [
-        (get if len(argv) == 2 else set_, argv) for argv in inner
-    ]
-    return _run_rest(ctx, count, rest, out)
+    served = count - len(inner)
+    # (The served ones are not visited again: placeholders keep the indexes, and
+    # the count, of the transaction's commands.)
+    queued: list[tuple[Command, Sequence[bytes]]] = [(get, [b"GET"])] * served
+    queued += [(get if len(argv) == 2 else set_, argv) for argv in reversed(inner)]
+    return _run_rest(ctx, queued, served, out, may_set)
 
 
 COMMANDS = (

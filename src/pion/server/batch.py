@@ -3,7 +3,7 @@ parsed ahead, without the per-command loop of ``connection.py``.
 
 Before it takes the next command, the connection hands the commands its decoder
 parsed ahead (:attr:`pion.resp.decoder.RequestDecoder.ready`, next last) to
-:func:`serve`, when the next is one of these (:func:`heads`):
+:func:`serve`, when the next is one of these (:data:`HEADS`):
 
 - plain ``GET`` and ``SET``: a run of them in one call (``pion.commands.plain``), or,
   inside MULTI, queued as the dispatcher queues them;
@@ -30,7 +30,7 @@ from typing import cast
 
 from pion.commands.blocking import serve as serve_blocked
 from pion.commands.execution import DEFERRED, call, settle
-from pion.commands.plain import PLAIN, SETS, allowed, queue
+from pion.commands.plain import GETS, PLAIN, allowed, plain_argv, queue
 from pion.commands.plain import serve as serve_plain
 from pion.commands.prefix import LOOKUPS, serve_lookups
 from pion.commands.state import Context
@@ -38,7 +38,7 @@ from pion.commands.transactions import MAX_QUEUED, MAX_QUEUED_BYTES, serve_whole
 from pion.resp.encoder import Chunks
 from pion.server.lane import append_reply
 
-__all__ = ["BATCH", "heads", "serve"]
+__all__ = ["BATCH", "HEADS", "NO_RUNS", "NO_WRITES", "READS", "serve"]
 
 BATCH = 64
 # The most commands an EXEC served here may run (its reply then stays one chunk).
@@ -46,29 +46,38 @@ _EXEC_MAX = 1024
 
 _MULTI = (b"MULTI", b"multi")
 _EXEC = (b"EXEC", b"exec")
-_HEADS = PLAIN | frozenset(_MULTI + _EXEC + LOOKUPS)
 _QUEUED = b"+QUEUED\r\n"
 _KINDS = ("", "GET", "SET")
 
 
-def heads(ready: list[list[bytes]]) -> bool:
-    """Whether the next parsed command may start a run (by its name alone)."""
-    return bool(ready) and ready[-1][0] in _HEADS
+# What may start a run, by name: every head, and once writes were declined (below).
+HEADS = PLAIN | frozenset(_MULTI + _EXEC + LOOKUPS)
+READS = frozenset(GETS + LOOKUPS)
+# What serve() answers when no run may take the next command, nor any like it until a
+# command outside the lane runs (the states plain.allowed reads change only by such
+# commands, or between turns of the loop): a write (a log record to build, say, and
+# so MULTI and EXEC of writes), or anything at all (the client owes AUTH, say).
+NO_WRITES = (0, -1)
+NO_RUNS = (0, -2)
 
 
 def serve(ctx: Context, ready: list[list[bytes]], out: Chunks, max_bytes: int) -> tuple[int, int]:
     """Serve commands from the end of ``ready`` for ``ctx``'s client, their replies
     appended to ``out``, until one is left to the connection, :data:`BATCH` ran, or
     the replies passed ``max_bytes``: ``(commands served, reply bytes)``."""
-    if ready[-1][0] in SETS and ctx.state.databases.all[ctx.client.db].journal is not None:
-        return 0, 0  # a SET to log: at once, as no run may take it (plain.allowed)
+    if ready[-1][0] not in READS and ctx.state.databases.all[ctx.client.db].journal:
+        return NO_WRITES  # a write to log: at once, without asking the rest
     gets, sets = allowed(ctx)
-    if not gets or (not sets and ready[-1][0] in SETS):
-        return 0, 0
+    if not gets:
+        return NO_RUNS
     client = ctx.client
     ran = nbytes = 0
     while ready and ran < BATCH and nbytes <= max_bytes:
         head = ready[-1][0]
+        if not sets and head not in READS:
+            # A SET no run may take (a log record to build, say), and so MULTI and
+            # EXEC of them: the lane runs them for less than a run's checks.
+            return (ran, nbytes) if ran else NO_WRITES
         if head in LOOKUPS and client.queued is None:
             done, size = serve_lookups(ctx, ready, out, BATCH - ran)
         elif head in _MULTI and client.queued is None:
@@ -83,9 +92,11 @@ def serve(ctx: Context, ready: list[list[bytes]], out: Chunks, max_bytes: int) -
             done, size = serve_plain(
                 ctx, ready, out, may_set=sets, max_cmds=BATCH - ran, max_bytes=max_bytes - nbytes
             )
-        else:
+        elif plain_argv(ready[-1], sets):
             done, size = _queue(ctx, ready, sets, BATCH - ran)
             out += [_QUEUED] * done
+        else:
+            done = 0
         if not done:
             break
         ran += done

@@ -75,7 +75,7 @@ from pion.commands.transactions import forget_client
 from pion.errors import ProtocolError
 from pion.resp.decoder import SCRATCH_BYTES, RequestDecoder
 from pion.resp.encoder import Chunks, encode_error
-from pion.server.batch import heads
+from pion.server.batch import HEADS, NO_RUNS, NO_WRITES, READS
 from pion.server.batch import serve as serve_batch
 from pion.server.clientmem import ClientMemory
 from pion.server.clients import MAX_CLIENTS_REPLY, ClientConnection, io_error, join, leave
@@ -99,6 +99,7 @@ _FLUSH_BYTES = 64 * 1024
 _FLUSH_CHUNKS = 4096
 # The lane while it may not take this client's commands (pion.server.lane.usable).
 _NO_LANE: Lane = {}
+_NO_HEADS: frozenset[bytes] = frozenset()
 # The most one socket read takes (large bulks are received in place, unaffected).
 # Redis reads 16 KiB at a time; 64 KiB of small arguments is a few ms of parsing.
 READ_BYTES = 64 * 1024
@@ -281,6 +282,7 @@ class Connection(Outbound):
         ctx = self._ctx
         # The fast lane's rows while it may take this client's commands (lane.usable).
         lane = self._lane if lane_usable(ctx) else _NO_LANE
+        heads = HEADS  # what may start a run (batch.py), asked again with the lane
         ran = 0
         yielded = close_after = False
         out: Chunks = []
@@ -301,12 +303,15 @@ class Connection(Outbound):
                 break
             # A run of plain GET and SET parsed ahead is served in one call (batch.py);
             # one command alone costs the lane less than a run's checks.
-            if lane and len(decoder.ready) > 1:
+            ready = decoder.ready
+            if lane and len(ready) > 1 and ready[-1][0] in heads:
                 served = self._batch(ran, out, flush_over - out_bytes)
                 if served is None:
                     yielded = True  # this turn's slice is used: the run waits for the next
                     break
-                if served[0]:
+                if served is NO_WRITES or served is NO_RUNS:
+                    heads = READS if served is NO_WRITES else _NO_HEADS  # until re-asked
+                elif served[0]:
                     ran += served[0]
                     out_bytes += served[1]
                     if out_bytes > flush_over or len(out) >= _FLUSH_CHUNKS:
@@ -333,10 +338,12 @@ class Connection(Outbound):
             if entry is None:
                 result = execute(ctx, argv, out)
                 lane = self._lane if lane_usable(ctx) else _NO_LANE
+                heads = HEADS
             else:
                 result = run_lane(ctx, entry, argv, out)
                 if entry.runs_any:
                     lane = self._lane if lane_usable(ctx) else _NO_LANE
+                    heads = HEADS
             if not isinstance(result, int):
                 result = self._deferred(argv, result, out, out_bytes)
                 if result < 0:
@@ -366,12 +373,11 @@ class Connection(Outbound):
         """A run of plain GET and SET from the commands the decoder parsed ahead
         (``batch.py``): ``(commands, reply bytes)``, ``(0, 0)`` when the next command
         is not one it takes, None when this turn's slice is used first."""
-        ready = self._decoder.ready
-        if self._next is not None or self._next_error is not None or not heads(ready):
+        if self._next is not None or self._next_error is not None:
             return 0, 0
         if self._share_turns and self._share.due(ran):
             return None
-        return serve_batch(self._ctx, ready, out, room)
+        return serve_batch(self._ctx, self._decoder.ready, out, room)
 
     def _after_run(
         self,
