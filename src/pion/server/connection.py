@@ -289,10 +289,7 @@ class Connection(Outbound):
         self._out = out
         out_bytes = 0
         proto_error: ProtocolError | None = None
-        # Unsent bytes change only when this loop sends: read once, and after a send.
-        # The batch goes out once it passes either bound: the flush size, or what
-        # keeps the unsent bytes within the high-water mark.
-        flush_over = min(_FLUSH_BYTES - 1, self._high_water - self._unsent())
+        flush_over = self._flush_bound(self._unsent())
         # READY (``phase``), tested inline: this loop runs once per command.
         while not (self._closed or self._writing_paused or self._backlogged or running.busy):
             if transport.is_closing():
@@ -301,8 +298,7 @@ class Connection(Outbound):
                 out = self._out = []
                 self._pushed = 0
                 break
-            # A run of plain GET and SET parsed ahead is served in one call (batch.py);
-            # one command alone costs the lane less than a run's checks.
+            # Runs of what was parsed ahead (batch.py); one command alone is the lane's.
             ready = decoder.ready
             if lane and len(ready) > 1 and ready[-1][0] in heads:
                 served = self._batch(ran, out, flush_over - out_bytes)
@@ -335,15 +331,10 @@ class Connection(Outbound):
                 break
             ran += 1
             entry = lane.get(argv[0])
-            if entry is None:
-                result = execute(ctx, argv, out)
+            result = execute(ctx, argv, out) if entry is None else run_lane(ctx, entry, argv, out)
+            if entry is None or entry.runs_any:  # it may change what the lane, runs take
                 lane = self._lane if lane_usable(ctx) else _NO_LANE
                 heads = HEADS
-            else:
-                result = run_lane(ctx, entry, argv, out)
-                if entry.runs_any:
-                    lane = self._lane if lane_usable(ctx) else _NO_LANE
-                    heads = HEADS
             if not isinstance(result, int):
                 result = self._deferred(argv, result, out, out_bytes)
                 if result < 0:
@@ -360,14 +351,18 @@ class Connection(Outbound):
                 out, out_bytes, flush_over = self._flush(out, out_bytes)
         self._after_run(out, out_bytes, proto_error, close_after, yielded)
 
+    def _flush_bound(self, unsent: int) -> int:
+        """The size past which a batch of replies goes out: the flush size, or what
+        keeps the ``unsent`` bytes (read once, and after each send) under the mark."""
+        return min(_FLUSH_BYTES - 1, self._high_water - unsent)
+
     def _flush(self, out: Chunks, out_bytes: int) -> tuple[Chunks, int, int]:
-        """Send the replies gathered in ``out``: a fresh batch, its size, and the size
-        at which it goes out (the flush size, or what keeps the unsent bytes within
-        the high-water mark)."""
+        """Send the replies gathered in ``out``: a fresh batch, its size, and its
+        :meth:`_flush_bound`."""
         self._send(out, out_bytes)
         fresh: Chunks = []
         self._out = fresh
-        return fresh, 0, min(_FLUSH_BYTES - 1, self._high_water - self._check_backlog())
+        return fresh, 0, self._flush_bound(self._check_backlog())
 
     def _batch(self, ran: int, out: Chunks, room: int) -> tuple[int, int] | None:
         """A run of plain GET and SET from the commands the decoder parsed ahead
