@@ -440,3 +440,54 @@ def test_with_a_log_writes_keep_the_lane_and_reads_still_run(
     got = _run(tmp_path, [setup, pipeline], log=True)
     assert asked == [batch.NO_WRITES, (10, 10 * len(b"$256\r\n" + V + b"\r\n"))]
     assert got["records"] == 7 and got["calls"]["GET"][0] == 10
+
+
+def test_redis_py_pipelines_over_tcp_are_served_in_runs(
+    server_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real server on a real socket, redis-py's pipelines (plain and transactional)
+    and a router's probes: the answers and INFO's counters are the lane's, and runs
+    served them (the server runs in this process: its run functions are counted)."""
+    import redis
+
+    served = {"plain": 0, "whole": 0, "lookups": 0}
+
+    def counting(kind: str, fn: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> tuple[int, int]:
+            done: tuple[int, int] = fn(*args, **kwargs)
+            served[kind] += done[0]
+            return done
+
+        return wrapped
+
+    monkeypatch.setattr(batch, "serve_plain", counting("plain", batch.serve_plain))
+    monkeypatch.setattr(batch, "serve_whole", counting("whole", batch.serve_whole))
+    monkeypatch.setattr(batch, "serve_lookups", counting("lookups", batch.serve_lookups))
+    srv = server_factory(wal_enabled=False)
+    r = redis.Redis(host=srv.host, port=srv.port, protocol=2, socket_timeout=30)
+    try:
+        r.mset({f"k{i}": "old" for i in range(50)})  # the keys exist: SETs overwrite
+        r.config_resetstat()
+        pipe = r.pipeline(transaction=False)
+        for i in range(50):
+            pipe.set(f"k{i}", f"v{i}")
+            pipe.get(f"k{i}")
+        assert pipe.execute() == [x for i in range(50) for x in (True, f"v{i}".encode())]
+        with r.pipeline() as tx:  # MULTI, 4 SETs, EXEC in one write
+            for i in range(4):
+                tx.set(f"k{i}", "in a transaction")
+            assert tx.execute() == [True] * 4
+        r.execute_command("KV.PREFIX.REGISTER", "ns", 64, "fp16")
+        probes = r.pipeline(transaction=False)
+        for _ in range(20):
+            probes.execute_command("KV.PREFIX.LOOKUP", "ns")
+        assert probes.execute() == [b"HIT"] * 20
+        stats = r.info("commandstats")
+        assert stats["cmdstat_set"]["calls"] == 54 and stats["cmdstat_get"]["calls"] == 50
+        assert stats["cmdstat_multi"]["calls"] == stats["cmdstat_exec"]["calls"] == 1
+        assert stats["cmdstat_kv.prefix.lookup"]["calls"] == 20
+        assert r.get("k3") == b"in a transaction" and r.get("k9") == b"v9"
+    finally:
+        r.close()
+    # (a read split mid-command leaves the command it cut to the lane)
+    assert served["plain"] > 90 and served["whole"] == 6 and served["lookups"] > 15

@@ -69,6 +69,7 @@ from pion.resp.encoder import NULL_BULK, SMALL_BULK, Chunks
 __all__ = [
     "COMPILED",
     "GETS",
+    "KINDS",
     "PLAIN",
     "SETS",
     "allowed",
@@ -85,7 +86,8 @@ _OK = b"+OK\r\n"
 GETS = (b"GET", b"get")
 SETS = (b"SET", b"set")
 PLAIN = frozenset(GETS + SETS)
-_KINDS = ("", "GET", "SET")
+# A run's last command by its kind (0 none, 1 GET, 2 SET): ``client.last_command``.
+KINDS = ("", "GET", "SET")
 
 Result = tuple[int, int, int, int, int, int, int, int, int]
 
@@ -166,15 +168,9 @@ def py_queue(  # noqa: PLR0917 - positional, as the compiled twin takes them
 ) -> tuple[int, int, int]:
     """The pure-Python twin of the compiled ``queue`` (module docstring)."""
     done = nbytes = last = 0
-    while ready and done < max_cmds:
+    while ready and done < max_cmds and plain_argv(ready[-1], may_set):
         argv = ready[-1]
-        n = len(argv)
-        if n == 2 and argv[0] in GETS:
-            cmd, kind = get, 1
-        elif n == 3 and may_set and argv[0] in SETS:
-            cmd, kind = set_, 2
-        else:
-            break
+        cmd, kind = (get, 1) if len(argv) == 2 else (set_, 2)
         size = sum(map(len, argv))
         if nbytes + size > room:
             break
@@ -266,7 +262,7 @@ def serve(
         return 0, 0
     state.keyspace = ks
     state.counters.total_commands_processed += ran
-    client.last_command = _KINDS[last]
+    client.last_command = KINDS[last]
     if gets:
         stats.record_many("GET", gets, get_usec)
         ks.hits += hits

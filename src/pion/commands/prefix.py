@@ -25,7 +25,7 @@ from pion.commands.workers import (
     redirect_namespaces,
 )
 from pion.errors import PionError
-from pion.resp.encoder import Chunks, encode_error
+from pion.resp.encoder import Chunks, encode_error, encode_simple
 from pion.resp.reply import Reply, Simple
 from pion.wire import MAX_NS_LEN, namespace_sids
 
@@ -129,7 +129,7 @@ def _lookup(ctx: Context, args: Sequence[bytes]) -> Reply:
 
 
 LOOKUPS = (b"KV.PREFIX.LOOKUP", b"kv.prefix.lookup")
-_LOOKUP_REPLIES = {True: b"+HIT\r\n", False: b"+MISS\r\n"}
+_LOOKUP_REPLIES = {True: encode_simple(_HIT), False: encode_simple(_MISS)}
 
 
 def serve_lookups(

@@ -144,11 +144,9 @@ class CommandStats:
 
     def record_many(self, name: str, calls: int, usec: int) -> None:
         """``calls`` commands ``name`` that ran without an error, ``usec`` in all (a run
-        of plain GET and SET, ``pion.server.batch``, which reports each slow one to
-        :meth:`log_slow` itself)."""
-        row = self.commands.get(name)
-        if row is None:
-            row = self.commands[name] = [0, 0, 0, 0]
+        of them in one call: ``pion.commands.plain``, ``prefix.serve_lookups``, which
+        report each slow one to :meth:`log_slow` themselves)."""
+        row = self._row(name)
         row[0] += calls
         row[1] += usec
 

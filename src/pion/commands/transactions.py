@@ -414,17 +414,14 @@ def serve_whole(
 def _run_whole(ctx: Context, count: int, inner: list[list[bytes]], may_set: bool) -> Reply | Steps:
     """EXEC's part of :func:`serve_whole`: ``inner`` (next last) as one run, and what
     the run leaves as :func:`_run_rest` runs it."""
+    order = inner[::-1]  # the transaction's commands in order (the run pops ``inner``)
     out: Chunks = []
     serve_plain(ctx, inner, out, may_set=may_set, max_cmds=count, max_bytes=sys.maxsize)
     if not inner:
         return encoded_array(count, [out], ctx.client.proto)
     get, set_ = ctx.table["GET"], ctx.table["SET"]
-    served = count - len(inner)
-    # (The served ones are not visited again: placeholders keep the indexes, and
-    # the count, of the transaction's commands.)
-    queued: list[tuple[Command, Sequence[bytes]]] = [(get, [b"GET"])] * served
-    queued += [(get if len(argv) == 2 else set_, argv) for argv in reversed(inner)]
-    return _run_rest(ctx, queued, served, out, may_set)
+    queued = [(get if len(argv) == 2 else set_, argv) for argv in order]
+    return _run_rest(ctx, queued, count - len(inner), out, may_set)
 
 
 COMMANDS = (

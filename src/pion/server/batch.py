@@ -30,7 +30,7 @@ from typing import cast
 
 from pion.commands.blocking import serve as serve_blocked
 from pion.commands.execution import DEFERRED, call, settle
-from pion.commands.plain import GETS, PLAIN, allowed, plain_argv, queue
+from pion.commands.plain import GETS, KINDS, PLAIN, allowed, plain_argv, queue
 from pion.commands.plain import serve as serve_plain
 from pion.commands.prefix import LOOKUPS, serve_lookups
 from pion.commands.state import Context
@@ -47,7 +47,6 @@ _EXEC_MAX = 1024
 _MULTI = (b"MULTI", b"multi")
 _EXEC = (b"EXEC", b"exec")
 _QUEUED = b"+QUEUED\r\n"
-_KINDS = ("", "GET", "SET")
 
 
 # What may start a run, by name: every head, and once writes were declined (below).
@@ -123,7 +122,7 @@ def _queue(ctx: Context, ready: list[list[bytes]], sets: bool, limit: int) -> tu
     )
     if done:
         client.queued_bytes += nbytes
-        client.last_command = _KINDS[last]
+        client.last_command = KINDS[last]
         ctx.state.counters.total_commands_processed += done
     return done, done * len(_QUEUED)
 
